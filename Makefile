@@ -1,0 +1,36 @@
+# Two commands set everything up from the repo's own files:
+#   make book   build the book (notebooks executed) into _build/html
+#   make test   run the whole test suite (it builds the book too)
+# Both create .venv from requirements-dev.txt on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test test-fast gpu-test bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements-dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# everything but the book build and the browser test
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not book"
+
+# on a GPU machine whose python already has torch/triton/cupy (no venv)
+gpu-test:
+	PYTHONPATH=src $(PYTHON) -m pytest -m gpu -v
+
+clean:
+	rm -rf _build .pytest_cache

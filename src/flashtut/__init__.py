@@ -1,0 +1,46 @@
+"""flashtut: FlashAttention from scratch.
+
+Layers, bottom up (each uses only the ones below it):
+
+1. ``softmax``, ``reference``: the softmax family and naive attention (float64-capable references)
+2. ``tiled``: the FlashAttention algorithm as readable PyTorch loops, forward and backward
+3. ``triton_kernels``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
+   neither triton nor cupy)
+4. ``bench``, ``figures``, ``exercises``: measuring, plotting and checking tools for the book
+"""
+from __future__ import annotations
+
+from .checks import accum_dtype
+from .reference import attention_lse, causal_mask, naive_attention
+from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
+from .tiled import tiled_attention, tiled_attention_backward
+
+__version__ = "0.1.0"
+
+
+def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """Fused Triton attention, forward and backward (``flashtut.triton_kernels``).
+
+    Returns ``o``; ``o.backward()`` runs the Triton backward, which recomputes the
+    probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
+    ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
+    """
+    from . import triton_kernels  # deferred: importing triton is slow and may be missing
+    return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale)
+
+
+def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
+
+    Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
+    """
+    from .cuda import attention  # deferred: cupy may be missing
+    return attention.cuda_attention(q, k, v, causal=causal, scale=scale)
+
+
+__all__ = [
+    "naive_softmax", "safe_softmax", "online_softmax", "merge_softmax_states",
+    "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
+    "tiled_attention", "tiled_attention_backward",
+    "triton_attention", "cuda_attention",
+]

@@ -1,0 +1,113 @@
+"""Input checks shared by every public function.
+
+Each check raises the error class that ``API.md`` documents (``TypeError`` for a non-tensor,
+``ValueError`` for a bad shape, dtype, scale or block size) with a message that names the
+argument, what it got and what is accepted, so a reader can fix the call without reading code.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+#: dtypes the PyTorch-level functions accept
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DTYPE_NAMES = "float16, bfloat16, float32 or float64"
+
+
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype that sums and products are carried in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_tensor(name: str, x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_float_dtype(name: str, x: torch.Tensor, allowed=FLOAT_DTYPES, what: str | None = None) -> None:
+    if x.dtype not in allowed:
+        names = what or ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise ValueError(f"{name} has dtype {str(x.dtype).replace('torch.', '')}; accepted: {names}")
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """Resolve ``scale``: ``None`` means ``1/sqrt(D)``; otherwise a positive finite number."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a positive float or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite float or None (= 1/sqrt(D)), got {scale}")
+    return scale
+
+
+def check_block(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_causal(causal) -> bool:
+    if not isinstance(causal, (bool, int)) or isinstance(causal, float):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return bool(causal)
+
+
+def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES):
+    """Check the ``(B, H, Nq, D)``, ``(B, H, Nk, D)``, ``(B, H, Nk, D)`` layout of API.md.
+
+    Returns ``(B, H, Nq, Nk, D)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+        if t.dim() != 4:
+            layout = "(B, H, Nq, D)" if name == "q" else "(B, H, Nk, D)"
+            raise ValueError(f"{name} must be a 4-D tensor {layout}, got shape {tuple(t.shape)}")
+        check_float_dtype(name, t, dtypes, dtype_names)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"q, k and v must share one dtype, got q: {q.dtype}, k: {k.dtype}, v: {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device, got q: {q.device}, k: {k.device}, v: {v.device}")
+    B, H, Nq, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+        raise ValueError(
+            f"batch and head dims must match: q has (B, H) = {(B, H)}, "
+            f"k has {tuple(k.shape[:2])}, v has {tuple(v.shape[:2])}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(
+            f"head dim D must match: q has D = {D}, k has {k.shape[3]}, v has {v.shape[3]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"k and v must have the same sequence length Nk, got k: {k.shape[2]}, v: {v.shape[2]}")
+    Nk = k.shape[2]
+    if Nq < 1 or Nk < 1 or D < 1:
+        raise ValueError(f"Nq, Nk and D must be at least 1, got Nq={Nq}, Nk={Nk}, D={D}")
+    return B, H, Nq, Nk, D
+
+
+def check_like(name: str, x, ref: torch.Tensor, ref_name: str = "q") -> torch.Tensor:
+    """``x`` must be a tensor with the shape and device of ``ref`` (for ``o`` and ``do``)."""
+    check_tensor(name, x)
+    if tuple(x.shape) != tuple(ref.shape):
+        raise ValueError(
+            f"{name} must have the shape of {ref_name}, {tuple(ref.shape)}, got {tuple(x.shape)}")
+    if x.device != ref.device:
+        raise ValueError(f"{name} must be on {ref.device} like {ref_name}, got {x.device}")
+    check_float_dtype(name, x)
+    return x
+
+
+def check_lse(lse, B: int, H: int, Nq: int, device) -> torch.Tensor:
+    check_tensor("lse", lse)
+    if tuple(lse.shape) != (B, H, Nq):
+        raise ValueError(f"lse must have shape (B, H, Nq) = {(B, H, Nq)}, got {tuple(lse.shape)}")
+    if lse.device != device:
+        raise ValueError(f"lse must be on {device} like q, got {lse.device}")
+    check_float_dtype("lse", lse, (torch.float32, torch.float64), "float32 or float64")
+    return lse

@@ -1,0 +1,29 @@
+"""Shared test set-up.
+
+* ``gpu``-marked tests are skipped when no CUDA GPU is present.
+* Without a GPU, Triton runs through its CPU interpreter: TRITON_INTERPRET must be set before
+  triton is first imported, so it is set here, before any test module imports flashtut.
+"""
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found); run on a GPU with `make gpu-test`")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    """A seeded CPU generator: every test draws fresh random inputs, reproducibly."""
+    return torch.Generator().manual_seed(1234)
