@@ -1,0 +1,56 @@
+"""Small helpers the chapters call: pick the device, show library source, note what needs a GPU."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+
+
+def pick_device(verbose: bool = True) -> torch.device:
+    """The GPU when there is one, else the CPU; says which and what that means for the chapter."""
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        if verbose:
+            major, minor = torch.cuda.get_device_capability()
+            print(f"Using {torch.cuda.get_device_name()} (sm_{major}{minor}).")
+    else:
+        dev = torch.device("cpu")
+        if verbose:
+            print("No CUDA GPU found: running on the CPU at small sizes. "
+                  "GPU-only cells say so and show the committed H200 results instead.")
+    return dev
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def source_of(obj) -> str:
+    """The source text of a function, class or module of the library."""
+    return inspect.getsource(obj)
+
+
+def show_source(obj, language: str = "python"):
+    """Display the library's own source of ``obj`` (a function, class or module) highlighted, so
+    the page shows the code that runs rather than a copy that could drift."""
+    from IPython.display import Code
+
+    return Code(source_of(obj), language=language)
+
+
+def show_file(path, language: str | None = None, start: int | None = None, end: int | None = None):
+    """Display a file shipped in the package (for example a ``.cu`` kernel), optionally lines
+    ``start``..``end`` (1-based, inclusive)."""
+    from IPython.display import Code
+
+    p = Path(path)
+    if not p.is_absolute():
+        p = Path(__file__).parent / p
+    text = p.read_text()
+    if start is not None or end is not None:
+        lines = text.splitlines()
+        text = "\n".join(lines[(start or 1) - 1:end])
+    if language is None:
+        language = {".cu": "cuda", ".cuh": "cuda", ".py": "python"}.get(p.suffix, "text")
+    return Code(text, language=language)
