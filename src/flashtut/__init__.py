@@ -18,6 +18,19 @@ from .tiled import tiled_attention, tiled_attention_backward
 __version__ = "0.1.0"
 
 
+def _load_kernel_module(module: str, package: str, how: str):
+    """Import ``flashtut.<module>`` on first use; a missing ``package`` becomes a RuntimeError
+    that says how to install it (``import flashtut`` itself never needs triton or cupy)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == package:
+            raise RuntimeError(f"{package} is not installed, and this kernel needs it: {how}") from exc
+        raise
+
+
 def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """Fused Triton attention, forward and backward (``flashtut.triton_kernels``).
 
@@ -25,7 +38,8 @@ def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
     """
-    from . import triton_kernels  # deferred: importing triton is slow and may be missing
+    triton_kernels = _load_kernel_module("triton_kernels", "triton",
+                                         "pip install triton (Linux with a CUDA GPU of sm_80 or newer)")
     return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale)
 
 
@@ -34,7 +48,8 @@ def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
     """
-    from .cuda import attention  # deferred: cupy may be missing
+    attention = _load_kernel_module("cuda.attention", "cupy",
+                                    "pip install cupy-cuda12x (CUDA 12 drivers, e.g. Colab) or cupy-cuda13x")
     return attention.cuda_attention(q, k, v, causal=causal, scale=scale)
 
 
