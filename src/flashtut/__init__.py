@@ -14,6 +14,7 @@ from .checks import accum_dtype
 from .reference import attention_lse, causal_mask, naive_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
 from .tiled import tiled_attention, tiled_attention_backward
+from .decode import merge_attention_states, split_kv_attention
 
 __version__ = "0.1.0"
 
@@ -57,5 +58,6 @@ __all__ = [
     "naive_softmax", "safe_softmax", "online_softmax", "merge_softmax_states",
     "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
     "tiled_attention", "tiled_attention_backward",
+    "split_kv_attention", "merge_attention_states",
     "triton_attention", "cuda_attention",
 ]

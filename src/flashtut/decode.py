@@ -1,0 +1,197 @@
+"""Split-KV decoding ("flash-decoding"): attention for a few query rows against a long K/V.
+
+Why decoding needs its own schedule on a GPU
+--------------------------------------------
+A FlashAttention-2 kernel gives one thread block to each (batch, head, query block). When a
+language model generates text it attends with one new query row per sequence (``Nq = 1``)
+against the whole key/value cache, so there are only ``B * H`` thread blocks: with ``B = 1``
+and 32 heads that is 32 blocks for the 132 SMs of an H100 SXM or H200, and 100 SMs sit idle
+while the busy ones stream a long K/V through. The step is memory-bound (about one FLOP per
+byte of K and V read), so what matters is how much of the memory bandwidth the launch can
+draw, and a quarter of the SMs cannot draw all of it.
+
+Splitting the keys into ``num_splits`` chunks gives ``B * H * num_splits`` independent
+pieces of work. Each piece returns a partial output normalised over its own chunk and the
+log-sum-exp of its scores; a small second step merges the partial states with the same
+associative rule as the online softmax of chapter 04. The merge reads ``num_splits``
+vectors of length ``D`` per query row, which is tiny next to the ``Nk * D`` keys and values
+each split read, so it costs little.
+
+This module is the algorithm in PyTorch: each chunk runs through
+:func:`flashtut.tiled_attention` (the online softmax is written once, there) and the partial
+states are combined by :func:`merge_attention_states`, which is written in terms of
+:func:`flashtut.merge_softmax_states`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .checks import (accum_dtype, check_block, check_causal, check_float_dtype, check_qkv,
+                     check_scale, check_tensor)
+from .softmax import merge_softmax_states
+from .tiled import tiled_attention
+
+_LSE_DTYPES = (torch.float32, torch.float64)
+
+
+def split_bounds(n_keys: int, num_splits: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` key range of each of ``num_splits`` chunks of ``n_keys`` keys.
+
+    Chunk sizes differ by at most one, so no split is much longer than the others (the
+    slowest split sets the time of the whole launch). With more splits than keys some
+    chunks are empty; they contribute the empty state and change nothing.
+    """
+    n_keys = check_block("n_keys", n_keys)
+    num_splits = check_block("num_splits", num_splits)
+    cuts = [(s * n_keys) // num_splits for s in range(num_splits + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def empty_attention_state(o_shape, device=None, dtype=torch.float32):
+    """The state of attending to no key at all: output 0 and log-sum-exp ``-inf``.
+
+    Merging it into any state returns that state unchanged.
+    """
+    o = torch.zeros(tuple(o_shape), dtype=dtype, device=device)
+    lse = torch.full(tuple(o_shape)[:-1], float("-inf"), dtype=dtype, device=device)
+    return o, lse
+
+
+def _check_state(name_o: str, o, name_lse: str, lse) -> None:
+    check_tensor(name_o, o)
+    check_tensor(name_lse, lse)
+    check_float_dtype(name_o, o)
+    check_float_dtype(name_lse, lse, _LSE_DTYPES, "float32 or float64")
+    if o.dim() < 1:
+        raise ValueError(f"{name_o} must have a last dimension D, got a 0-d tensor")
+    if tuple(lse.shape) != tuple(o.shape[:-1]):
+        raise ValueError(f"{name_lse} must have the shape of {name_o} without its last dimension, "
+                         f"{tuple(o.shape[:-1])}, got {tuple(lse.shape)}")
+    if lse.device != o.device:
+        raise ValueError(f"{name_lse} must be on {o.device} like {name_o}, got {lse.device}")
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b):
+    """Merge two partial attention states computed over disjoint sets of keys.
+
+    A state is ``(o, lse)``: the output normalised over its own keys, shape ``(..., D)``, and
+    the natural-log log-sum-exp of its scores, shape ``(...)``. Its softmax state in the
+    sense of chapter 04 is ``(m, d) = (lse, 1)``, since ``exp(lse) * 1`` is its normaliser;
+    :func:`flashtut.merge_softmax_states` combines the two normalisers, and each output is
+    reweighted by the share of the total that its keys hold, ``exp(lse_x - lse)``.
+
+    Associative and commutative (to rounding), like the softmax merge, so the partial states
+    of any number of splits can be combined in any grouping. The empty state
+    ``(0, -inf)`` is neutral; merging two empty states gives an empty state, not NaN.
+
+    Returns ``(o, lse)``: ``o`` in the dtype of ``o_a``; ``lse`` in float32, or float64 when
+    any input is float64. Raises ``TypeError`` for a non-tensor and ``ValueError`` for
+    mismatched shapes, devices or dtypes.
+    """
+    _check_state("o_a", o_a, "lse_a", lse_a)
+    _check_state("o_b", o_b, "lse_b", lse_b)
+    if tuple(o_a.shape) != tuple(o_b.shape):
+        raise ValueError(f"o_a and o_b must have one shape, got {tuple(o_a.shape)} and {tuple(o_b.shape)}")
+    if o_a.device != o_b.device:
+        raise ValueError(f"o_a and o_b must be on one device, got {o_a.device} and {o_b.device}")
+    if o_a.dtype != o_b.dtype:
+        raise ValueError(f"o_a and o_b must share one dtype, got {o_a.dtype} and {o_b.dtype}")
+    wide = torch.float64 in (o_a.dtype, lse_a.dtype, lse_b.dtype)
+    acc_t = torch.float64 if wide else torch.float32
+    la, lb = lse_a.to(acc_t), lse_b.to(acc_t)
+    one = torch.ones_like(la)
+    m, d = merge_softmax_states(la, one, lb, one)
+    lse = m + torch.log(d)                      # both empty: -inf + log(0) = -inf, not NaN
+    # an empty merged state has lse = -inf; subtracting 0 there keeps both weights at exp(-inf) = 0
+    lse_safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    w_a = torch.exp(la - lse_safe)[..., None]
+    w_b = torch.exp(lb - lse_safe)[..., None]
+    o = w_a * o_a.to(acc_t) + w_b * o_b.to(acc_t)
+    return o.to(o_a.dtype), lse
+
+
+def _split_state(q, k_chunk, v_chunk, k_start: int, causal: bool, scale: float):
+    """Partial state of all query rows against one chunk of keys starting at ``k_start``.
+
+    Inputs arrive already in the accumulation dtype, so the partial output is not rounded
+    to float16/bfloat16 before the merge (a kernel keeps these partials in float32 too).
+    """
+    B, H, Nq, D = q.shape
+    if not causal:
+        return tiled_attention(q, k_chunk, v_chunk, scale=scale, return_lse=True)
+    # Top-left causal: row i sees keys j <= i. Rows above the chunk's first key see none of
+    # it. Handing tiled_attention the rows from k_start on puts its own top-left diagonal
+    # at (k_start, k_start), which is where the global diagonal crosses this chunk.
+    o, lse = empty_attention_state((B, H, Nq, D), q.device, q.dtype)
+    if k_start < Nq:
+        o[:, :, k_start:], lse[:, :, k_start:] = tiled_attention(
+            q[:, :, k_start:], k_chunk, v_chunk, causal=True, scale=scale, return_lse=True)
+    return o, lse
+
+
+def split_kv_attention(q, k, v, num_splits: int, causal: bool = False, scale: float | None = None,
+                       return_lse: bool = False):
+    """Attention computed as ``num_splits`` independent key chunks whose states are merged.
+
+    Layout, ``scale`` and ``causal`` (top-left: query ``i`` sees keys ``j <= i``) as in
+    ``API.md``; the result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
+    each chunk would be its own thread block, which is what lets a decoding step with one
+    query row per sequence spread over all the SMs instead of ``B * H`` of them; see the
+    module docstring. ``num_splits`` may exceed ``Nk``: the surplus chunks are empty and
+    contribute the neutral state. Under ``causal``, a chunk that lies wholly right of a
+    row's diagonal contributes the empty state to that row, not NaN.
+
+    Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``, with
+    ``lse`` of shape ``(B, H, Nq)`` in float32 (float64 for float64 inputs). A non-integer
+    or non-positive ``num_splits`` raises ``ValueError``.
+    """
+    B, H, Nq, Nk, D = check_qkv(q, k, v)
+    num_splits = check_block("num_splits", num_splits)
+    causal = check_causal(causal)
+    scale = check_scale(scale, D)
+    acc_t = accum_dtype(q.dtype)
+    qa = q.to(acc_t)
+    partials = []
+    for k0, k1 in split_bounds(Nk, num_splits):
+        if k0 == k1 or (causal and k0 >= Nq):   # no key here, or none any row may see
+            partials.append(empty_attention_state((B, H, Nq, D), q.device, acc_t))
+        else:
+            partials.append(_split_state(qa, k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t),
+                                         k0, causal, scale))
+    o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
+    o = o.to(q.dtype)
+    return (o, lse) if return_lse else o
+
+
+def suggest_num_splits(batch: int, heads: int, n_queries: int, n_keys: int, num_sms: int,
+                       block_m: int = 64, min_keys_per_split: int = 256) -> int:
+    """A simple rule for the number of key splits of one attention launch.
+
+    Without splitting there are ``batch * heads * ceil(n_queries / block_m)`` thread blocks.
+    Take the fewest splits that give every SM at least one block,
+    ``ceil(num_sms / blocks)``, but never so many that a split holds fewer than
+    ``min_keys_per_split`` keys (below that the merge and the launch cost more than the
+    split saves), and never fewer than one. Prefill (long ``n_queries``) already has enough
+    blocks and gets 1; decoding with few sequences gets several.
+
+    Production heuristics refine this with the kernel's occupancy (blocks per SM) and the
+    fraction of the last wave that is busy; the rule here is the first-order version.
+    """
+    batch = check_block("batch", batch)
+    heads = check_block("heads", heads)
+    n_queries = check_block("n_queries", n_queries)
+    n_keys = check_block("n_keys", n_keys)
+    num_sms = check_block("num_sms", num_sms)
+    block_m = check_block("block_m", block_m)
+    min_keys_per_split = check_block("min_keys_per_split", min_keys_per_split)
+    blocks = batch * heads * math.ceil(n_queries / block_m)
+    wanted = math.ceil(num_sms / blocks)
+    cap = max(1, n_keys // min_keys_per_split)
+    return max(1, min(wanted, cap))
+
+
+__all__ = ["split_kv_attention", "merge_attention_states", "empty_attention_state",
+           "split_bounds", "suggest_num_splits"]
