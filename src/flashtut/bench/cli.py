@@ -1,0 +1,380 @@
+"""The ``python -m flashtut.bench`` command line (documented in ``flashtut.bench``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import registry
+from .flops import MODES
+from .provenance import collect
+from .report import format_ratio_table, memory_table, notes, ratio_table, roofline_table, speed_table
+from .results import save_results
+from .roofline import MATMUL_DTYPES, run_roofline
+from .sweeps import MEMORY_PRESETS, PRESETS, dtype_name, parse_dtype, protocol_cases, run_memory, run_speed
+
+EXAMPLES = """examples:
+  python -m flashtut.bench list
+  python -m flashtut.bench run --preset smoke
+  python -m flashtut.bench run --preset protocol --impl sdpa-flash,sdpa-cudnn,triton,cuda --out speed.json
+  python -m flashtut.bench run --impl naive,tiled -N 200,333 --nk 257 -D 64 --heads 2 --batch 1 --dtype float32
+  python -m flashtut.bench memory --preset protocol --impl naive,sdpa-flash,triton,cuda --out memory.json
+  python -m flashtut.bench roofline --out roofline.json
+  python -m flashtut.bench plot speed.json memory.json roofline.json --out-dir figures
+"""
+
+
+# ------------------------------------------------------------------------------- parsing
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    return [_positive_int(t) for t in text.split(",") if t.strip()]
+
+
+def _dtype_list(text: str) -> list[torch.dtype]:
+    try:
+        return [parse_dtype(t.strip()) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _mode_list(text: str) -> list[str]:
+    modes = [t.strip() for t in text.split(",") if t.strip()]
+    for m in modes:
+        if m not in MODES:
+            raise argparse.ArgumentTypeError(f"unknown mode {m!r}; accepted: {', '.join(MODES)} (comma-separated)")
+    return modes
+
+
+def _device(text: str) -> torch.device:
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; accepted: auto, cpu, cuda, cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"device must be auto, cpu or cuda[:N], got {text!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("--device cuda was asked for but torch sees no CUDA GPU")
+    return dev
+
+
+_CAUSAL = {"yes": (True,), "no": (False,), "both": (False, True)}
+
+
+def _flatten(values):
+    return [x for v in values for x in v] if values else None
+
+
+def _threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=_positive_int,
+                   help="CPU threads for torch (torch.set_num_threads); on a busy machine 1 gives steadier times")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=_device, default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
+    p.add_argument("--impl", action="append", metavar="LIST",
+                   help="implementations or groups, comma-separated or repeated (see `list`); "
+                        "default: naive,tiled on the CPU, all on a GPU")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--force", action="store_true", help="run tiled even above its size limit")
+    _threads(p)
+    p.add_argument("--out", metavar="FILE.json", help="write the rows and their provenance as JSON here")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="always show the progress bar (default: only on a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashtut.bench",
+        description="Check, time and plot attention implementations side by side "
+                    "(naive, tiled, PyTorch SDPA backends, Triton, CUDA). Full documentation: "
+                    "the docstring of flashtut.bench (python -c 'import flashtut.bench as b; help(b)').",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("list", help="list the implementations and whether each can run here",
+                       description="List the implementations and whether each can run on this device.")
+    p.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", type=_dtype_list, default=None, help="dtype to ask about (default: float16 on a GPU, float32 on the CPU)")
+    p.add_argument("-D", "--head-dim", type=_positive_int, default=64, help="head dim to ask about (default 64)")
+
+    p = sub.add_parser("run", help="check and time implementations over a sweep of shapes",
+                       description="Check every implementation against a reference, then time it "
+                                   "(median, warm-up excluded), forward and backward.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="; ".join(f"{k}: {v['what']}" for k, v in PRESETS.items())
+                        + " (default: protocol on a GPU, cpu on the CPU)")
+    p.add_argument("--mode", type=_mode_list, action="append", metavar="LIST", help="fwd, bwd or fwd,bwd")
+    p.add_argument("--dtype", type=_dtype_list, action="append", metavar="LIST",
+                   help="float16, bfloat16, float32, float64 (comma-separated)")
+    p.add_argument("-N", "--seqlen", type=_int_list, action="append", metavar="LIST",
+                   help="query lengths N (comma-separated)")
+    p.add_argument("--nk", type=_positive_int, help="key length for every case (default: Nk = N)")
+    p.add_argument("-D", "--head-dim", type=_int_list, action="append", metavar="LIST", help="head dims")
+    heads = p.add_mutually_exclusive_group()
+    heads.add_argument("-H", "--heads", type=_positive_int, help="heads (default: hidden // D)")
+    heads.add_argument("--hidden", type=_positive_int, help="hidden size: heads = hidden // D")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("-B", "--batch", type=_positive_int, help="batch size (default: tokens // N)")
+    batch.add_argument("--tokens", type=_positive_int, help="total tokens: batch = tokens // N")
+    p.add_argument("--causal", choices=sorted(_CAUSAL), help="causal masking: yes, no or both")
+    p.add_argument("--scale", type=_positive_float, help="softmax scale (default 1/sqrt(D))")
+    p.add_argument("--warmup-ms", type=_positive_float, default=25.0, help="warm-up budget per measurement (ms)")
+    p.add_argument("--rep-ms", type=_positive_float, default=100.0, help="timing budget per measurement (ms)")
+    p.add_argument("--ref-budget-gib", type=_positive_float,
+                   help="memory for the reference on a GPU (default 4): it runs on a slice of batch and heads that fits")
+    p.add_argument("--memory", action="store_true", help="also record each call's peak extra memory")
+    p.add_argument("--baseline", default="sdpa-flash", help="implementation the ratio column divides by")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+
+    p = sub.add_parser("memory", help="peak extra memory of one call against N",
+                       description="Peak extra memory of one forward (or forward + backward) as N "
+                                   "doubles; an implementation that runs out of memory is not tried at larger N.")
+    _common(p)
+    p.add_argument("--preset", choices=sorted(MEMORY_PRESETS),
+                   help="; ".join(f"{k}: {v['what']}" for k, v in MEMORY_PRESETS.items())
+                        + " (default: protocol on a GPU, cpu on the CPU)")
+    p.add_argument("-B", "--batch", type=_positive_int)
+    p.add_argument("-H", "--heads", type=_positive_int)
+    p.add_argument("-D", "--head-dim", type=_positive_int)
+    p.add_argument("--dtype", type=_dtype_list)
+    p.add_argument("--n-min", type=_positive_int, help="first N (doubled up to --n-max)")
+    p.add_argument("--n-max", type=_positive_int, help="last N")
+    p.add_argument("-N", "--seqlen", type=_int_list, help="explicit N list (instead of --n-min/--n-max)")
+    p.add_argument("--causal", choices=["yes", "no"], default="no")
+    p.add_argument("--mode", type=_mode_list, default=["fwd"], help="fwd (one forward) and/or bwd (forward + backward)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+
+    p = sub.add_parser("roofline", help="copy bandwidth and matmul TFLOP/s (the roofline's ceilings)",
+                       description="Measure device-to-device copy bandwidth and square matmul TFLOP/s.")
+    p.add_argument("--device", type=_device, default="auto")
+    p.add_argument("--dtype", default="float16,bfloat16,float32",
+                   help=f"matmul dtypes, comma-separated, of {', '.join(MATMUL_DTYPES)}")
+    p.add_argument("--copy-mib", type=_positive_int, help="bytes copied, MiB (default 2048 on a GPU, 256 on the CPU)")
+    p.add_argument("--matmul-n", type=_positive_int, help="matrix size n (default 8192 on a GPU, 1024 on the CPU)")
+    p.add_argument("--warmup-ms", type=_positive_float, default=25.0)
+    p.add_argument("--rep-ms", type=_positive_float, default=100.0)
+    p.add_argument("--seed", type=int, default=0)
+    _threads(p)
+    p.add_argument("--out", metavar="FILE.json")
+
+    p = sub.add_parser("plot", help="draw the figures from result files",
+                       description="Draw TFLOP/s against N (per head dim and mode), memory against N, "
+                                   "the CUDA ladder, the roofline, and the table of ratios to the baseline.")
+    p.add_argument("files", nargs="+", metavar="FILE.json", help="results written by run, memory or roofline")
+    p.add_argument("--out-dir", default="bench-figures", help="where to write (default bench-figures/)")
+    p.add_argument("--format", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
+    p.add_argument("--baseline", default="sdpa-flash", help="implementation the ratio table divides by")
+    return parser
+
+
+# ------------------------------------------------------------------------------- commands
+def _impls(parser, args, device):
+    spec = _flatten([[s] for s in args.impl]) if args.impl else (["naive", "tiled"] if device.type == "cpu" else ["all"])
+    try:
+        return registry.expand(spec)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+class _Saver:
+    """Rewrites the JSON file every few seconds during a sweep, so a run that is cut short
+    (a time limit on a lent GPU) keeps what it measured."""
+
+    def __init__(self, path, kind, provenance, config, every_s: float = 5.0):
+        self.path, self.kind, self.prov, self.config, self.every = path, kind, provenance, config, every_s
+        self.rows, self.last = [], time.monotonic()
+
+    def __call__(self, row):
+        self.rows.append(row)
+        if self.path and time.monotonic() - self.last > self.every:
+            self.flush()
+
+    def flush(self):
+        if self.path:
+            save_results(self.path, self.kind, self.rows, self.prov, self.config)
+            self.last = time.monotonic()
+
+
+def _cmd_list(args) -> int:
+    device = args.device
+    dtype = (args.dtype or [torch.float16 if device.type == "cuda" else torch.float32])[0]
+    print(f"implementations on {device} for {dtype_name(dtype)}, D={args.head_dim}:")
+    for name in registry.names():
+        impl = registry.get(name)
+        reason = impl.check(device, dtype, args.head_dim)
+        modes = "fwd,bwd" if impl.has_backward else "fwd"
+        state = "available" if reason is None else f"unavailable: {reason}"
+        print(f"  {name:15s} {modes:8s} {state}")
+        print(f"  {'':15s} {'':8s} {impl.description}")
+    variants, why = registry.ladder_variants()
+    if why:
+        print(f"  cuda-v*         fwd      unavailable: {why}")
+    return 0
+
+
+def _cmd_run(parser, args, argv) -> int:
+    device = args.device
+    preset = PRESETS[args.preset or ("protocol" if device.type == "cuda" else "cpu")]
+    impls = _impls(parser, args, device)
+    modes = _flatten(args.mode) or list(preset["modes"])
+    dtypes = _flatten(args.dtype) or [parse_dtype(d) for d in preset["dtypes"]]
+    seqlens = _flatten(args.seqlen) or list(preset["seqlens"])
+    head_dims = _flatten(args.head_dim) or list(preset["head_dims"])
+    causal = _CAUSAL[args.causal] if args.causal else tuple(preset["causal"])
+    hidden = None if args.heads else (args.hidden or preset["hidden"])
+    tokens = None if args.batch else (args.tokens or preset["tokens"])
+    try:
+        cases = protocol_cases(tokens, seqlens, head_dims, dtypes, causal, hidden=hidden, heads=args.heads,
+                               batch=args.batch, nk=args.nk, scale=args.scale)
+    except ValueError as e:
+        parser.error(str(e))
+    config = {"impls": [i.name for i in impls], "modes": modes, "dtypes": [dtype_name(d) for d in dtypes],
+              "seqlens": seqlens, "nk": args.nk, "head_dims": head_dims, "causal": list(causal),
+              "heads": args.heads, "hidden": hidden, "batch": args.batch, "tokens": tokens, "scale": args.scale,
+              "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "seed": args.seed, "force": args.force,
+              "preset": args.preset}
+    saver = _Saver(args.out, "speed", collect(device, argv), config)
+    budget = int(args.ref_budget_gib * 2**30) if args.ref_budget_gib else None
+    print(f"{len(cases)} cases x {len(impls)} implementations x {len(modes)} modes on {device}", file=sys.stderr)
+    try:
+        rows = run_speed(impls, cases, modes, device, args.warmup_ms, args.rep_ms, args.seed, args.force,
+                         budget, args.memory, args.progress, on_row=saver)
+    finally:                            # an interrupted sweep still leaves what it measured
+        saver.flush()
+    print(speed_table(rows, args.baseline, args.markdown))
+    for line in notes(rows):
+        print(line)
+    if args.out:
+        print(f"wrote {len(rows)} rows to {args.out}")
+    bad = [r for r in rows if r["status"] in ("failed", "error")]
+    if bad:
+        print(f"{len(bad)} measurement(s) failed their check or raised an error (see above)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _cmd_memory(parser, args, argv) -> int:
+    device = args.device
+    preset = MEMORY_PRESETS[args.preset or ("protocol" if device.type == "cuda" else "cpu")]
+    if args.impl:
+        impls = _impls(parser, args, device)
+    else:
+        default = ["naive", "tiled"] if device.type == "cpu" else ["naive", "sdpa", "triton", "cuda"]
+        impls = registry.expand(default)
+    B = args.batch or preset["B"]
+    H = args.heads or preset["H"]
+    D = args.head_dim or preset["D"]
+    dtype = (args.dtype or [parse_dtype(preset["dtype"])])[0]
+    if args.seqlen:
+        seqlens = args.seqlen
+    else:
+        lo, hi = args.n_min or preset["n_min"], args.n_max or preset["n_max"]
+        if lo > hi:
+            parser.error(f"--n-min ({lo}) must not exceed --n-max ({hi})")
+        seqlens = []
+        while lo <= hi:
+            seqlens.append(lo)
+            lo *= 2
+    config = {"impls": [i.name for i in impls], "B": B, "H": H, "D": D, "dtype": dtype_name(dtype),
+              "seqlens": seqlens, "causal": args.causal == "yes", "modes": args.mode, "preset": args.preset}
+    saver = _Saver(args.out, "memory", collect(device, argv), config)
+    try:
+        rows = run_memory(impls, seqlens, B, H, D, dtype, args.causal == "yes", args.mode, device, args.seed,
+                          args.force, args.progress, on_row=saver)
+    finally:
+        saver.flush()
+    print(f"peak extra memory of one {'forward' if args.mode == ['fwd'] else 'call'}: "
+          f"B={B}, H={H}, D={D}, {dtype_name(dtype)}, on {device} ({rows[0]['method'] if rows else ''})")
+    print(memory_table(rows, args.markdown))
+    for line in notes(rows):
+        print(line)
+    if args.out:
+        print(f"wrote {len(rows)} rows to {args.out}")
+    return 1 if any(r["status"] == "error" for r in rows) else 0
+
+
+def _cmd_roofline(parser, args, argv) -> int:
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in MATMUL_DTYPES:
+            parser.error(f"unknown matmul dtype {d!r}; accepted: {', '.join(MATMUL_DTYPES)}")
+    copy_bytes = args.copy_mib * 2**20 if args.copy_mib else None
+    rows = run_roofline(args.device, dtypes, copy_bytes, args.matmul_n, args.warmup_ms, args.rep_ms, args.seed)
+    print(f"roofline ceilings on {args.device}:")
+    print(roofline_table(rows))
+    if args.out:
+        save_results(args.out, "roofline", rows, collect(args.device, argv),
+                     {"dtypes": dtypes, "copy_bytes": copy_bytes, "matmul_n": args.matmul_n})
+        print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def _cmd_plot(parser, args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")           # files only: no display needed
+    from .plot import draw_all
+    from .results import load_rows
+
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    for f in formats:
+        if f not in ("png", "svg", "pdf"):
+            parser.error(f"unknown format {f!r}; accepted: png, svg, pdf")
+    try:
+        rows = load_rows(*args.files)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    written = draw_all(rows, args.out_dir, formats, args.baseline)
+    if not written:
+        print("nothing to draw: no successful rows in " + ", ".join(args.files), file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    table = ratio_table(rows, args.baseline)
+    if table:
+        print(format_ratio_table(table, args.baseline))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    if args.command == "list":
+        return _cmd_list(args)
+    if args.command == "run":
+        return _cmd_run(parser, args, argv)
+    if args.command == "memory":
+        return _cmd_memory(parser, args, argv)
+    if args.command == "roofline":
+        return _cmd_roofline(parser, args, argv)
+    return _cmd_plot(parser, args)

@@ -1,0 +1,34 @@
+"""FLOP counts of the performance protocol (DESIGN.md), so every row is counted the same way.
+
+Forward: two matrix products of ``Nq x Nk x D`` multiply-adds each, ``4 * B * H * Nq * Nk * D``
+FLOPs, halved when causal (about half of the score matrix is masked). Backward: 2.5 times the
+forward (five matrix products instead of two), the convention of the FlashAttention papers. The
+count is the useful work of the algorithm: recomputation in the backward and the masked tiles a
+kernel computes anyway are not credited, so a faster kernel shows as more TFLOP/s.
+"""
+from __future__ import annotations
+
+BWD_OVER_FWD = 2.5
+
+MODES = ("fwd", "bwd")
+
+
+def attention_flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool = False,
+                    mode: str = "fwd") -> float:
+    """FLOPs credited to one attention call of the given shape (``mode`` is ``fwd`` or ``bwd``)."""
+    for name, value in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk), ("D", D)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    fwd = 4.0 * B * H * Nq * Nk * D
+    if causal:
+        fwd /= 2
+    return fwd * BWD_OVER_FWD if mode == "bwd" else fwd
+
+
+def tflops(flops: float, ms: float | None) -> float | None:
+    """TFLOP/s of ``flops`` done in ``ms`` milliseconds (None when there is no time)."""
+    if ms is None or not ms > 0:
+        return None
+    return flops / (ms * 1e-3) / 1e12

@@ -1,0 +1,348 @@
+"""The implementations the harness can time, by name.
+
+Each entry knows how to run a forward, how to run its backward (through autograd, through an
+explicit backward function, or not at all), and whether it can run here: ``available(device,
+dtype, D)`` returns ``(True, "")`` or ``(False, reason)``. The fused kernels are written in
+other modules and imported only when asked about, so a machine without triton, cupy or a GPU
+gets a reason instead of a traceback.
+
+Names: ``naive``, ``tiled``, ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``,
+``triton``, ``cuda``, and the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
+time from ``flashtut.cuda.VARIANTS``. Groups: ``all``, ``sdpa``, ``cuda-ladder``.
+
+Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
+to see the correctness check catch it).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
+
+AUTOGRAD = "autograd"
+
+#: the tiled PyTorch loop makes ~10 small tensor operations per 64 x 64 tile: beyond these many
+#: tiles per call it is minutes per measurement, so it is refused unless forced
+TILED_MAX_TILES = {"speed": 1024, "memory": 16384}
+
+_LOWP = (torch.float16, torch.bfloat16)
+_ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _ok(device, dtype, D):
+    return True, ""
+
+
+@dataclass
+class Impl:
+    """One implementation the harness can time.
+
+    ``forward(q, k, v, causal, scale)`` returns ``o`` or ``(o, lse)``. ``backward`` is ``AUTOGRAD``
+    (``o.backward(do)`` through the forward), ``None`` (forward only) or an explicit
+    ``backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)``, which needs
+    ``forward_lse(q, k, v, causal, scale) -> (o, lse)``. ``size_limit(B, H, Nq, Nk, D, purpose)``
+    returns a reason to refuse a shape (``purpose`` is ``"speed"`` or ``"memory"``), or None.
+    ``context()`` is entered around every call (the SDPA backend choice). ``quadratic_bytes``
+    estimates the memory of a materialised-score implementation, so a CPU memory sweep can stop
+    before the operating system kills the process instead of raising an error.
+    """
+
+    name: str
+    description: str
+    forward: Callable
+    backward: Callable | str | None = None
+    forward_lse: Callable | None = None
+    available: Callable[[torch.device, torch.dtype, int], tuple[bool, str]] = _ok
+    size_limit: Callable | None = None
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+    quadratic_bytes: Callable | None = None
+    group: str = ""
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward is not None
+
+    def check(self, device, dtype, D: int, shape=None, purpose: str = "speed", force: bool = False):
+        """``None`` when this implementation can run the case, else the reason it cannot."""
+        try:
+            ok, reason = self.available(torch.device(device), dtype, D)
+        except Exception as e:  # noqa: BLE001 - an availability probe must never crash a sweep
+            ok, reason = False, f"{type(e).__name__}: {e}"
+        if not ok:
+            return reason or "not available here"
+        if shape is not None and self.size_limit is not None and not force:
+            return self.size_limit(*shape, purpose)
+        return None
+
+
+# ------------------------------------------------------------------------------- entries
+def _naive_fwd(q, k, v, causal, scale):
+    from ..reference import naive_attention
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def _naive_bytes(B, H, Nq, Nk, D, dtype):
+    # scores, masked scores and probabilities in float32 (float64 for float64 inputs)
+    item = 8 if dtype == torch.float64 else 4
+    return 3 * B * H * Nq * Nk * item
+
+
+def _tiled_fwd(q, k, v, causal, scale):
+    from ..tiled import tiled_attention
+    return tiled_attention(q, k, v, causal=causal, scale=scale)
+
+
+def _tiled_fwd_lse(q, k, v, causal, scale):
+    from ..tiled import tiled_attention
+    return tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+
+def _tiled_bwd(q, k, v, o, lse, do, causal, scale):
+    from ..tiled import tiled_attention_backward
+    return tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale)
+
+
+def _tiled_limit(B, H, Nq, Nk, D, purpose="speed", block=64):
+    tiles = math.ceil(Nq / block) * math.ceil(Nk / block)
+    limit = TILED_MAX_TILES.get(purpose, TILED_MAX_TILES["speed"])
+    if tiles > limit:
+        return (f"tiled is a Python loop over {block}x{block} tiles: Nq={Nq}, Nk={Nk} is {tiles} tiles "
+                f"per call (limit {limit} for a {purpose} run); pass --force to run it anyway")
+    return None
+
+
+_SDPA = {  # name -> (SDPBackend member, dtypes it supports, what it is)
+    "sdpa-flash": ("FLASH_ATTENTION", _LOWP, "PyTorch SDPA, flash backend (FlashAttention-2 inside PyTorch)"),
+    "sdpa-cudnn": ("CUDNN_ATTENTION", _LOWP, "PyTorch SDPA, cuDNN backend"),
+    "sdpa-efficient": ("EFFICIENT_ATTENTION", (torch.float16, torch.bfloat16, torch.float32),
+                       "PyTorch SDPA, memory-efficient backend (xFormers kernels)"),
+    "sdpa-math": ("MATH", _ALL, "PyTorch SDPA, math backend (unfused PyTorch operations)"),
+}
+
+
+def _sdpa_fwd(q, k, v, causal, scale):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _sdpa_context(member: str):
+    def ctx():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(getattr(SDPBackend, member))
+    return ctx
+
+
+def _sdpa_available(name: str, dtypes):
+    def available(device, dtype, D):
+        if device.type != "cuda":
+            return False, f"{name} is timed on CUDA GPUs only (this run is on {device.type})"
+        if dtype not in dtypes:
+            return False, (f"{name} does not support {_dtype_name(dtype)} "
+                           f"(supports {', '.join(_dtype_name(d) for d in dtypes)})")
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except ImportError as e:
+            return False, f"this torch has no torch.nn.attention.sdpa_kernel ({e}); needs torch >= 2.3"
+        return True, ""
+    return available
+
+
+def _import_reason(module: str, hint: str) -> str | None:
+    """None when ``module`` imports, else why not (with how to fix it)."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure makes the entry unavailable
+        return f"cannot import {module} ({type(e).__name__}: {e}); {hint}"
+    return None
+
+
+def _triton_available(device, dtype, D):
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, ("triton runs on CUDA GPUs; on the CPU set TRITON_INTERPRET=1 before "
+                           "importing flashtut to use the (slow) interpreter")
+        if dtype not in (torch.float32, torch.float16):
+            return False, f"the Triton interpreter path runs float32 and float16, not {_dtype_name(dtype)}"
+    elif device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return False, f"the Triton kernels need a GPU of sm_80 or newer (this one is sm_{major}x)"
+    reason = (_import_reason("triton", "install it with pip install triton (Linux)")
+              or _import_reason("flashtut.triton_kernels", "see the Triton chapter's set-up"))
+    if reason:
+        return False, reason
+    kernels = importlib.import_module("flashtut.triton_kernels")
+    interpreting = getattr(kernels, "interpreting", None)
+    if device.type == "cpu" and callable(interpreting) and not interpreting():
+        return False, ("triton was imported before TRITON_INTERPRET=1 was set, so its kernels are built "
+                       "for the GPU; set it before the first import of flashtut or triton")
+    return True, ""
+
+
+def _triton_fwd(q, k, v, causal, scale):
+    from .. import triton_attention
+    return triton_attention(q, k, v, causal=causal, scale=scale)
+
+
+def _cupy_reason() -> str | None:
+    return _import_reason("cupy", "install CuPy for your CUDA version (pip install cupy-cuda12x or cupy-cuda13x)")
+
+
+def _cuda_available(module: str):
+    def available(device, dtype, D):
+        if device.type != "cuda":
+            return False, f"the CUDA kernels run on CUDA GPUs only (this run is on {device.type})"
+        if dtype not in _LOWP:
+            return False, f"the CUDA kernels run float16 and bfloat16, not {_dtype_name(dtype)}"
+        if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] < 8:
+            return False, "bfloat16 needs a GPU of sm_80 or newer"
+        reason = _cupy_reason() or _import_reason(module, "see the CUDA chapter's set-up")
+        return (False, reason) if reason else (True, "")
+    return available
+
+
+def _cuda_fwd(q, k, v, causal, scale):
+    from .. import cuda_attention
+    return cuda_attention(q, k, v, causal=causal, scale=scale)
+
+
+def _ladder_fwd(variant: str):
+    def fwd(q, k, v, causal, scale):
+        from ..cuda import forward
+        return forward.forward(q, k, v, causal=causal, scale=scale, variant=variant)
+    return fwd
+
+
+def _builtin() -> dict[str, Impl]:
+    impls = [
+        Impl("naive", "standard attention, full score matrix (flashtut.naive_attention); backward by autograd",
+             _naive_fwd, AUTOGRAD, quadratic_bytes=_naive_bytes, group="reference"),
+        Impl("tiled", "FlashAttention-2 as PyTorch loops (flashtut.tiled_attention, tiled_attention_backward)",
+             _tiled_fwd, _tiled_bwd, forward_lse=_tiled_fwd_lse, size_limit=_tiled_limit, group="reference"),
+    ]
+    for name, (member, dtypes, what) in _SDPA.items():
+        impls.append(Impl(name, f"{what}; backward by autograd", _sdpa_fwd, AUTOGRAD,
+                          available=_sdpa_available(name, dtypes), context=_sdpa_context(member),
+                          quadratic_bytes=_naive_bytes if name == "sdpa-math" else None, group="sdpa"))
+    impls += [
+        Impl("triton", "fused Triton kernels (flashtut.triton_attention); backward through autograd",
+             _triton_fwd, AUTOGRAD, available=_triton_available, group="kernel"),
+        Impl("cuda", "fused CUDA C kernels via CuPy (flashtut.cuda_attention); backward through autograd",
+             _cuda_fwd, AUTOGRAD, available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
+    ]
+    return {i.name: i for i in impls}
+
+
+_REGISTRY: dict[str, Impl] = _builtin()
+_LADDER_RE = re.compile(r"^cuda-(v\d+\w*)$")
+GROUPS = ("all", "sdpa", "cuda-ladder")
+
+
+# ------------------------------------------------------------------------------ the ladder
+def ladder_variants() -> tuple[dict[str, str], str | None]:
+    """``({variant: description}, None)`` from ``flashtut.cuda.VARIANTS``, or ``({}, reason)``."""
+    try:
+        mod = importlib.import_module("flashtut.cuda")
+    except Exception as e:  # noqa: BLE001
+        return {}, f"cannot import flashtut.cuda ({type(e).__name__}: {e})"
+    variants = getattr(mod, "VARIANTS", None)
+    if not isinstance(variants, dict) or not variants:
+        return {}, "flashtut.cuda has no VARIANTS dict (the forward ladder is not registered yet)"
+    return {str(k): str(v) for k, v in variants.items()}, None
+
+
+def _ladder_impl(variant: str, description: str) -> Impl:
+    return Impl(f"cuda-{variant}", f"CUDA forward ladder step {variant}: {description} (forward only)",
+                _ladder_fwd(variant), None, available=_cuda_available("flashtut.cuda.forward"),
+                group="cuda-ladder")
+
+
+def _missing_ladder_impl(name: str, reason: str) -> Impl:
+    def available(device, dtype, D):
+        return False, reason
+    return Impl(name, "CUDA forward ladder step (not found)", _ladder_fwd(name[5:]), None,
+                available=available, group="cuda-ladder")
+
+
+# --------------------------------------------------------------------------------- lookup
+def register(impl: Impl, replace: bool = False) -> Impl:
+    """Add an implementation (``replace=True`` to overwrite an entry of the same name)."""
+    if not isinstance(impl, Impl):
+        raise TypeError(f"impl must be a flashtut.bench.registry.Impl, got {type(impl).__name__}")
+    if impl.name in _REGISTRY and not replace:
+        raise ValueError(f"an implementation named {impl.name!r} is already registered; pass replace=True")
+    if impl.name in GROUPS:
+        raise ValueError(f"{impl.name!r} is a group name; pick another name")
+    _REGISTRY[impl.name] = impl
+    return impl
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered(impl: Impl):
+    """Register ``impl`` for the duration of a ``with`` block (tests, notebooks)."""
+    register(impl, replace=True)
+    try:
+        yield impl
+    finally:
+        unregister(impl.name)
+
+
+def names(include_ladder: bool = True) -> list[str]:
+    """Every registered name, the discovered CUDA ladder steps last."""
+    out = list(_REGISTRY)
+    if include_ladder:
+        variants, _ = ladder_variants()
+        out += [f"cuda-{v}" for v in variants if f"cuda-{v}" not in _REGISTRY]
+    return out
+
+
+def get(name: str) -> Impl:
+    """The implementation called ``name``; ``ValueError`` listing the known names if none."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    m = _LADDER_RE.match(name)
+    if m:
+        variants, reason = ladder_variants()
+        if m.group(1) in variants:
+            return _ladder_impl(m.group(1), variants[m.group(1)])
+        if reason is not None:        # the ladder cannot be listed here: say why when it is asked for
+            return _missing_ladder_impl(name, reason)
+    raise ValueError(f"unknown implementation {name!r}; known: {', '.join(names())} "
+                     f"(groups: {', '.join(GROUPS)})")
+
+
+def expand(spec) -> list[Impl]:
+    """Implementations for a list of names and groups (or one comma-separated string)."""
+    if isinstance(spec, str):
+        spec = [spec]
+    out: list[str] = []
+    for item in spec:
+        for name in (s.strip() for s in str(item).split(",")):
+            if not name:
+                continue
+            if name == "all":
+                group = names()
+            elif name == "sdpa":
+                group = [n for n in _REGISTRY if _REGISTRY[n].group == "sdpa"]
+            elif name == "cuda-ladder":
+                group = [f"cuda-{v}" for v in ladder_variants()[0]]
+            else:
+                get(name)            # raises for an unknown name
+                group = [name]
+            out += [n for n in group if n not in out]
+    if not out:
+        raise ValueError("no implementation given; known: " + ", ".join(names()))
+    return [get(n) for n in out]

@@ -1,0 +1,447 @@
+"""The benchmark harness (``python -m flashtut.bench``) on the CPU, at tiny sizes."""
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import flashtut
+from flashtut.bench import cli, registry
+from flashtut.bench.accuracy import Reference
+from flashtut.bench.flops import attention_flops, tflops
+from flashtut.bench.memory import peak_extra_memory
+from flashtut.bench.provenance import collect
+from flashtut.bench.registry import AUTOGRAD, Impl
+from flashtut.bench.results import load_results, save_results
+from flashtut.bench.sweeps import Case, run_memory, run_speed
+from flashtut.bench.timing import time_cpu
+
+FAST = ["--warmup-ms", "1", "--rep-ms", "3", "--no-progress", "--device", "cpu"]
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # the CI machine has 2 cores shared with other work: one torch thread keeps times steady
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "flashtut.bench", *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_help_lists_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("run", "memory", "roofline", "plot", "list", "examples:"):
+        assert word in out
+
+
+@pytest.mark.parametrize("sub", ["list", "run", "memory", "roofline", "plot"])
+def test_each_subcommand_has_help(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([sub, "--help"])
+    assert e.value.code == 0
+    assert "usage: python -m flashtut.bench " + sub in capsys.readouterr().out
+
+
+def test_run_writes_checked_rows_with_provenance(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    rc = cli.main(["run", "--impl", "naive,tiled", "-N", "37,70", "--nk", "45", "-D", "16,40", "--heads", "2",
+                   "--batch", "2", "--dtype", "float32,float64", "--causal", "both", "--scale", "0.3",
+                   "--mode", "fwd,bwd", *FAST, "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "flashtut.bench/1" and doc["kind"] == "speed"
+    prov = doc["provenance"]
+    assert prov["device"]["type"] == "cpu" and prov["device"]["name"]
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["python"]
+    assert "triton" in prov["versions"] and "cupy" in prov["versions"]
+    assert prov["command"].startswith("python -m flashtut.bench run --impl naive,tiled")
+    assert prov["date"].startswith("20") and "git" in prov
+    rows = doc["rows"]
+    assert len(rows) == 2 * 2 * 2 * 2 * 2 * 2          # impl x N x D x dtype x causal x mode
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["Nk"] == 45 and r["B"] == 2 and r["H"] == 2 and r["scale"] == 0.3
+        assert r["ms"] > 0 and r["tflops"] > 0
+        assert r["flops"] == attention_flops(2, 2, r["Nq"], 45, r["D"], r["causal"], r["mode"])
+        names = {"o", "lse"} if (r["impl"], r["mode"]) == ("tiled", "fwd") else {"o"}
+        if r["mode"] == "bwd":
+            names = {"o", "dq", "dk", "dv"}
+        assert set(r["err"]) == names
+        limit = 1e-12 if r["dtype"] == "float64" else 1e-4
+        assert max(r["err"].values()) < limit, r["err"]
+        assert r["ref"]["dtype"] == "float64"
+    for word in ("impl", "TFLOP/s", "naive", "tiled", "wrote 64 rows"):
+        assert word in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--impl", "nope"], "unknown implementation 'nope'"),
+    (["run", "--dtype", "float8"], "unknown dtype 'float8'"),
+    (["run", "-N", "0"], "expected a positive integer, got 0"),
+    (["run", "-N", "-5"], "expected a positive integer, got -5"),
+    (["run", "--mode", "sideways"], "unknown mode 'sideways'"),
+    (["run", "--scale", "0"], "expected a positive number"),
+    (["run", "--heads", "2", "--hidden", "64"], "not allowed with argument"),
+    (["memory", "--n-min", "64", "--n-max", "32"], "--n-min (64) must not exceed --n-max (32)"),
+    (["roofline", "--dtype", "int4"], "unknown matmul dtype 'int4'"),
+    (["plot", "/nonexistent/results.json"], "No such file"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_arguments_exit_nonzero_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_bad_argument_from_the_real_entry_point():
+    # the one test through `python -m flashtut.bench` itself: its exit status and message
+    res = _cli("run", "--impl", "naive,warp-drive")
+    assert res.returncode == 2
+    assert "unknown implementation 'warp-drive'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_unavailable_implementations_are_reported_not_crashed(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ladder = [n for n in registry.names() if n.startswith("cuda-v")][:1] or ["cuda-v1"]
+    impls = ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "triton", "cuda", *ladder]
+    out = tmp_path / "u.json"
+    rc = cli.main(["run", "--impl", ",".join(impls), "-N", "33", "-D", "16", "--heads", "1", "--batch", "1",
+                   "--dtype", "float32", "--causal", "no", *FAST, "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["impl"] for r in rows} == set(impls) and len(rows) == 2 * len(impls)
+    for r in rows:
+        assert r["status"] == "unavailable" and r["reason"] and r["ms"] is None
+    for name in impls:
+        assert f"{name}: unavailable" in text
+    assert "CUDA" in text and "TRITON_INTERPRET=1" in text and "Traceback" not in text
+
+    assert cli.main(["list", "--device", "cpu"]) == 0
+    listing = capsys.readouterr().out
+    assert "naive" in listing and "available" in listing and "sdpa-flash" in listing and "unavailable:" in listing
+
+
+# -------------------------------------------------------------------------------- FLOPs
+def test_flop_counts_follow_the_protocol():
+    fwd = attention_flops(2, 3, 128, 128, 64)
+    assert fwd == 4 * 2 * 3 * 128 * 128 * 64
+    assert attention_flops(2, 3, 128, 128, 64, causal=True) == fwd / 2
+    assert attention_flops(2, 3, 128, 128, 64, mode="bwd") == 2.5 * fwd
+    assert attention_flops(2, 3, 128, 128, 64, causal=True, mode="bwd") == 1.25 * fwd
+    assert attention_flops(1, 1, 100, 300, 16) == 4 * 100 * 300 * 16
+    assert tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert tflops(1.0, None) is None
+    with pytest.raises(ValueError, match="mode"):
+        attention_flops(1, 1, 8, 8, 8, mode="both")
+    with pytest.raises(ValueError, match="Nq"):
+        attention_flops(1, 1, 0, 8, 8)
+
+
+# ---------------------------------------------------------------- the correctness gate
+def _skip_first_key(q, k, v, causal, scale):
+    # a plausible bug: a loop over keys that starts at 1 (and a causal mask one key off)
+    return flashtut.naive_attention(q, k[:, :, 1:], v[:, :, 1:], causal=causal, scale=scale)
+
+
+def _scaled_grads(q, k, v, o, lse, do, causal, scale):
+    dq, dk, dv = flashtut.tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale)
+    return dq, dk, 1.5 * dv
+
+
+def _explodes(q, k, v, causal, scale):
+    raise RuntimeError("kernel exploded")
+
+
+def _refuses(q, k, v, causal, scale):
+    raise ValueError(f"head dim {q.shape[-1]} is not supported; accepted: 64, 128")
+
+
+def _nan_output(q, k, v, causal, scale):
+    o = flashtut.naive_attention(q, k, v, causal=causal, scale=scale)
+    o[0, 0, 0, 0] = float("nan")
+    return o
+
+
+FAKES = [
+    Impl("fake-wrong-fwd", "skips key 0", _skip_first_key, AUTOGRAD),
+    Impl("fake-wrong-bwd", "right forward, dv 1.5x too large",
+         lambda q, k, v, c, s: flashtut.tiled_attention(q, k, v, causal=c, scale=s), _scaled_grads,
+         forward_lse=lambda q, k, v, c, s: flashtut.tiled_attention(q, k, v, causal=c, scale=s, return_lse=True)),
+    Impl("fake-explodes", "raises an unexpected error", _explodes, AUTOGRAD),
+    Impl("fake-refuses", "refuses the head dim", _refuses, AUTOGRAD),
+    Impl("fake-nan", "one NaN in the output", _nan_output, AUTOGRAD),
+]
+
+
+def test_the_check_catches_wrong_implementations():
+    cases = [Case(1, 2, 50, 50, 24, torch.float32, causal=False), Case(2, 1, 50, 70, 24, torch.float32, causal=True)]
+    with registry.registered(FAKES[0]), registry.registered(FAKES[1]), registry.registered(FAKES[2]), \
+            registry.registered(FAKES[3]), registry.registered(FAKES[4]):
+        rows = run_speed([f.name for f in FAKES] + ["naive"], cases, device="cpu", warmup_ms=1, rep_ms=2,
+                         progress=False)
+    status = {}
+    for r in rows:
+        status.setdefault((r["impl"], r["mode"]), set()).add(r["status"])
+    assert status[("fake-wrong-fwd", "fwd")] == {"failed"}
+    assert status[("fake-wrong-fwd", "bwd")] == {"failed"}
+    assert status[("fake-wrong-bwd", "fwd")] == {"ok"}
+    assert status[("fake-wrong-bwd", "bwd")] == {"failed"}
+    assert status[("fake-explodes", "fwd")] == {"error"}
+    assert status[("fake-refuses", "fwd")] == {"unavailable"}
+    assert status[("fake-nan", "fwd")] == {"failed"}
+    assert status[("naive", "fwd")] == status[("naive", "bwd")] == {"ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            assert r["ms"] is None and r["tflops"] is None and r["reason"]
+    bad_dv = [r for r in rows if r["impl"] == "fake-wrong-bwd" and r["mode"] == "bwd"][0]
+    assert bad_dv["err"]["dv"] > bad_dv["tol"]["dv"] and bad_dv["err"]["dq"] <= bad_dv["tol"]["dq"]
+    assert [r for r in rows if r["impl"] == "fake-nan"][0]["err"]["o"] is None or \
+        [r for r in rows if r["impl"] == "fake-nan"][0]["err"]["o"] == float("inf")
+    assert "kernel exploded" in [r for r in rows if r["impl"] == "fake-explodes"][0]["reason"]
+
+
+def test_a_failed_check_makes_the_cli_exit_nonzero(capsys):
+    with registry.registered(FAKES[0]):
+        rc = cli.main(["run", "--impl", "fake-wrong-fwd", "-N", "40", "-D", "16", "--heads", "1", "--batch", "1",
+                       "--dtype", "float32", "--causal", "no", "--mode", "fwd", *FAST])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "failed" in captured.out and "failed their check" in captured.err
+
+
+def test_low_precision_rows_record_the_flashattention_criterion():
+    case = Case(1, 2, 40, 40, 32, torch.bfloat16, causal=True)
+    rows = run_speed(["naive"], [case], modes=("fwd", "bwd"), device="cpu", warmup_ms=1, rep_ms=2, progress=False)
+    for r in rows:
+        assert r["status"] == "ok"
+        assert set(r["torch_lowp_err"]) <= set(r["err"]) and r["torch_lowp_err"]["o"] > 0
+        assert r["fa_criterion"] is True      # upcast naive beats bfloat16 PyTorch by a wide margin
+
+
+def test_reference_slices_batch_and_heads_within_its_budget(gen):
+    q, k, v, do = (torch.randn(3, 4, 30, 16, generator=gen) for _ in range(4))
+    ref = Reference(q, k, v, do, causal=False, scale=None, budget_bytes=6 * 30 * 30 * 8 * 6)
+    assert (ref.b, ref.h) == (1, 4)
+    o = flashtut.naive_attention(q, k, v)
+    assert ref.check_forward(o)["passed"]
+    wrong = o.clone()
+    wrong[0, 3, 7, 2] += 0.5                   # inside the slice: caught
+    assert not ref.check_forward(wrong)["passed"]
+
+
+def test_sdpa_adapters_run_through_their_backend_context():
+    # the SDPA entries are GPU-only; copies allowed on the CPU exercise the same adapter code
+    # (backend context around the forward, backward by autograd); the flash and math backends
+    # both have CPU kernels
+    copies = [dataclasses.replace(registry.get(n), name=n + "-on-cpu", available=lambda d, t, D: (True, ""))
+              for n in ("sdpa-flash", "sdpa-math")]
+    cases = [Case(2, 1, 45, 45, 32, torch.float32, causal=True, scale=0.4), Case(1, 2, 64, 64, 64, torch.bfloat16)]
+    with registry.registered(copies[0]), registry.registered(copies[1]):
+        rows = run_speed([c.name for c in copies], cases, device="cpu", warmup_ms=1, rep_ms=2, progress=False)
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows), [r["reason"] for r in rows]
+    assert all(r["fa_criterion"] for r in rows if r["dtype"] == "bfloat16")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's CPU interpreter")
+def test_triton_is_registered_and_checked_through_the_interpreter():
+    pytest.importorskip("triton")
+    rows = run_speed(["triton"], [Case(1, 2, 40, 50, 16, torch.float16, causal=True)], device="cpu",
+                     warmup_ms=1, rep_ms=1, progress=False)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
+    assert set(rows[1]["err"]) == {"o", "dq", "dk", "dv"} and rows[1]["fa_criterion"] is not None
+
+
+def test_tiled_is_refused_above_its_size_limit_unless_forced():
+    tiled = registry.get("tiled")
+    big = Case(1, 1, 2500, 2100, 16, torch.float32)
+    rows = run_speed(["tiled"], [big], modes=("fwd",), device="cpu", progress=False)
+    assert rows[0]["status"] == "unavailable" and "--force" in rows[0]["reason"]
+    assert tiled.check("cpu", torch.float32, 16, big.shape, force=True) is None
+
+
+def test_registry_lookup_and_registration_errors():
+    with pytest.raises(ValueError, match="unknown implementation 'nope'.*naive"):
+        registry.get("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(Impl("naive", "again", _skip_first_key))
+    with pytest.raises(TypeError, match="Impl"):
+        registry.register("naive")
+    assert [i.name for i in registry.expand("sdpa")] == ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math"]
+    assert [i.name for i in registry.expand(["naive,tiled", "naive"])] == ["naive", "tiled"]
+
+
+# -------------------------------------------------------------------------------- timing
+def test_timing_excludes_the_warm_up():
+    calls = []
+
+    def fn():
+        if not calls:
+            time.sleep(0.3)          # a first call that compiles or allocates
+        calls.append(1)
+
+    ms = time_cpu(fn, warmup_ms=1, rep_ms=5)
+    assert ms < 50 and len(calls) >= 4
+
+
+# -------------------------------------------------------------------------------- memory
+def test_peak_extra_memory_is_plausible(gen):
+    def alloc_32mib():
+        return torch.randn(8 * MiB, generator=gen)        # 32 MiB of float32, touched
+
+    got = peak_extra_memory(alloc_32mib, "cpu")
+    assert 31 * MiB <= got <= 40 * MiB, got / MiB
+    assert peak_extra_memory(lambda: torch.ones(16), "cpu") < 4 * MiB
+
+    q, k, v = (torch.randn(1, 4, 1024, 32, generator=gen) for _ in range(3))
+    naive = peak_extra_memory(lambda: flashtut.naive_attention(q, k, v), "cpu")
+    tiled = peak_extra_memory(lambda: flashtut.tiled_attention(q, k, v), "cpu")
+    assert naive >= 30 * MiB          # a 16 MiB float32 score matrix and its probabilities
+    assert tiled < 8 * MiB, tiled / MiB
+
+
+def test_out_of_memory_is_an_answer_not_a_crash():
+    def oom():
+        raise MemoryError("no room")
+
+    def cuda_oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+    assert peak_extra_memory(oom, "cpu") is None
+    assert peak_extra_memory(cuda_oom, "cpu") is None
+    with pytest.raises(ValueError):
+        peak_extra_memory(lambda: (_ for _ in ()).throw(ValueError("not memory")), "cpu")
+
+    def big_oom(q, k, v, causal, scale):
+        if q.shape[2] >= 128:
+            raise MemoryError("too big")
+        return flashtut.naive_attention(q, k, v, causal=causal, scale=scale)
+
+    with registry.registered(Impl("fake-small-only", "OOM from N=128", big_oom, AUTOGRAD)):
+        rows = run_memory(["fake-small-only"], [64, 128, 256], B=1, H=1, D=16, dtype="float32",
+                          device="cpu", progress=False)
+    assert [r["status"] for r in rows] == ["ok", "oom", "skipped"]
+    assert "N=128" in rows[2]["reason"]
+
+
+def test_memory_cli_writes_rows(tmp_path, capsys):
+    out = tmp_path / "mem.json"
+    rc = cli.main(["memory", "--impl", "naive,tiled", "-N", "128,512", "-H", "2", "-D", "32",
+                   "--mode", "fwd,bwd", "--dtype", "float32", "--no-progress", "--device", "cpu", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    doc = load_results(out)
+    assert doc["kind"] == "memory" and doc["provenance"]["command"].startswith("python -m flashtut.bench memory")
+    rows = doc["rows"]
+    assert len(rows) == 8 and all(r["status"] == "ok" and r["peak_extra_bytes"] >= 0 for r in rows)
+    naive512 = [r for r in rows if r["impl"] == "naive" and r["N"] == 512 and r["mode"] == "fwd"][0]
+    assert naive512["peak_extra_bytes"] >= 3.5 * MiB      # two 2 MiB float32 matrices at least
+    assert "peak extra MiB" in text
+
+
+# ------------------------------------------------------------------------------ roofline
+def test_roofline_measures_copy_and_matmul(tmp_path, capsys):
+    out = tmp_path / "roof.json"
+    rc = cli.main(["roofline", "--device", "cpu", "--copy-mib", "8", "--matmul-n", "96", "--dtype",
+                   "float32,bfloat16,tf32", "--warmup-ms", "1", "--rep-ms", "3", "--out", str(out)])
+    assert rc == 0
+    rows = load_results(out)["rows"]
+    copy = [r for r in rows if r["what"] == "copy"][0]
+    assert copy["bytes"] == 2 * 8 * MiB and copy["gb_per_s"] > 0
+    mm = {r["dtype"]: r for r in rows if r["what"] == "matmul"}
+    assert mm["float32"]["tflops"] > 0 and mm["bfloat16"]["status"] == "ok"
+    assert mm["tf32"]["status"] == "unavailable"
+
+
+# ---------------------------------------------------------------------------------- plots
+def _fake_gpu_rows():
+    rows = []
+    for impl, scale in (("sdpa-flash", 1.0), ("triton", 1.1), ("cuda", 0.8), ("cuda-v1", 0.05),
+                        ("cuda-v2", 0.4), ("cuda-v3", 0.7), ("naive", 0.1)):
+        for n in (512, 1024, 2048):
+            for mode in ("fwd", "bwd"):
+                rows.append({"kind": "speed", "impl": impl, "mode": mode, "dtype": "float16", "B": 16384 // n,
+                             "H": 16, "Nq": n, "Nk": n, "N": n, "D": 128, "causal": False, "status": "ok",
+                             "tflops": 300 * scale * (1 + n / 4096), "ms": 1.0})
+    for impl, per_n, oom_at in (("naive", 80.0, 2048), ("triton", 0.05, None)):
+        for n in (512, 1024, 2048, 4096):
+            status = "ok" if oom_at is None or n < oom_at else ("oom" if n == oom_at else "skipped")
+            rows.append({"kind": "memory", "impl": impl, "mode": "fwd", "N": n, "B": 1, "H": 16, "D": 128,
+                         "dtype": "float16", "causal": False, "status": status,
+                         "peak_extra_bytes": int(per_n * n * n / 512) if status == "ok" else None})
+    rows += [{"kind": "roofline", "what": "copy", "bytes": 2 * 2**30, "ms": 0.5, "gb_per_s": 4300.0, "status": "ok"},
+             {"kind": "roofline", "what": "matmul", "dtype": "bfloat16", "n": 8192, "tflops": 700.0, "status": "ok"}]
+    return rows
+
+
+def test_plot_writes_every_figure_from_json(tmp_path, capsys):
+    src = save_results(tmp_path / "gpu.json", "speed", _fake_gpu_rows(), collect("cpu", ["run"]))
+    outdir = tmp_path / "fig"
+    rc = cli.main(["plot", str(src), "--out-dir", str(outdir), "--format", "png"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    names = sorted(p.name for p in outdir.iterdir())
+    assert names == ["ladder_bwd.png", "ladder_fwd.png", "memory.png", "ratios_to_sdpa-flash.md", "roofline.png",
+                     "speed_D128_bwd.png", "speed_D128_fwd.png"]
+    for p in outdir.glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    table = (outdir / "ratios_to_sdpa-flash.md").read_text()
+    assert "triton / sdpa-flash" in table and "1.10" in table
+    assert "wrote" in text
+
+
+def test_plot_functions_return_figures_and_read_the_anchor_layout(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from flashtut.bench import plot
+
+    rows = _fake_gpu_rows()
+    for fig in (plot.speed_figure(rows, D=128, mode="fwd"), plot.memory_figure(rows),
+                plot.ladder_figure(rows), plot.roofline_figure(rows, points=[("attention", 100.0)])):
+        assert isinstance(fig, Figure)
+    ratios = plot.ratio_table(rows)
+    assert len(ratios) == 6 and ratios[0]["ratios"]["triton"] == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="D=64"):
+        plot.speed_figure(rows, D=64)
+
+    anchors = {"what": "old layout", "rows": [
+        {"impl": "sdpa-flash", "dtype": "float16", "D": 64, "N": 1024, "B": 16, "H": 32, "causal": False,
+         "fwd_tflops": 280.0, "bwd_tflops": 210.0},
+        {"mem": "naive", "N": 2048, "extra_peak_MiB": 640.0},
+        {"mem": "naive", "N": 32768, "extra_peak_MiB": "OOM"}]}
+    path = tmp_path / "anchors.json"
+    path.write_text(json.dumps(anchors))
+    doc = load_results(path)
+    speed = [r for r in doc["rows"] if r["kind"] == "speed"]
+    assert {(r["mode"], r["tflops"]) for r in speed} == {("fwd", 280.0), ("bwd", 210.0)}
+    mem = [r for r in doc["rows"] if r["kind"] == "memory"]
+    assert [r["status"] for r in mem] == ["ok", "oom"] and mem[0]["peak_extra_bytes"] == 640 * MiB
+    assert isinstance(plot.speed_figure(doc["rows"], D=64, mode="bwd"), Figure)
+
+
+def test_provenance_is_hostname_free():
+    prov = collect("cpu", ["run", "--impl", "naive"])
+    assert prov["command"] == "python -m flashtut.bench run --impl naive"
+    host = socket.gethostname()
+    if len(host) > 4:
+        assert host not in json.dumps(prov)
