@@ -1,0 +1,246 @@
+"""GPU facts for chapter 01, the roofline model, and two small measurements of the reader's GPU.
+
+The table holds vendor figures (datasheets and architecture whitepapers, named in each entry's
+``source``); the CUDA C++ Programming Guide's table of compute capabilities gives the shared-memory
+limits. Tensor-core rates are *dense* (the datasheets also print a figure "with sparsity", twice
+as large, that only 2:4-sparse matrices reach). Capacities and bandwidths are in the vendor's
+decimal units: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes per second.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+_CUDA_GUIDE = ("NVIDIA, CUDA C++ Programming Guide, 'Compute Capabilities' table "
+               "(shared memory per SM and per block), https://docs.nvidia.com/cuda/cuda-c-programming-guide/")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Published figures of one GPU model."""
+    name: str
+    architecture: str
+    compute_capability: tuple[int, int]
+    memory_gb: float                 # device memory (HBM or GDDR), GB = 1e9 bytes
+    memory_type: str
+    memory_bandwidth_gbps: float     # GB/s
+    sm_count: int
+    smem_per_sm_kib: int             # largest shared-memory carve-out of one SM
+    smem_per_block_kib: int          # largest shared memory one thread block may opt into
+    l2_mib: float
+    registers_per_sm_kib: int        # 65536 32-bit registers on all of these
+    boost_clock_mhz: int
+    fp16_tensor_tflops: float        # dense, fp32 accumulate where the datasheet says so
+    bf16_tensor_tflops: float | None  # None: no bf16 tensor cores
+    fp32_tflops: float               # plain fp32 on the CUDA cores (no tensor cores)
+    source: str
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    @property
+    def smem_bandwidth_tbps(self) -> float:
+        """Aggregate shared-memory bandwidth, TB/s: each SM serves 32 banks x 4 bytes per clock.
+
+        An upper bound at boost clock; it is the "about 19 TB/s" of on-chip SRAM that the
+        FlashAttention paper quotes for the A100.
+        """
+        return self.sm_count * 32 * 4 * self.boost_clock_mhz * 1e6 / 1e12
+
+    @property
+    def smem_total_mib(self) -> float:
+        """All the shared memory of the chip together, MiB: tiny next to device memory."""
+        return self.sm_count * self.smem_per_sm_kib / 1024
+
+    def peak_tflops(self, dtype: torch.dtype = torch.float16) -> float:
+        """The dense matrix rate for ``dtype`` (tensor cores for 16-bit types, CUDA cores for fp32)."""
+        if dtype == torch.float16:
+            return self.fp16_tensor_tflops
+        if dtype == torch.bfloat16:
+            if self.bf16_tensor_tflops is None:
+                raise ValueError(f"dtype: the {self.name} has no bfloat16 tensor cores; accepted: float16, float32")
+            return self.bf16_tensor_tflops
+        if dtype == torch.float32:
+            return self.fp32_tflops
+        raise ValueError(f"dtype: got {dtype}; accepted: float16, bfloat16, float32")
+
+    def ridge_point(self, dtype: torch.dtype = torch.float16) -> float:
+        """FLOP per byte at which the roofline turns: below it a kernel is memory-bound."""
+        return self.peak_tflops(dtype) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
+
+
+GPUS: dict[str, GPUSpec] = {
+    "T4": GPUSpec(
+        name="T4", architecture="Turing (TU104)", compute_capability=(7, 5),
+        memory_gb=16, memory_type="GDDR6", memory_bandwidth_gbps=320, sm_count=40,
+        smem_per_sm_kib=64, smem_per_block_kib=64, l2_mib=4, registers_per_sm_kib=256,
+        boost_clock_mhz=1590, fp16_tensor_tflops=65, bf16_tensor_tflops=None, fp32_tflops=8.1,
+        source="NVIDIA T4 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/tesla-t4/); "
+               "NVIDIA Turing GPU Architecture whitepaper (2018); " + _CUDA_GUIDE),
+    "A100-40GB": GPUSpec(
+        name="A100 40GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
+        memory_gb=40, memory_type="HBM2", memory_bandwidth_gbps=1555, sm_count=108,
+        smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
+        boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
+        source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
+               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE),
+    "A100-80GB": GPUSpec(
+        name="A100 80GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
+        memory_gb=80, memory_type="HBM2e", memory_bandwidth_gbps=2039, sm_count=108,
+        smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
+        boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
+        source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
+               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE),
+    "H100-SXM": GPUSpec(
+        name="H100 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
+        memory_gb=80, memory_type="HBM3", memory_bandwidth_gbps=3350, sm_count=132,
+        smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
+        boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
+        source="NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/); "
+               "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE),
+    "H200-SXM": GPUSpec(
+        name="H200 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
+        memory_gb=141, memory_type="HBM3e", memory_bandwidth_gbps=4800, sm_count=132,
+        smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
+        boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
+        source="NVIDIA H200 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h200/), "
+               "same GH100 compute as the H100 SXM; " + _CUDA_GUIDE),
+}
+
+
+def spec_for(device_name: str) -> GPUSpec | None:
+    """The table entry for a device name as CUDA reports it (``torch.cuda.get_device_name()``),
+    or ``None`` for a GPU the table does not hold. PCIe boards share the SXM entry's chip but run
+    slower clocks and memory, so their measured rates sit below it."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str, got {type(device_name).__name__}")
+    name = device_name.upper()
+    if "H200" in name:
+        return GPUS["H200-SXM"]
+    if "H100" in name:
+        return GPUS["H100-SXM"]
+    if "A100" in name:
+        return GPUS["A100-80GB" if "80G" in name else "A100-40GB"]
+    if "T4" in name.replace("RTX", ""):
+        return GPUS["T4"]
+    return None
+
+
+def gpu_table(names=None) -> list[dict]:
+    """One dict per GPU (for display), with the derived columns next to the published ones."""
+    rows = []
+    for key in names or GPUS:
+        g = GPUS[key]
+        row = asdict(g)
+        row["compute_capability"] = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
+        row["smem_bandwidth_tbps"] = round(g.smem_bandwidth_tbps, 1)
+        row["smem_total_mib"] = round(g.smem_total_mib, 1)
+        row["ridge_fp16_flop_per_byte"] = round(g.ridge_point(torch.float16), 1)
+        rows.append(row)
+    return rows
+
+
+def format_gpu_table(names=None) -> str:
+    """A markdown table of the published figures (for ``IPython.display.Markdown``)."""
+    lines = ["| GPU | compute capability | memory | bandwidth (GB/s) | SMs "
+             "| shared memory per SM / per block (KiB) | L2 (MiB) | fp16 tensor (TFLOP/s) "
+             "| bf16 tensor (TFLOP/s) | fp32 (TFLOP/s) |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for r in gpu_table(names):
+        bf16 = "none" if r["bf16_tensor_tflops"] is None else f'{r["bf16_tensor_tflops"]:g}'
+        lines.append(
+            f'| {r["name"]} | {r["compute_capability"]} | {r["memory_gb"]:g} GB {r["memory_type"]} '
+            f'| {r["memory_bandwidth_gbps"]:,} | {r["sm_count"]} '
+            f'| {r["smem_per_sm_kib"]} / {r["smem_per_block_kib"]} | {r["l2_mib"]:g} '
+            f'| {r["fp16_tensor_tflops"]:g} | {bf16} | {r["fp32_tflops"]:g} |')
+    return "\n".join(lines)
+
+
+def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
+    """The roofline: ``min(peak, bandwidth * intensity)`` in TFLOP/s.
+
+    ``intensity`` (FLOP per byte of device-memory traffic) may be a number or a tensor.
+    """
+    if not (peak_tflops > 0 and bandwidth_gbps > 0):
+        raise ValueError(f"peak_tflops and bandwidth_gbps must be positive, got {peak_tflops}, {bandwidth_gbps}")
+    memory_roof = bandwidth_gbps * 1e9 * intensity / 1e12
+    if isinstance(intensity, torch.Tensor):
+        return torch.clamp(memory_roof, max=peak_tflops)
+    return min(peak_tflops, memory_roof)
+
+
+# --- measurements on the reader's GPU ------------------------------------------------------------
+
+def measure_roofline(device=None) -> dict:
+    """The reader's GPU, measured with the benchmark tool (``flashtut.bench.roofline``): copy
+    bandwidth and matrix-multiply rates, in the layout of ``book/data/h200_roofline.json``."""
+    device = torch.device(device if device is not None else "cuda")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("this measurement needs a CUDA GPU; without one, load the committed H200 "
+                           "figures with flashtut.hardware.load_roofline_data()")
+    from .bench.roofline import run_roofline   # deferred: the benchmark package is only needed here
+
+    major, minor = torch.cuda.get_device_capability(device)
+    dtypes = ("float16", "bfloat16", "float32") if major >= 8 else ("float16", "float32")
+    note = (f"measured live with flashtut.bench.roofline (sm_{major}{minor}, torch {torch.__version__}) "
+            f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return ceilings_from_rows(run_roofline(device, dtypes=dtypes), torch.cuda.get_device_name(device), note)
+
+
+def ceilings_from_rows(rows: list[dict], device_name: str, note: str) -> dict:
+    """Rows of ``flashtut.bench.roofline.run_roofline`` in the layout of
+    ``book/data/h200_roofline.json``; matrix rates that did not run (``status`` not ``ok``) are left out."""
+    copies = [r for r in rows if r.get("what") == "copy" and r.get("status") == "ok"]
+    if not copies:
+        raise ValueError(f"rows: no successful copy measurement among {len(rows)} rows")
+    rates = {r["dtype"]: round(r["tflops"], 1) for r in rows
+             if r.get("what") == "matmul" and r.get("status") == "ok"}
+    return {"provenance": {"provisional": False, "device": device_name, "note": note},
+            "copy_bandwidth_GBps": round(copies[0]["gb_per_s"], 1),
+            "matmul_tflops": rates}
+
+
+# --- committed data ------------------------------------------------------------------------------
+
+def data_dir() -> Path:
+    """The book's ``book/data`` folder: ``$FLASHTUT_DATA`` if set, else the checkout this package
+    was installed from (editable install), else ``book/data`` above the working directory."""
+    env = os.environ.get("FLASHTUT_DATA")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path(__file__).resolve().parents[2] / "book" / "data")
+    here = Path.cwd().resolve()
+    candidates += [p / "book" / "data" for p in (here, *here.parents)]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    raise FileNotFoundError(
+        "book/data not found: run from a checkout of the book's repository, or set FLASHTUT_DATA "
+        "to its book/data folder")
+
+
+def load_roofline_data(path=None) -> dict:
+    """The committed copy bandwidth and matrix rates (``book/data/h200_roofline.json``), with
+    their ``provenance`` (device, whether provisional, how they were obtained)."""
+    path = Path(path) if path is not None else data_dir() / "h200_roofline.json"
+    data = json.loads(Path(path).read_text())
+    for key in ("provenance", "copy_bandwidth_GBps", "matmul_tflops"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}; accepted: a file with provenance, "
+                             "copy_bandwidth_GBps and matmul_tflops")
+    if not (isinstance(data["copy_bandwidth_GBps"], (int, float)) and math.isfinite(data["copy_bandwidth_GBps"])):
+        raise ValueError(f"{path}: copy_bandwidth_GBps must be a number, got {data['copy_bandwidth_GBps']!r}")
+    return data
+
+
+def roofline_data(device=None) -> dict:
+    """Measure the reader's GPU when there is one, else load the committed H200 figures."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        return measure_roofline(device)
+    return load_roofline_data()
