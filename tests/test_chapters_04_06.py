@@ -1,0 +1,315 @@
+"""Chapters 04-06: HBM traffic counting, the chapters' figures, and the exercise checkers (they
+accept right answers, including the library's, and catch wrong ones)."""
+import math
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+import flashtut  # noqa: E402
+from flashtut import io_complexity as io  # noqa: E402
+from flashtut.exercises import ch04, ch05, ch06  # noqa: E402
+from flashtut.figures import online_softmax_plots, tiling_diagrams  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def _close(fig):
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def _rand(gen, *shape, scale=1.0):
+    return scale * torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------ io_complexity
+
+@pytest.mark.parametrize("n_q,n_k,d", [(1, 1, 1), (100, 77, 16), (256, 256, 64)])
+def test_standard_traffic_is_nd_plus_n_squared(n_q, n_k, d):
+    t = io.count(io.schedule("standard", n_q, n_k, d))
+    assert t.reads == {"Q": n_q * d, "K": n_k * d, "S": n_q * n_k, "P": n_q * n_k, "V": n_k * d}
+    assert t.writes == {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d}
+    assert t.elements == 2 * n_q * d + 2 * n_k * d + 4 * n_q * n_k
+
+
+@pytest.mark.parametrize("n_q,n_k,d,bm,bn", [(128, 128, 64, 32, 64), (100, 77, 16, 32, 10), (5, 300, 8, 64, 7)])
+def test_flash2_traffic_formula(n_q, n_k, d, bm, bn):
+    t = io.count(io.flash2_schedule(n_q, n_k, d, bm, bn))
+    t_r = math.ceil(n_q / bm)
+    assert t.reads == {"Q": n_q * d, "K": t_r * n_k * d, "V": t_r * n_k * d}
+    assert t.writes == {"O": n_q * d, "lse": n_q}
+
+
+@pytest.mark.parametrize("n,d,bm,bn", [(128, 64, 32, 64), (100, 16, 32, 10), (301, 8, 64, 7)])
+def test_flash1_traffic_formula(n, d, bm, bn):
+    t = io.count(io.flash1_schedule(n, n, d, bm, bn))
+    t_c = math.ceil(n / bn)
+    assert t.reads == {"K": n * d, "V": n * d, "Q": t_c * n * d, "O": t_c * n * d, "l": t_c * n, "m": t_c * n}
+    assert t.writes == {"O": (t_c + 1) * n * d, "l": (t_c + 1) * n, "m": (t_c + 1) * n}
+
+
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+@pytest.mark.parametrize("n_q,n_k,bm,bn", [(100, 77, 16, 12), (64, 64, 16, 16), (37, 90, 8, 32), (90, 37, 32, 8)])
+def test_causal_schedules_visit_exactly_the_tiles_with_a_visible_key(algorithm, n_q, n_k, bm, bn):
+    hidden = flashtut.causal_mask(n_q, n_k)
+    want = set()
+    for i, q0 in enumerate(range(0, n_q, bm)):
+        for j, k0 in enumerate(range(0, n_k, bn)):
+            if not bool(hidden[q0:q0 + bm, k0:k0 + bn].all()):
+                want.add((i, j))
+    visits = set()
+    for e in io.schedule(algorithm, n_q, n_k, 4, bm, bn, causal=True):
+        if e.step is None:
+            continue
+        if algorithm == "flash2" and e.tensor == "K":
+            visits.add(e.step)
+        if algorithm == "flash1" and e.tensor == "Q":
+            visits.add((e.step[1], e.step[0]))
+    assert visits == want
+    full = io.count(io.schedule(algorithm, n_q, n_k, 4, bm, bn)).elements
+    assert io.count(io.schedule(algorithm, n_q, n_k, 4, bm, bn, causal=True)).elements < full
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k,bm,bn", [(100, 77, 32, 16), (33, 120, 16, 40)])
+def test_tiled_attention_loads_match_the_flash2_schedule(causal, n_q, n_k, bm, bn, gen):
+    B, H, D = 2, 3, 12
+    q, k, v = _rand(gen, B, H, n_q, D), _rand(gen, B, H, n_k, D), _rand(gen, B, H, n_k, D)
+    counted = io.count_slice_reads(
+        lambda q, k, v: flashtut.tiled_attention(q, k, v, causal=causal, block_m=bm, block_n=bn), q=q, k=k, v=v)
+    model = io.count(io.flash2_schedule(n_q, n_k, D, bm, bn, causal)).reads
+    assert counted == {"q": B * H * model["Q"], "k": B * H * model["K"], "v": B * H * model["V"]}
+
+
+def test_count_slice_reads_leaves_results_unchanged(gen):
+    q, k, v = _rand(gen, 1, 2, 19, 8), _rand(gen, 1, 2, 23, 8), _rand(gen, 1, 2, 23, 8)
+    out = {}
+    io.count_slice_reads(lambda q, k, v: out.setdefault("o", flashtut.tiled_attention(q, k, v, block_m=8)),
+                         q=q, k=k, v=v)
+    assert type(out["o"]) is torch.Tensor
+    torch.testing.assert_close(out["o"], flashtut.naive_attention(q, k, v), rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        io.count_slice_reads(lambda k: None, k=[1.0])
+
+
+def test_block_sizes_for_sram():
+    assert io.block_sizes_for_sram(32768, 64, "flash1") == (64, 128)
+    assert io.block_sizes_for_sram(32768, 64, "flash2") == (128, 64)
+    assert io.block_sizes_for_sram(1000, 128) == (2, 2)
+    bm, bn = io.block_sizes_for_sram(98304, 128, "flash2")
+    assert io.tile_footprint_elements(bm, bn, 128) <= 1.25 * 98304
+    with pytest.raises(ValueError, match="sram_elements must be at least 4 \\* d = 512"):
+        io.block_sizes_for_sram(511, 128)
+    with pytest.raises(ValueError, match="algorithm"):
+        io.block_sizes_for_sram(4096, 16, "flash3")
+
+
+def test_flash_traffic_scales_as_n2_d2_over_m_and_standard_as_n2():
+    n, d = 8192, 64
+    for alg in ("flash1", "flash2"):
+        small = io.hbm_traffic(alg, n, d, 16384).elements
+        large = io.hbm_traffic(alg, n, d, 65536).elements
+        assert 3.5 < small / large < 4.1                  # 4x the SRAM, about 4x less traffic
+        doubled = io.hbm_traffic(alg, 2 * n, d, 16384).elements
+        assert 3.9 < doubled / small < 4.1                # quadratic in N
+    std = io.hbm_traffic("standard", n, d).elements
+    assert std == 4 * n * d + 4 * n * n
+    assert std > 4 * io.hbm_traffic("flash2", n, d, 65536).elements
+
+
+def test_traffic_bytes_and_errors():
+    t = io.hbm_traffic("flash2", 100, 16, block_m=32, block_n=32)
+    mats = sum(t.reads.values()) + t.writes["O"]                  # Q, K, V reads and the O write
+    assert t.bytes(2, 4) == 2 * mats + 4 * t.writes["lse"]
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        io.schedule("flash3", 10, 10, 4)
+    with pytest.raises(ValueError, match="sram_elements"):
+        io.hbm_traffic("flash1", 100, 16)
+    with pytest.raises(ValueError, match="block_n must be a positive integer"):
+        io.schedule("flash2", 10, 10, 4, 8, 0)
+
+
+# ------------------------------------------------------------------------------ figures
+
+def test_running_states_end_in_the_exact_state(gen):
+    x = _rand(gen, 29, scale=5.0) + torch.linspace(0, 12, 29, dtype=torch.float64)
+    states = online_softmax_plots.running_states(x, 4)
+    assert [s["end"] for s in states] == [4, 8, 12, 16, 20, 24, 28, 29]
+    assert states[-1]["m"] == float(x.max())
+    assert states[-1]["d"] == pytest.approx(float(torch.exp(x - x.max()).sum()), rel=1e-12)
+    for prev, cur in zip(states, states[1:]):
+        assert (cur["rescale"] < 1.0) == (cur["m"] > prev["m"])
+    assert any(s["rescale"] < 1.0 for s in states[1:])
+    # the never-rescaled sum overshoots once the max has risen
+    assert states[-1]["d_unrescaled"] > states[-1]["d"] * (1 + 1e-6)
+
+
+def test_running_states_without_a_rise_need_no_rescale(gen):
+    x = _rand(gen, 17)
+    x[0] = 100.0
+    states = online_softmax_plots.running_states(x, 5)
+    assert all(s["rescale"] == 1.0 for s in states)
+    assert states[-1]["d_unrescaled"] == pytest.approx(states[-1]["d"], rel=1e-12)
+
+
+def test_figure_functions_return_figures(gen):
+    figs = [online_softmax_plots.running_state_figure(_rand(gen, 21), 4),
+            tiling_diagrams.loop_order_figure(3, 5),
+            tiling_diagrams.loop_order_figure(4, 4, causal=True),
+            tiling_diagrams.hbm_traffic_figure(d=64, sram_kib=(64,), ns=[256, 512]),
+            tiling_diagrams.memory_vs_n_figure([256, 512, 1024], {"naive": [1e6, 4e6, None],
+                                                                 "tiled": [2e6, 2.5e6, 3e6]})]
+    for fig in figs:
+        assert isinstance(fig, Figure)
+        assert fig.axes
+        _close(fig)
+
+
+def test_figure_inputs_are_checked():
+    with pytest.raises(ValueError, match="1-D"):
+        online_softmax_plots.running_states(torch.ones(2, 3), 2)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        online_softmax_plots.running_states([1.0, 2.0], 2)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        online_softmax_plots.running_states(torch.ones(3), 0)
+    with pytest.raises(ValueError, match="n_k_blocks must be an integer from 1 to 16"):
+        tiling_diagrams.loop_order_figure(3, 40)
+    with pytest.raises(ValueError, match="sram_kib"):
+        tiling_diagrams.hbm_traffic_figure(sram_kib=())
+    with pytest.raises(ValueError, match="has 1 values for 2 sizes"):
+        tiling_diagrams.memory_vs_n_figure([1, 2], {"naive": [1.0]})
+
+
+# ------------------------------------------------------------------------------ chapter 04
+
+def test_ch04_checkers_accept_solutions_and_library():
+    assert ch04.check_merge(ch04.solution_merge)
+    assert ch04.check_merge(flashtut.merge_softmax_states)
+    assert ch04.check_online_softmax(ch04.solution_online_softmax)
+    assert ch04.check_online_softmax(lambda x, bs: flashtut.online_softmax(x, block_size=bs))
+    assert ch04.check_combine_states(ch04.solution_combine_states)
+
+
+def _no_rescale_softmax(x, bs):
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+    d = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], bs):
+        blk = x[..., s:s + bs]
+        m = torch.maximum(m, blk.amax(-1))
+        d = d + torch.exp(blk - m[..., None]).sum(-1)
+    return torch.exp(x - m[..., None]) / d[..., None]
+
+
+def test_ch04_checkers_catch_wrong_answers():
+    res = ch04.check_merge(lambda ma, da, mb, db: (torch.maximum(ma, mb), da + db))
+    assert not res and "differ" in res.message and res.bad_positions
+    assert not ch04.check_online_softmax(_no_rescale_softmax)
+    res = ch04.check_online_softmax(lambda x, bs: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True))
+    assert not res and "NaN or Inf" in res.message
+    assert not ch04.check_combine_states(lambda m, d: (m.amax(0), d.sum(0)))
+    res = ch04.check_merge(lambda *a: 1 / 0)
+    assert not res and "ZeroDivisionError" in res.message
+
+
+# ------------------------------------------------------------------------------ chapter 05
+
+def test_buggy_tiled_attention_is_right_when_the_max_is_in_the_first_block(gen):
+    q, k, v = ch05.inputs_max_in_first_block(gen, B=2, H=3, Nq=41, Nk=67, D=20, block_size=16)
+    assert not bool((ch05.max_rise_after_first_block(q, k, 16) > 0).any())
+    torch.testing.assert_close(ch05.buggy_tiled_attention(q, k, v, 16), flashtut.naive_attention(q, k, v),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_buggy_tiled_attention_is_wrong_exactly_on_rows_whose_max_rises(gen):
+    q, k, v = ch05.inputs_random(gen, B=2, H=3, Nq=41, Nk=67, D=20)
+    rise = ch05.max_rise_after_first_block(q, k, 16)
+    err = (ch05.buggy_tiled_attention(q, k, v, 16) - flashtut.naive_attention(q, k, v)).abs().amax(-1)
+    assert 0 < int((rise > 0).sum()) < rise.numel()
+    assert bool((err[rise == 0] < 1e-12).all())
+    assert bool((err[rise > 0.05] > 1e-6).all())
+    # one block holds every key: nothing can rise, and the loop is right
+    torch.testing.assert_close(ch05.buggy_tiled_attention(q, k, v, 128), flashtut.naive_attention(q, k, v),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_buggy_tiled_attention_checks_inputs(gen):
+    q = _rand(gen, 1, 1, 5, 4)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        ch05.buggy_tiled_attention(q, "k", q)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        ch05.buggy_tiled_attention(q, q, q, 0)
+    with pytest.raises(ValueError, match="scale must be a positive finite float"):
+        ch05.max_rise_after_first_block(q, q, 4, scale=-1.0)
+
+
+def test_ch05_checker_fails_the_buggy_loop_only_where_the_max_rises():
+    res = ch05.check_tiled_attention(ch05.buggy_tiled_attention)
+    assert not res
+    lines = res.message.splitlines()
+    assert all(line.startswith("✓") for line in lines if line.startswith(("✓ case A", "✗ case A")))
+    assert any(line.startswith("✗ case B") for line in lines)
+    assert "exactly the rows whose max rose" in res.message
+
+
+def test_ch05_checker_accepts_fixes():
+    assert ch05.check_tiled_attention(ch05.solution_fixed_tiled_attention)
+    assert ch05.check_tiled_attention(
+        lambda q, k, v, bs: flashtut.tiled_attention(q, k, v, block_m=bs, block_n=bs))
+    res = ch05.check_tiled_attention(lambda q, k, v, bs: q)
+    assert not res
+
+
+def test_ch05_traffic_checker():
+    assert ch05.check_fa1_traffic(ch05.solution_fa1_traffic)
+    res = ch05.check_fa1_traffic(lambda n, d, bm, bn: ch05.solution_fa1_traffic(n, d, bm, bn) - n)
+    assert not res and "schedule moves" in res.message
+    assert not ch05.check_fa1_traffic(lambda n, d, bm, bn: 3 * n * d + (n // bn) * (3 * n * d + 4 * n))
+
+
+# ------------------------------------------------------------------------------ chapter 06
+
+def test_ch06_checkers_accept_solutions_and_library():
+    assert ch06.check_delta(ch06.solution_delta)
+    assert ch06.check_dv_tile(ch06.solution_dv_tile)
+    assert ch06.check_attention_backward(ch06.solution_attention_backward)
+
+    def via_library(q, k, v, do, causal, scale):
+        o, lse = flashtut.tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True,
+                                          block_m=7, block_n=5)
+        return flashtut.tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                                 block_m=7, block_n=5)
+    assert ch06.check_attention_backward(via_library)
+
+
+def test_ch06_checkers_catch_wrong_answers():
+    assert not ch06.check_delta(lambda o, do: (o * do).sum(-2))
+    # a softmax over the tile alone normalises over the wrong keys
+    res = ch06.check_dv_tile(lambda q, kt, do, lse, sc: torch.softmax(q @ kt.transpose(-2, -1) * sc, -1)
+                             .transpose(-2, -1) @ do)
+    assert not res and "dv_tile" in res.message
+
+    def no_scale_on_dq(q, k, v, do, causal, scale):
+        dq, dk, dv = ch06.solution_attention_backward(q, k, v, do, causal, scale)
+        return dq / scale, dk, dv
+    res = ch06.check_attention_backward(no_scale_on_dq)
+    assert not res and "(dq, dk, dv)[0]" in res.message
+
+    def no_delta(q, k, v, do, causal, scale):
+        s = q @ k.transpose(-2, -1) * scale
+        if causal:
+            s = s.masked_fill(flashtut.causal_mask(q.shape[2], k.shape[2]), float("-inf"))
+        p = torch.softmax(s, -1)
+        ds = p * (do @ v.transpose(-2, -1))
+        return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ do
+    assert not ch06.check_attention_backward(no_delta)
+
+
+def test_autograd_reference_matches_library_backward(gen):
+    q, k, v, do = _rand(gen, 1, 2, 23, 12), _rand(gen, 1, 2, 31, 12), _rand(gen, 1, 2, 31, 12), _rand(gen, 1, 2, 23, 12)
+    for causal in (False, True):
+        o, lse = flashtut.tiled_attention(q, k, v, causal=causal, scale=0.3, return_lse=True, block_m=8, block_n=16)
+        got = flashtut.tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=0.3, block_m=8, block_n=16)
+        for g, w in zip(got, ch06.autograd_grads(q, k, v, do, causal=causal, scale=0.3)):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
