@@ -1,0 +1,22 @@
+"""Attention in CUDA C, compiled at run time with NVRTC through CuPy and launched on torch's stream.
+
+The kernels are ``.cu`` files in this folder, one readable kernel per step of the forward
+ladder (:data:`VARIANTS`), plus the backward kernel. ``compile`` builds and launches them,
+``forward`` runs any ladder step, ``attention.cuda_attention`` is the autograd entry point
+(fast forward, backward with recomputation). Importing this package needs neither a GPU nor
+CuPy; calling a kernel needs both.
+"""
+from __future__ import annotations
+
+#: the forward ladder, in order: variant name -> what that step adds (the benchmark discovers
+#: the ladder from this dict; ``flashtut.cuda.forward.forward(..., variant=name)`` runs a step)
+VARIANTS = {
+    "v1": "one thread per query row, K/V tiles in shared memory, float32 CUDA-core math",
+    "v2": "a warp per 16 query rows, both products on tensor cores (mma.sync), P kept in registers",
+    "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping",
+}
+
+#: the variant ``cuda_attention`` uses
+FAST_VARIANT = "v3"
+
+__all__ = ["VARIANTS", "FAST_VARIANT"]

@@ -1,0 +1,236 @@
+"""Run any step of the CUDA forward ladder on torch tensors: ``forward(q, k, v, variant="v3")``.
+
+Each step is one ``.cu`` file; this module picks its launch configuration (tile sizes that
+fit the GPU's shared memory), checks the inputs and launches it on torch's current stream.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import check_causal, check_qkv, check_scale
+from . import VARIANTS
+from .compile import (DTYPE_DEFINES, HEAD_DIMS, get_function, launch, max_smem_per_block,
+                      set_max_dynamic_smem)
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one ladder step is built and launched for one (GPU, dtype, head dim)."""
+    source: str          # .cu file in flashtut/cuda
+    kernel: str          # extern "C" name
+    defines: tuple       # sorted (name, value) pairs passed as -D
+    block_m: int         # query rows per block
+    threads: int         # threads per block
+    dynamic_smem: int    # bytes of dynamic shared memory (0: static only)
+
+    @property
+    def define_dict(self) -> dict:
+        return dict(self.defines)
+
+
+def v3_candidates(head_dim: int, arch: int):
+    """(warps, stages) from fastest to smallest: 8 warps (128 rows) and double-buffered K/V
+    first; before sm_80 there is no cp.async, so a second buffer would buy nothing."""
+    stages = (2, 1) if arch >= 80 else (1,)
+    return [(w, s) for w in (8, 4) for s in stages]
+
+
+def v3_smem_bytes(head_dim: int, warps: int, stages: int, block_n: int = 64, elem: int = 2) -> int:
+    """Q tile + ``stages`` K tiles + ``stages`` V tiles, each row ``head_dim`` 16-bit values."""
+    return (16 * warps + 2 * stages * block_n) * head_dim * elem
+
+
+def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
+                  warps: int | None = None, block_n: int | None = None) -> LaunchConfig:
+    """The build and launch parameters of ``variant`` for this GPU (``arch`` = 75, 80, 90 ...).
+
+    For ``v3``, ``warps`` (16 query rows each) and ``block_n`` (keys per K/V tile) override the
+    defaults (8 warps, 64 keys, shrunk until the tiles fit ``smem_limit``)."""
+    base = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim}
+    if (warps is not None or block_n is not None) and variant != "v3":
+        raise ValueError(f"warps and block_n apply to variant 'v3' only, got variant {variant!r}")
+    if variant == "v1":
+        return LaunchConfig("fwd_v1_rows.cu", "flash_fwd_v1", tuple(sorted(base.items())), 64, 64, 0)
+    if variant == "v2":
+        return LaunchConfig("fwd_v2_mma.cu", "flash_fwd_v2", tuple(sorted({**base, "V2_WARPS": 4}.items())),
+                            64, 128, 0)
+    if variant == "v3":
+        if warps is not None and warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps!r}")
+        if block_n is None:
+            block_n = 64
+        elif block_n not in (16, 32, 64, 128):
+            raise ValueError(f"block_n must be 16, 32, 64 or 128, got {block_n!r}")
+        stages = (2, 1) if arch >= 80 else (1,)
+        candidates = v3_candidates(head_dim, arch) if warps is None else [(warps, s) for s in stages]
+        for w, st in candidates:
+            smem = v3_smem_bytes(head_dim, w, st, block_n)
+            if smem <= smem_limit:
+                d = {**base, "V3_WARPS": w, "V3_STAGES": st, "V3_BLOCK_N": block_n}
+                return LaunchConfig("fwd_v3_fast.cu", "flash_fwd_v3", tuple(sorted(d.items())),
+                                    16 * w, 32 * w, smem)
+        raise RuntimeError(f"fwd_v3 with warps={warps}, block_n={block_n} needs more than the {smem_limit} "
+                           f"bytes of shared memory per block this GPU allows at head dim {head_dim}")
+    raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+
+
+def check_cuda_inputs(q, k, v):
+    """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v)
+    if not torch.cuda.is_available():
+        raise RuntimeError("flashtut.cuda kernels need a CUDA GPU and torch sees none; run on a GPU "
+                           "machine (Colab: Runtime > Change runtime type > GPU), or use "
+                           "flashtut.tiled_attention on the CPU")
+    if not q.is_cuda:
+        raise ValueError(f"q, k and v must be CUDA tensors for the CUDA kernels, got device {q.device}; "
+                         f"accepted: a cuda device (move them with .cuda())")
+    if q.dtype not in DTYPE_DEFINES:
+        raise ValueError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the CUDA kernels accept "
+                         f"float16 or bfloat16")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels; accepted: "
+                         f"{', '.join(map(str, HEAD_DIMS))}")
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major < 7 or (major == 7 and minor < 5):
+        raise RuntimeError(f"the CUDA kernels need sm_75 or newer (tensor-core mma and ldmatrix); "
+                           f"this GPU is sm_{major}{minor}")
+    if q.dtype == torch.bfloat16 and major < 8:
+        raise RuntimeError(f"bfloat16 needs sm_80 or newer (A100, L4, H100 ...); this GPU is "
+                           f"sm_{major}{minor} (a T4 is sm_75): use float16")
+    if B * H > 65535:
+        raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
+    return B, H, Nq, Nk, D
+
+
+def prepare(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous, with a 16-byte aligned start (the kernels load 16-byte vectors)."""
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "v3", *,
+            warps: int | None = None, block_n: int | None = None):
+    """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
+    ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. ``warps`` and ``block_n``
+    override the fast kernel's tile sizes (see :func:`launch_config`), for experiments."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    causal = check_causal(causal)
+    B, H, Nq, Nk, D = check_cuda_inputs(q, k, v)
+    scale = check_scale(scale, D)
+    q, k, v = prepare(q), prepare(k), prepare(v)
+    with torch.cuda.device(q.device):
+        major, minor = torch.cuda.get_device_capability(q.device)
+        cfg = launch_config(variant, q.dtype, D, 10 * major + minor, max_smem_per_block(q.device),
+                            warps=warps, block_n=block_n)
+        fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
+        if cfg.dynamic_smem:
+            set_max_dynamic_smem(fn, cfg.dynamic_smem)
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
+        launch(fn, grid, (cfg.threads, 1, 1),
+               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal)), cfg.dynamic_smem)
+    return o, lse
+
+
+def attention_flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool) -> float:
+    """Forward FLOPs as the book counts them: 4 B H Nq Nk D, halved when causal (Nq = Nk)."""
+    f = 4.0 * B * H * Nq * Nk * D
+    return f / 2 if causal else f
+
+
+#: opt-in shared memory per block of the reference GPUs, by arch (T4, A100, H100/H200):
+#: lets CI build exactly the configurations those GPUs would run, without the GPUs
+REFERENCE_SMEM = {75: 64 * 1024, 80: 163 * 1024, 90: 227 * 1024}
+
+
+def runtime_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfig]:
+    """Every (variant, dtype, head dim) build the runtime makes on a GPU of ``arch``."""
+    limit = REFERENCE_SMEM.get(arch, 48 * 1024) if smem_limit is None else smem_limit
+    dtypes = [torch.float16] + ([torch.bfloat16] if arch >= 80 else [])
+    return [launch_config(variant, dt, d, arch, limit)
+            for variant in VARIANTS for dt in dtypes for d in HEAD_DIMS]
+
+
+def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
+    """Median milliseconds of ``fn()`` on the GPU: ``triton.testing.do_bench`` when triton is
+    there, else CUDA events around each call; warm-up calls (and compilation) are excluded."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(sorted(times)[len(times) // 2])
+
+
+def ladder_tflops(N: int = 2048, D: int = 128, H: int = 16, B: int = 1, dtype=torch.float16,
+                  causal: bool = False, variants=None) -> dict:
+    """Forward TFLOP/s of each ladder step (and naive attention) on this GPU, on random inputs,
+    each checked against naive attention first. Returns ``{name: TFLOP/s}``."""
+    from ..reference import naive_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    flops = attention_flops(B, H, N, N, D, causal)
+    ref = naive_attention(q, k, v, causal=causal)
+    out = {"naive": flops / time_ms(lambda: naive_attention(q, k, v, causal=causal)) / 1e9}
+    for name in variants or VARIANTS:
+        o, _ = forward(q, k, v, causal=causal, variant=name)
+        err = (o.float() - ref.float()).abs().max().item()
+        if not err < 0.05:
+            raise RuntimeError(f"cuda {name} differs from naive attention by {err:.3g}; not timing it")
+        out[f"cuda-{name}"] = flops / time_ms(lambda: forward(q, k, v, causal=causal, variant=name)) / 1e9
+    return out
+
+
+def register_budget(variant: str, head_dim: int, block_n: int = 64) -> dict:
+    """32-bit registers per thread that each step's arrays need (what ptxas reports adds
+    addresses, loop counters and temporaries on top). The hardware allows 255 per thread."""
+    if variant == "v1":
+        return {"o row (float32)": head_dim, "m, l": 2}
+    if variant in ("v2", "v3"):
+        return {
+            "Q fragments (2 x 16-bit each)": head_dim // 16 * 4,
+            "S accumulators (float32)": block_n // 8 * 4,
+            "P fragments (2 x 16-bit each)": block_n // 16 * 4,
+            "O accumulators (float32)": head_dim // 8 * 4,
+            "m, l for 2 rows": 4,
+        }
+    raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+
+
+def shared_memory_budget(variant: str, head_dim: int, arch: int, smem_limit: int | None = None) -> dict:
+    """Bytes of shared memory per block of ``variant`` on a GPU of ``arch`` and how many blocks
+    of it fit on one SM by shared memory alone."""
+    limit = REFERENCE_SMEM.get(arch, 48 * 1024) if smem_limit is None else smem_limit
+    cfg = launch_config(variant, torch.float16, head_dim, arch, limit)
+    if variant == "v1":
+        bn = 32
+        smem = 2 * bn * head_dim * 2 + head_dim * 64 * 2 + bn * 64 * 4
+    elif variant == "v2":
+        smem = 2 * 64 * head_dim * 2
+    else:
+        smem = cfg.dynamic_smem
+    per_sm = {75: 64 * 1024, 80: 164 * 1024, 90: 228 * 1024}.get(arch, limit)
+    return {"variant": variant, "arch": f"sm_{arch}", "head_dim": head_dim, "threads": cfg.threads,
+            "block_m": cfg.block_m, "smem_bytes": smem, "blocks_per_sm_by_smem": per_sm // smem,
+            "defines": cfg.define_dict}

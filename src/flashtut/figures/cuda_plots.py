@@ -1,0 +1,192 @@
+"""Figures of chapter 08 (CUDA): who holds which data, the mma fragment layout, the swizzle, and
+the measured ladder. Every function returns a matplotlib Figure drawn in the book's style."""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from .style import INK, PALETTE, subplots
+
+
+def _grid(ax, rows, cols, colors, labels=None, x0=0.0, y0=0.0, fontsize=6):
+    for r in range(rows):
+        for c in range(cols):
+            ax.add_patch(Rectangle((x0 + c, y0 + rows - 1 - r), 1, 1, facecolor=colors[r][c],
+                                   edgecolor=INK, linewidth=0.4))
+            if labels is not None and labels[r][c]:
+                ax.text(x0 + c + 0.5, y0 + rows - 0.5 - r, labels[r][c], ha="center", va="center",
+                        fontsize=fontsize, color="black")
+
+
+def _lane_color(lane: int) -> str:
+    # the 4 lanes of one group share a hue family: neighbours in a row stay distinguishable
+    return PALETTE[(lane // 4) % len(PALETTE)]
+
+
+def mma_fragment_layout():
+    """Which lane holds which element of the A (16x16), B (16x8) and C (16x8) fragments of
+    ``mma.sync.m16n8k16``; labels are lane (T) and register (a/b/c index)."""
+    fig, axes = subplots(1, 3, figsize=(11, 4.4), gridspec_kw={"width_ratios": [16, 8, 8]})
+    # A: a0 = A[g][2t..2t+1], a1 = A[g+8][..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+    colors = [[None] * 16 for _ in range(16)]
+    labels = [[""] * 16 for _ in range(16)]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for reg, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+            for e in range(2):
+                r, c = g + dr, 2 * t + dc + e
+                colors[r][c] = _lane_color(lane)
+                labels[r][c] = f"T{lane}\na{reg}"
+    _grid(axes[0], 16, 16, colors, labels, fontsize=4.2)
+    axes[0].set_title("A = Q or P (16 rows x 16 k)")
+    # B (k x n): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+    colors = [[None] * 8 for _ in range(16)]
+    labels = [[""] * 8 for _ in range(16)]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for reg, dk in enumerate([0, 8]):
+            for e in range(2):
+                colors[2 * t + dk + e][g] = _lane_color(lane)
+                labels[2 * t + dk + e][g] = f"T{lane}\nb{reg}"
+    _grid(axes[1], 16, 8, colors, labels, fontsize=4.2)
+    axes[1].set_title("B = K^T or V (16 k x 8 n)")
+    # C: c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+    colors = [[None] * 8 for _ in range(16)]
+    labels = [[""] * 8 for _ in range(16)]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            r, c = g + 8 * (i // 2), 2 * t + i % 2
+            colors[r][c] = _lane_color(lane)
+            labels[r][c] = f"T{lane}\nc{i}"
+    _grid(axes[2], 16, 8, colors, labels, fontsize=4.2)
+    axes[2].set_title("C = S or O (16 x 8, float32)")
+    for ax, w in zip(axes, (16, 8, 8)):
+        ax.set_xlim(0, w)
+        ax.set_ylim(0, 16)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.suptitle("mma.sync.m16n8k16: lane T = 4 g + t holds these elements (g = row group, t = pair)",
+                 color=INK)
+    return fig
+
+
+def thread_ownership():
+    """Who holds what in each ladder step: v1 one thread per query row; v2/v3 one warp per 16
+    rows, each lane two rows x a few columns of S and O."""
+    fig, axes = subplots(1, 2, figsize=(10, 4))
+    ax = axes[0]
+    for r in range(8):
+        ax.add_patch(Rectangle((0, 7 - r), 4, 1, facecolor=PALETTE[r % len(PALETTE)], edgecolor=INK, lw=0.5))
+        ax.text(2, 7.5 - r, f"thread {r}: q row, o row, m, l", ha="center", va="center", fontsize=7,
+                color="black")
+    ax.add_patch(Rectangle((5, 2), 3, 4, facecolor="none", edgecolor=INK, lw=1, hatch="//"))
+    ax.text(6.5, 6.4, "K/V tile\n(shared memory)", ha="center", fontsize=8)
+    ax.add_patch(FancyArrowPatch((5, 4), (4.1, 4), arrowstyle="->", mutation_scale=12, color=INK))
+    ax.text(4.55, 3.2, "same element\nto all threads\n(broadcast)", ha="center", fontsize=6)
+    ax.set_xlim(-0.2, 8.4)
+    ax.set_ylim(-0.2, 8.4)
+    ax.axis("off")
+    ax.set_title("v1: one thread per query row")
+    ax = axes[1]
+    warps = 4
+    for w in range(warps):
+        ax.add_patch(Rectangle((0, (warps - 1 - w) * 2), 3, 2, facecolor=PALETTE[w], edgecolor=INK, lw=0.5))
+        ax.text(1.5, (warps - 1 - w) * 2 + 1, f"warp {w}\n16 query rows", ha="center", va="center",
+                fontsize=7, color="black")
+    ax.add_patch(Rectangle((4, 6), 4, 2, facecolor="none", edgecolor=INK, lw=0.8))
+    ax.text(6, 7, "S = Q K^T: 16 x 64\n32 floats per lane", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((4, 3), 4, 2, facecolor="none", edgecolor=INK, lw=0.8))
+    ax.text(6, 4, "P (16-bit) = A operand\n16 registers per lane", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((4, 0), 4, 2, facecolor="none", edgecolor=INK, lw=0.8))
+    ax.text(6, 1, "O: 16 x D\nD/2 floats per lane", ha="center", va="center", fontsize=7)
+    for y0, y1 in ((6, 5), (3, 2)):
+        ax.add_patch(FancyArrowPatch((6, y0), (6, y1), arrowstyle="->", mutation_scale=12, color=INK))
+    ax.add_patch(FancyArrowPatch((3, 7), (4, 7), arrowstyle="->", mutation_scale=12, color=PALETTE[0]))
+    ax.set_xlim(-0.2, 8.4)
+    ax.set_ylim(-0.2, 8.2)
+    ax.axis("off")
+    ax.set_title("v2/v3: a warp per 16 rows; S, P, O stay in registers")
+    return fig
+
+
+def swizzle_banks(rows: int = 8, chunks: int = 8):
+    """Which 16-byte chunk of shared memory each (row, chunk) lands in, plain and swizzled
+    (chunk c of row r stored at c XOR (r mod 8)). One ldmatrix reads one logical chunk column
+    of 8 rows: plain, all 8 hit the same 4 banks; swizzled, they spread over all 32."""
+    fig, axes = subplots(1, 2, figsize=(9, 3.6))
+    for ax, swz, title in ((axes[0], False, "row-major: column 0 = 8-way bank conflict"),
+                           (axes[1], True, "swizzled: c' = c XOR (r mod 8), conflict-free")):
+        colors = [[None] * chunks for _ in range(rows)]
+        labels = [[""] * chunks for _ in range(rows)]
+        for r in range(rows):
+            for c in range(chunks):
+                phys = (c ^ (r % 8)) if swz else c
+                colors[r][phys] = PALETTE[c % len(PALETTE)] if c == 0 else "#d9d9d9"
+                labels[r][phys] = f"k{8 * c}"
+        _grid(ax, rows, chunks, colors, labels, fontsize=6)
+        ax.set_xlim(0, chunks)
+        ax.set_ylim(0, rows)
+        ax.set_aspect("equal")
+        ax.set_xticks(np.arange(chunks) + 0.5, [f"{4 * c}-{4 * c + 3}" for c in range(chunks)], fontsize=6)
+        ax.set_yticks(np.arange(rows) + 0.5, [f"row {rows - 1 - r}" for r in range(rows)], fontsize=6)
+        ax.set_xlabel("banks of the 16-byte chunk (128-byte line)")
+        ax.tick_params(length=0)
+        for s in ax.spines.values():
+            s.set_visible(False)
+        ax.grid(False)
+        ax.set_title(title, fontsize=9)
+    return fig
+
+
+def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16"):
+    """Forward TFLOP/s of naive attention, each ladder step and SDPA-flash, non-causal and
+    causal, from benchmark rows (``book/data/cuda_h200.json`` or a live run)."""
+    order = ["naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"]
+    fig, ax = subplots(figsize=(7.5, 3.4))
+    width = 0.38
+    for i, causal in enumerate((False, True)):
+        vals = []
+        for name in order:
+            match = [r for r in rows if r.get("impl") == name and r.get("N") == N and r.get("D") == D
+                     and r.get("dtype") == dtype and r.get("causal") == causal and "fwd_tflops" in r]
+            vals.append(match[0]["fwd_tflops"] if match else 0.0)
+        x = np.arange(len(order)) + (i - 0.5) * width
+        bars = ax.bar(x, vals, width, label="causal" if causal else "full", color=PALETTE[i])
+        for b, val in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, val, f"{val:.0f}" if val >= 10 else f"{val:.1f}",
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(np.arange(len(order)), order)
+    ax.set_ylabel("forward TFLOP/s")
+    ax.set_title(f"the ladder, N = {N}, D = {D}, {dtype}")
+    ax.legend()
+    return fig
+
+
+def fast_vs_sdpa(rows, D: int = 128, key: str = "fwd_tflops"):
+    """TFLOP/s against N of the fast CUDA kernel and SDPA-flash, for each dtype and causal.
+    Where a run measured a point twice (the ladder and the fast-kernel sweep), the first counts."""
+    fig, ax = subplots(figsize=(7, 3.8))
+    styles = {"cuda": "-", "sdpa-flash": "--"}
+    short = {"float16": "fp16", "bfloat16": "bf16"}
+    k = 0
+    for dtype in ("float16", "bfloat16"):
+        for causal in (False, True):
+            for impl, ls in styles.items():
+                pts = {}
+                for r in rows:
+                    if (r.get("impl") == impl and r.get("D") == D and r.get("dtype") == dtype
+                            and r.get("causal") == causal and key in r):
+                        pts.setdefault(r["N"], r[key])
+                if pts:
+                    xs = sorted(pts)
+                    ax.plot(xs, [pts[x] for x in xs], ls, marker="o", color=PALETTE[k % len(PALETTE)],
+                            label=f"{impl} {short.get(dtype, dtype)}{' causal' if causal else ''}")
+            k += 1
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel(key.replace("_", " ").replace("tflops", "TFLOP/s"))
+    ax.set_title(f"fast CUDA kernel (solid) vs SDPA flash (dashed), D = {D}")
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return fig

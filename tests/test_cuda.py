@@ -1,0 +1,287 @@
+"""The CUDA kernels (flashtut.cuda): every forward ladder step, the autograd path, and the errors.
+
+GPU tests (marked ``gpu``) compare against float64 references on random inputs with odd
+sizes, Nq != Nk, causal or not, a custom scale and large logits. The accuracy criterion is
+FlashAttention's: the kernel's largest error against the float64 reference is at most twice
+that of PyTorch's own attention in the same dtype (plus a small floor for tiny outputs).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashtut
+from flashtut.cuda import VARIANTS
+from flashtut.cuda import forward as fwd
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _bf16_ok():
+    return HAS_CUDA and torch.cuda.get_device_capability()[0] >= 8
+
+
+def rand_qkv(B, H, Nq, Nk, D, dtype, seed=0, logit_scale=1.0, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = (torch.randn(B, H, Nq, D, generator=g) * logit_scale).to(device, dtype)
+    k = torch.randn(B, H, Nk, D, generator=g).to(device, dtype)
+    v = torch.randn(B, H, Nk, D, generator=g).to(device, dtype)
+    return q, k, v
+
+
+def torch_error(q, k, v, causal, scale, ref):
+    """How far PyTorch's own attention in this dtype is from the float64 reference."""
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return (out.double() - ref).abs().max().item()
+
+
+def assert_fa_criterion(name, got, ref, torch_err, floor=1e-3):
+    err = (got.double() - ref).abs().max().item()
+    assert math.isfinite(err), f"{name}: NaN or Inf in the output"
+    assert err <= 2 * torch_err + floor, f"{name}: max error {err:.3e} > 2 x torch's {torch_err:.3e} + {floor}"
+    return err
+
+
+# ----------------------------------------------------------------------------- CPU-side checks
+
+def test_variants_are_the_ladder():
+    assert list(VARIANTS) == ["v1", "v2", "v3"]
+    assert all(isinstance(v, str) and v for v in VARIANTS.values())
+
+
+def test_bad_inputs_raise_documented_errors():
+    q = torch.randn(1, 2, 5, 64)
+    with pytest.raises(TypeError):
+        flashtut.cuda_attention(q.numpy(), q, q)
+    with pytest.raises(ValueError, match="4-D"):
+        flashtut.cuda_attention(q[0], q, q)
+    with pytest.raises(ValueError, match="variant"):
+        fwd.forward(q, q, q, variant="v9")
+    with pytest.raises(ValueError, match="warps"):
+        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
+    with pytest.raises(ValueError, match="block_n"):
+        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, block_n=48)
+    with pytest.raises(ValueError, match="v3"):
+        fwd.launch_config("v2", torch.float16, 64, 90, 200_000, warps=4)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU message")
+def test_no_gpu_is_a_runtime_error():
+    q = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        flashtut.cuda_attention(q, q, q)
+
+
+def test_flop_count():
+    assert fwd.attention_flops(1, 1, 4, 4, 8, False) == 4 * 16 * 8
+    assert fwd.attention_flops(1, 1, 4, 4, 8, True) == 2 * 16 * 8
+
+
+# ----------------------------------------------------------------------------- GPU
+
+SHAPES = [  # (B, H, Nq, Nk): odd lengths, Nq != Nk both ways, lengths below one tile
+    (1, 2, 1, 1),
+    (2, 3, 77, 77),
+    (1, 2, 130, 67),
+    (1, 2, 67, 200),
+    (2, 2, 257, 383),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_ladder_matches_tiled(variant, D, dtype, causal):
+    if dtype == torch.bfloat16 and not _bf16_ok():
+        pytest.skip("bfloat16 needs sm_80")
+    for i, (B, H, Nq, Nk) in enumerate(SHAPES):
+        q, k, v = rand_qkv(B, H, Nq, Nk, D, dtype, seed=i)
+        scale = None if i % 2 else 0.3  # default and a custom scale
+        ref, ref_lse = flashtut.tiled_attention(q.double(), k.double(), v.double(), causal=causal,
+                                                scale=scale, return_lse=True)
+        o, lse = fwd.forward(q, k, v, causal=causal, scale=scale, variant=variant)
+        assert o.shape == q.shape and o.dtype == q.dtype
+        assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32
+        s = scale if scale is not None else 1 / math.sqrt(D)
+        assert_fa_criterion(f"{variant} o {(B, H, Nq, Nk, D)}", o, ref, torch_error(q, k, v, causal, s, ref))
+        torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_forward_large_logits_and_realistic_size(variant):
+    dtype = torch.bfloat16 if _bf16_ok() else torch.float16
+    # scores of order 100: exp would overflow without the running max
+    q, k, v = rand_qkv(2, 4, 1000, 1531, 128, dtype, seed=7, logit_scale=8.0)
+    for causal in (False, True):
+        ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal, scale=1.0)
+        o, _ = fwd.forward(q, k, v, causal=causal, scale=1.0, variant=variant)
+        assert_fa_criterion(f"{variant} large logits causal={causal}", o, ref,
+                            torch_error(q, k, v, causal, 1.0, ref))
+
+
+@pytest.mark.gpu
+def test_fast_forward_long_sequence_matches_sdpa_accuracy():
+    for dtype in ([torch.float16, torch.bfloat16] if _bf16_ok() else [torch.float16]):
+        q, k, v = rand_qkv(1, 4, 4096, 4096, 128, dtype, seed=3)
+        for causal in (False, True):
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).double()
+            o = flashtut.cuda_attention(q, k, v, causal=causal)
+            assert_fa_criterion(f"v3 N=4096 {dtype} causal={causal}", o, ref,
+                                torch_error(q, k, v, causal, None, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps,block_n", [(4, 64), (4, 32), (4, 128), (8, 128), (2, 16)])
+def test_fast_kernel_other_tile_sizes(warps, block_n):
+    dtype = torch.bfloat16 if _bf16_ok() else torch.float16
+    for D in (64, 128):
+        for causal in (False, True):
+            q, k, v = rand_qkv(2, 2, 333, 517, D, dtype, seed=D + warps)
+            ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
+            try:
+                o, _ = fwd.forward(q, k, v, causal=causal, warps=warps, block_n=block_n)
+            except RuntimeError as exc:  # a tile choice that does not fit this GPU's shared memory
+                assert "shared memory" in str(exc)
+                continue
+            assert_fa_criterion(f"v3 w{warps} n{block_n} D={D} causal={causal}", o, ref,
+                                torch_error(q, k, v, causal, None, ref))
+
+
+@pytest.mark.gpu
+def test_runs_on_torchs_current_stream_and_non_contiguous_inputs():
+    q, k, v = rand_qkv(2, 3, 200, 300, 64, torch.float16, seed=5)
+    ref = flashtut.naive_attention(q.double(), k.double(), v.double())
+    # (B, N, H, D) storage viewed as (B, H, N, D): not contiguous
+    qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    assert not qt.is_contiguous()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        o = flashtut.cuda_attention(qt, kt, vt)
+        o2 = o * 1  # ordered after the kernel on the same stream
+    stream.synchronize()
+    assert_fa_criterion("side stream", o2, ref, torch_error(q, k, v, False, None, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_autograd_matches_reference(dtype, causal, D):
+    if dtype == torch.bfloat16 and not _bf16_ok():
+        pytest.skip("bfloat16 needs sm_80")
+    B, H, Nq, Nk = 2, 3, 301, 451
+    q, k, v = rand_qkv(B, H, Nq, Nk, D, dtype, seed=11)
+    do = torch.randn(B, H, Nq, D, device="cuda", dtype=dtype)
+    scale = 0.2
+    # float64 reference gradients
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    ref = flashtut.naive_attention(q64, k64, v64, causal=causal, scale=scale)
+    ref.backward(do.double())
+    # PyTorch's own attention in this dtype, for the error budget
+    qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).backward(do)
+    # ours
+    qc, kc, vc = (x.clone().requires_grad_() for x in (q, k, v))
+    o = flashtut.cuda_attention(qc, kc, vc, causal=causal, scale=scale)
+    o.backward(do)
+    assert_fa_criterion("o", o, ref.detach(), torch_error(q, k, v, causal, scale, ref.detach()))
+    for name, ours, theirs, want in (("dq", qc, qt, q64), ("dk", kc, kt, k64), ("dv", vc, vt, v64)):
+        assert ours.grad is not None and ours.grad.dtype == dtype
+        t_err = (theirs.grad.double() - want.grad).abs().max().item()
+        assert_fa_criterion(name, ours.grad, want.grad, t_err)
+
+
+@pytest.mark.gpu
+def test_gpu_errors():
+    q = torch.randn(1, 2, 5, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dim"):
+        flashtut.cuda_attention(q, q, q)
+    q = torch.randn(1, 2, 5, 64, device="cuda", dtype=torch.float32)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        flashtut.cuda_attention(q, q, q)
+    q = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        flashtut.cuda_attention(q, q, q)
+    q = torch.randn(1, 2, 5, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="scale"):
+        flashtut.cuda_attention(q, q, q, scale=-1.0)
+
+
+@pytest.mark.gpu
+def test_bf16_on_a_t4_is_a_runtime_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    q = torch.randn(1, 2, 5, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="sm_80"):
+        flashtut.cuda_attention(q, q, q)
+
+
+# ----------------------------------------------------------------------------- chapter 08 exercises
+
+def test_ch08_checkers_accept_solutions_and_reject_mistakes():
+    from flashtut.exercises import ch08
+
+    assert ch08.check_one_thread_row(ch08.solution_one_thread_row)
+    # base e without rescaling the past: the classic bug
+    def no_rescale(q, k, v, scale, block_n=32):
+        acc, m, l = torch.zeros_like(q), -math.inf, 0.0
+        for n0 in range(0, k.shape[0], block_n):
+            s = (k[n0:n0 + block_n] @ q) * scale
+            m = max(m, float(s.max()))
+            p = torch.exp(s - m)
+            l += float(p.sum())
+            acc = acc + p @ v[n0:n0 + block_n]
+        return acc / l, m + math.log(l)
+    assert not ch08.check_one_thread_row(no_rescale)
+
+    assert ch08.check_a_fragment_owner(ch08.solution_a_fragment_owner)
+    res = ch08.check_a_fragment_owner(lambda r, c: (4 * (r % 8) + (c % 8) // 2, r // 8 + 2 * (c // 8), 0))
+    assert not res and res.n_bad == 128
+
+    assert ch08.check_swizzle(ch08.solution_swizzle)
+    assert ch08.check_swizzle(lambda r, c: (c + r) % 8)  # any conflict-free permutation passes
+    assert not ch08.check_swizzle(lambda r, c: c)
+    assert not ch08.check_swizzle(lambda r, c: 0)
+
+    assert ch08.check_v3_smem_bytes(ch08.solution_v3_smem_bytes)
+    assert not ch08.check_v3_smem_bytes(lambda d, w, s: 16 * w * d * 2)
+
+
+def test_budgets_match_the_kernels():
+    # the fast kernel's arrays fit the 255-register limit with room for addresses
+    assert sum(fwd.register_budget("v3", 128).values()) < 200
+    b = fwd.shared_memory_budget("v3", 128, 90)
+    assert b["smem_bytes"] == 96 * 1024 and b["blocks_per_sm_by_smem"] == 2
+    assert fwd.shared_memory_budget("v3", 128, 75)["smem_bytes"] <= 64 * 1024
+    with pytest.raises(ValueError, match="variant"):
+        fwd.register_budget("v7", 64)
+
+
+def test_chapter_figures_draw_from_the_committed_run():
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashtut import hardware
+    from flashtut.figures import cuda_plots
+
+    data = json.loads((hardware.data_dir() / "cuda_h200.json").read_text())
+    assert data["device"] and data["command"] and data["versions"]["cupy"]
+    ladder = {r["impl"] for r in data["rows"] if r.get("N") == 4096 and r.get("D") == 128}
+    assert {"naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"} <= ladder
+    for fig in (cuda_plots.mma_fragment_layout(), cuda_plots.thread_ownership(), cuda_plots.swizzle_banks(),
+                cuda_plots.ladder_bars(data["rows"]), cuda_plots.fast_vs_sdpa(data["rows"])):
+        assert fig.axes
+        plt.close(fig)
+    # the bars are the committed numbers, not zeros
+    fig = cuda_plots.ladder_bars(data["rows"])
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert min(heights) > 0
+    plt.close(fig)

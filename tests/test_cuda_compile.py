@@ -1,0 +1,262 @@
+"""Every CUDA C kernel compiles for sm_75, sm_80 and sm_90, with nvcc and through NVRTC (CPU only).
+
+* nvcc -std=c++17: each .cu as-is (default macros), and each (source, defines) build the runtime
+  makes on a T4 (sm_75), an A100 (sm_80) and an H100/H200 (sm_90);
+* NVRTC, loaded from the ``nvidia-cuda-nvrtc`` wheel, with exactly ``nvrtc_options`` (what CuPy's
+  RawModule hands NVRTC at run time) on the same builds;
+* ptxas' resource report (registers, shared memory, stack, spills) is printed (``pytest -rA``
+  shows it) and attached to the test report with ``record_property``; the fast kernels
+  (step 2, step 3, and the backward) must not spill to local memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from flashtut.cuda import compile as cc
+from flashtut.cuda import forward as fwd
+
+ARCHS = (75, 80, 90)
+CU_FILES = sorted(p.name for p in cc.CUDA_DIR.glob("*.cu"))
+NVCC = shutil.which("nvcc")
+
+
+def _is_fast(name: str) -> bool:
+    return not name.startswith("fwd_v1")  # step 1 is the register-hungry teaching kernel
+
+
+def _generic_builds(source: str, arch: int):
+    """(FT_BF16, HEAD_DIM) combinations, for kernel files with no ``runtime_builds`` of their own."""
+    for bf16 in ((0, 1) if arch >= 80 else (0,)):
+        for d in cc.HEAD_DIMS:
+            yield source, {"FT_BF16": bf16, "HEAD_DIM": d}
+
+
+def _backward_builds(arch: int):
+    try:
+        from flashtut.cuda import backward
+    except Exception:  # not there (yet): its .cu files still get the generic builds
+        backward = None
+    if backward is not None and hasattr(backward, "runtime_builds"):
+        for b in backward.runtime_builds(arch):
+            src, defs = (b.source, b.defines) if hasattr(b, "source") else b
+            yield src, dict(defs)
+
+
+def runtime_builds(arch: int) -> list[tuple[str, dict]]:
+    builds = [(c.source, c.define_dict) for c in fwd.runtime_builds(arch)]
+    covered = {s for s, _ in builds}
+    bwd = list(_backward_builds(arch))
+    builds += bwd
+    covered |= {s for s, _ in bwd}
+    for name in CU_FILES:
+        if name not in covered:
+            builds += list(_generic_builds(name, arch))
+    return builds
+
+
+def test_every_cu_file_is_built_by_the_runtime():
+    for arch in ARCHS:
+        built = {s for s, _ in runtime_builds(arch)}
+        assert set(CU_FILES) <= built, f"sm_{arch}: no runtime build of {set(CU_FILES) - built}"
+
+
+def test_kernel_names_and_defaults():
+    for name in CU_FILES:
+        text = cc.load_source(name)
+        kernels = re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)', text)
+        assert kernels, f"{name}: no extern \"C\" __global__ kernel"
+        for k in kernels:
+            assert "fwd" in k or "bwd" in k, f"{name}: kernel {k} should say fwd or bwd"
+        assert "#include <" not in text, f"{name}: NVRTC has no system headers"
+        # every macro the file tests with #ifndef gets a default right after it
+        for macro in re.findall(r"#ifndef\s+(\w+)", text):
+            assert re.search(rf"#define\s+{macro}\b", text), f"{name}: {macro} has no default"
+
+
+# ---------------------------------------------------------------- ptxas resource report
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> list[dict]:
+    """One dict per (kernel, arch) from ``-Xptxas -v`` output."""
+    out, cur = [], None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            cur = {"kernel": m.group(1), "arch": m.group(2), "stack": 0, "spill_st": 0, "spill_ld": 0,
+                   "regs": None, "smem": 0}
+            out.append(cur)
+        elif cur is not None and (m := _FRAME.search(line)):
+            cur["stack"], cur["spill_st"], cur["spill_ld"] = map(int, m.groups())
+        elif cur is not None and (m := _USED.search(line)):
+            cur["regs"] = int(m.group(1))
+            cur["smem"] = int(m.group(2) or 0)
+    return out
+
+
+def _report(record_property, label: str, rows: list[dict], source: str) -> None:
+    lines = [f"{label}: {r['kernel']} {r['arch']}: {r['regs']} registers, {r['smem']} B static smem, "
+             f"{r['stack']} B stack, spill {r['spill_st']} B stores / {r['spill_ld']} B loads" for r in rows]
+    print("\n".join(lines))
+    record_property(label, "; ".join(lines))
+    assert rows, f"{label}: no ptxas report"
+    if _is_fast(source):
+        for r in rows:
+            assert r["spill_st"] == 0 and r["spill_ld"] == 0, f"{label}: {r['kernel']} spills on {r['arch']}"
+
+
+def _defs_label(defs: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(defs.items()))
+
+
+# ---------------------------------------------------------------- nvcc
+
+def _nvcc(source: str, defs: dict, archs) -> str:
+    gencode = []
+    for a in archs:
+        gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    cmd = [NVCC, "-std=c++17", "-fatbin", "-Xptxas", "-v", *gencode, *cc.define_options(defs),
+           "-o", os.devnull, str(cc.CUDA_DIR / source)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"nvcc failed for {source} {defs}:\n{' '.join(cmd)}\n{res.stderr}"
+    return res.stderr + res.stdout
+
+
+def _nvcc_groups():
+    """Runtime builds grouped by (source, defines), with the archs that use each."""
+    groups = defaultdict(set)
+    for arch in ARCHS:
+        for source, defs in runtime_builds(arch):
+            groups[(source, tuple(sorted(defs.items())))].add(arch)
+    return sorted(groups.items())
+
+
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", CU_FILES)
+def test_nvcc_defaults(source, record_property):
+    log = _nvcc(source, {}, ARCHS)
+    rows = parse_ptxas(log)
+    assert {r["arch"] for r in rows} == {f"sm_{a}" for a in ARCHS}
+    _report(record_property, f"nvcc {source} (defaults)", rows, source)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("group", _nvcc_groups(), ids=lambda g: f"{g[0][0]}[{_defs_label(dict(g[0][1]))}]")
+def test_nvcc_runtime_builds(group, record_property):
+    (source, defs), archs = group
+    rows = parse_ptxas(_nvcc(source, dict(defs), sorted(archs)))
+    _report(record_property, f"nvcc {source} [{_defs_label(dict(defs))}]", rows, source)
+
+
+# ---------------------------------------------------------------- NVRTC with the runtime's options
+
+def _find_nvrtc():
+    pats = []
+    for sp in sys.path:
+        pats += [f"{sp}/nvidia/cu13/lib/libnvrtc.so*", f"{sp}/nvidia/cuda_nvrtc/lib/libnvrtc.so*",
+                 f"{sp}/nvidia/cu12/lib/libnvrtc.so*"]
+    for pat in pats:
+        for path in sorted(glob.glob(pat)):
+            if "builtins" not in path:
+                return ctypes.CDLL(path)
+    return None
+
+
+NVRTC = _find_nvrtc()
+
+
+def nvrtc_compile(text: str, options: list[str]) -> tuple[int, str]:
+    prog = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"kernel.cu", 0, None, None) == 0
+    try:
+        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        rc = NVRTC.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        NVRTC.nvrtcGetProgramLog(prog, log)
+        return rc, log.value.decode(errors="replace")
+    finally:
+        NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.mark.skipif(NVRTC is None, reason="no libnvrtc (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nvrtc_runtime_builds(arch, record_property):
+    failures, rows_all = [], []
+    for source, defs in runtime_builds(arch):
+        opts = cc.nvrtc_options(str(arch), defs)
+        rc, log = nvrtc_compile(cc.load_source(source), opts + ["-Xptxas", "-v"])
+        if rc != 0:
+            failures.append(f"{source} {opts}:\n{log}")
+            continue
+        rows = parse_ptxas(log)
+        rows_all.append((source, defs, rows))
+    assert not failures, "NVRTC failed:\n" + "\n".join(failures)
+    for source, defs, rows in rows_all:
+        _report(record_property, f"nvrtc sm_{arch} {source} [{_defs_label(defs)}]", rows, source)
+
+
+def test_nvrtc_options_are_what_cupy_gets():
+    opts = cc.nvrtc_options("sm_90", {"HEAD_DIM": 128, "FT_BF16": 1})
+    assert opts[-1] == "-arch=sm_90" and "-std=c++17" in opts
+    assert "-DFT_BF16=1" in opts and "-DHEAD_DIM=128" in opts
+    assert "--use_fast_math" not in opts
+    runtime = cc._runtime_options({"HEAD_DIM": 128, "FT_BF16": 1})
+    # CuPy appends -ftz=true, --device-as-default-execution-space and -arch itself
+    assert set(opts) == set(runtime) | set(cc.CUPY_APPENDED) | {"-arch=sm_90"}
+    with pytest.raises(ValueError, match="arch"):
+        cc.nvrtc_options("hopper", {})
+    with pytest.raises(ValueError, match="define name"):
+        cc.define_options({"bad-name": 1})
+
+
+def test_load_source_expands_local_headers():
+    text = cc.load_source("fwd_v3_fast.cu")
+    assert '#include "' not in text
+    assert "mma_16x8x16" in text and "ft_to_float" in text
+    assert text.count("__device__ __forceinline__ float ft_to_float") == 1  # once, though included twice
+    with pytest.raises(ValueError, match="not a file"):
+        cc.load_source("no_such_kernel.cu")
+
+
+def test_launch_configs_fit_shared_memory():
+    for arch, limit in fwd.REFERENCE_SMEM.items():
+        for cfg in fwd.runtime_builds(arch):
+            d = cfg.define_dict
+            assert cfg.dynamic_smem <= limit, (arch, cfg)
+            if cfg.source == "fwd_v3_fast.cu" and arch < 80:
+                assert d["V3_STAGES"] == 1  # no cp.async before sm_80
+    # on an H200 the fast kernel gets 8 warps and double buffering at both head dims
+    h200 = {c.define_dict["HEAD_DIM"]: c for c in fwd.runtime_builds(90) if c.source == "fwd_v3_fast.cu"}
+    assert h200[128].define_dict["V3_WARPS"] == 8 and h200[128].define_dict["V3_STAGES"] == 2
+    assert h200[128].dynamic_smem == (128 + 2 * 2 * 64) * 128 * 2
+
+
+def test_no_cupy_or_gpu_is_a_runtime_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            raise ImportError("No module named 'cupy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(RuntimeError, match="cupy-cuda12x"):
+        cc.get_function("fwd_v3_fast.cu", "flash_fwd_v3", {})
