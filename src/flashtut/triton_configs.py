@@ -1,0 +1,96 @@
+"""Launch configurations for the Triton attention kernels: the autotuning search space.
+
+A configuration fixes the tile shape (``BLOCK_M`` query rows x ``BLOCK_N`` key rows), the
+number of warps that share a program and the depth of the software pipeline (``num_stages``:
+how many K/V tiles are in flight in shared memory while the current one is multiplied).
+The search space is small on purpose: every entry costs a compilation (seconds) and a
+timing run per new autotuning key, and the good corners are known from the hardware:
+
+* Hopper (sm_90, 228 KB shared memory per SM, warpgroup MMA): ``BLOCK_M = 128`` rows per
+  program, 4 or 8 warps (one or two warpgroups), 3-4 stages.
+* Ampere/Ada (sm_80..89, 100-164 KB shared memory): the same shapes with fewer stages, and a
+  smaller fallback that fits the 100 KB parts.
+* float32 inputs use exact fp32 dot products (no tensor cores), whose tiles take twice the
+  shared memory and registers: small tiles only.
+* The interpreter (CPU) gets one tiny fixed configuration, no sweep: it runs each program in
+  NumPy, so tiles of 16 keep the tests fast and still exercise partial tiles and multi-tile loops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _cfgs(rows):
+    return [TileConfig(*r) for r in rows]
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim class
+# ("small": D <= 64, "large": D = 128). Entries that spill registers (ptxas -v, sm_90a/sm_80,
+# triton 3.7) were left out: a spilled accumulator costs more than any tile shape gains.
+FWD = {
+    ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4)]),
+    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]),
+    ("ampere", "small"): _cfgs([(128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
+    ("ampere", "large"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
+}
+# dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
+BWD_DKDV = {
+    ("hopper", "small"): _cfgs([(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3)]),
+    ("hopper", "large"): _cfgs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)]),
+    ("ampere", "small"): _cfgs([(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
+    ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
+}
+# dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
+BWD_DQ = {
+    ("hopper", "small"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]),
+    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]),
+    ("ampere", "small"): _cfgs([(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]),
+    ("ampere", "large"): _cfgs([(64, 64, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1)]),
+}
+# exact fp32 dot products: small tiles, whatever the generation
+FP32 = {
+    "fwd": _cfgs([(64, 32, 4, 2), (32, 32, 4, 2)]),
+    "dkdv": _cfgs([(32, 64, 4, 2), (32, 32, 4, 1)]),
+    "dq": _cfgs([(64, 32, 4, 2), (32, 32, 4, 1)]),
+}
+# the interpreter: one fixed, tiny, deterministic choice per kernel
+INTERPRETER = {
+    "fwd": TileConfig(16, 16, 1, 1),
+    "dkdv": TileConfig(16, 32, 1, 1),
+    "dq": TileConfig(32, 16, 1, 1),
+}
+_TABLES = {"fwd": FWD, "dkdv": BWD_DKDV, "dq": BWD_DQ}
+
+
+def generation(capability: tuple[int, int]) -> str:
+    """``"hopper"`` for sm_90 and newer, ``"ampere"`` for sm_80..89."""
+    return "hopper" if capability[0] >= 9 else "ampere"
+
+
+def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: int) -> list[TileConfig]:
+    """The configurations the autotuner times for ``kernel`` (``"fwd"``, ``"dkdv"``, ``"dq"``),
+    first the one used when autotuning is off. Head dims of 32 or less time only two: their
+    tiles are cheap and those sizes are not where the time goes."""
+    if fp32:
+        return list(FP32[kernel])
+    space = list(_TABLES[kernel][generation(capability), "small" if block_d <= 64 else "large"])
+    if block_d <= 32:
+        space = space[:2]
+    return space
+
+
+def length_bucket(n: int) -> int:
+    """Autotuning key for a sequence length: the next power of two (at least 128), so a sweep
+    runs once per size class rather than once per exact length."""
+    b = 128
+    while b < n:
+        b *= 2
+    return b

@@ -1,0 +1,293 @@
+"""Fused FlashAttention-2 in Triton: forward, backward with recomputation, autograd.
+
+Public functions (``flashtut.triton_attention`` calls the first):
+
+* ``triton_attention(q, k, v, causal=False, scale=None) -> o``, differentiable; the autograd
+  node saves only ``q, k, v, o`` and the log-sum-exp.
+* ``triton_forward(q, k, v, causal=False, scale=None) -> (o, lse)``
+* ``triton_backward(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``
+
+The kernels live in ``triton_fwd`` and ``triton_bwd``, their search space in
+``triton_configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once per
+(GPU generation, dtype, head dim, causal, length class); under the Triton interpreter
+(``TRITON_INTERPRET=1`` set before the first ``import triton``) they run on CPU tensors with
+one tiny fixed configuration.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from .checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from .triton_configs import TileConfig
+
+try:  # the kernels need triton; importing flashtut does not
+    import triton
+    from . import triton_bwd, triton_configs, triton_fwd
+    _IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides triton
+    triton = None
+    _IMPORT_ERROR = exc
+
+LOG2E = 1.4426950408889634
+#: dtypes the kernels accept (float64 has no fast tensor-core path in Triton: use tiled_attention)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: largest head dimension; smaller ones are padded to the next power of two (at least 16)
+MAX_HEAD_DIM = 128
+
+
+def interpreting() -> bool:
+    """True when the kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` was
+    set before triton was first imported)."""
+    if triton is None:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(triton_fwd.attn_fwd_kernel, InterpretedFunction)
+
+
+def _require_runtime(t: torch.Tensor) -> None:
+    """Raise the documented RuntimeError when the kernels cannot run on ``t``'s device."""
+    if triton is None:
+        raise RuntimeError(
+            f"triton_attention needs the triton package, which failed to import ({_IMPORT_ERROR}). "
+            "Install it with `pip install triton` (Linux; it ships with PyTorch's CUDA wheels), "
+            "or use flashtut.tiled_attention, which needs only PyTorch.")
+    if t.device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(t.device)
+        if major < 8 and not interpreting():
+            raise RuntimeError(
+                f"triton_attention needs a GPU of compute capability sm_80 or newer (Ampere, Ada, "
+                f"Hopper); this one ({torch.cuda.get_device_name(t.device)}) is sm_{major}{minor}, "
+                "which Triton does not support (Colab's free T4 is sm_75). Use "
+                "flashtut.cuda_attention (CUDA C kernels that run on sm_75) or "
+                "flashtut.tiled_attention (plain PyTorch) instead.")
+        return
+    if t.device.type == "cpu":
+        if not interpreting():
+            raise RuntimeError(
+                "triton_attention got CPU tensors, but Triton compiles for GPUs: run on a CUDA GPU, "
+                "or set TRITON_INTERPRET=1 before importing (os.environ['TRITON_INTERPRET'] = '1' "
+                "before the first `import flashtut` / `import triton`) to use Triton's CPU interpreter.")
+        return
+    raise RuntimeError(f"triton_attention runs on CUDA tensors (or CPU tensors under "
+                       f"TRITON_INTERPRET=1), got tensors on {t.device}")
+
+
+def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
+    """Argument errors first (ValueError/TypeError), then whether the kernels can run here."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v)
+    causal = check_causal(causal)
+    scale = check_scale(scale, D)
+    if q.dtype not in KERNEL_DTYPES:
+        raise ValueError(
+            f"q, k and v have dtype {str(q.dtype).replace('torch.', '')}; the Triton kernels accept "
+            "float16, bfloat16 or float32 (for float64 use flashtut.tiled_attention)")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D = {D} is not supported by the Triton kernels; accepted: "
+                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded)")
+    if do is not None:
+        check_like("o", o, q)
+        check_like("do", do, q)
+        check_lse(lse, B, H, Nq, q.device)
+        if o.dtype != q.dtype or do.dtype != q.dtype:
+            raise ValueError(f"o and do must have q's dtype {q.dtype}, got o: {o.dtype}, do: {do.dtype}")
+    _require_runtime(q)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
+                         "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
+    return B, H, Nq, Nk, D, causal, scale
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # the kernels address rows through strides but assume unit stride along D (16-byte loads)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _block_d(D: int) -> int:
+    return max(16, triton.next_power_of_2(D))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 products; "tf32" (Triton's default) would round them to
+    # 10-bit mantissas. For fp16/bf16 the setting is ignored.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# -- kernel selection: autotuned on GPUs, one fixed configuration in the interpreter ---------
+
+_TUNED: dict = {}
+
+
+def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
+    """The autotuner for ``kernel`` on this GPU generation, dtype class and head-dim class.
+    Its key adds the length class, ``CAUSAL`` and (Triton adds it itself) the tensors' dtypes."""
+    gen = triton_configs.generation(capability)
+    space = triton_configs.search_space(kernel, capability, fp32, block_d)
+    key = (kernel, gen, fp32, tuple(space))   # one autotuner per distinct search space
+    if key not in _TUNED:
+        configs = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                                 num_warps=c.num_warps, num_stages=c.num_stages) for c in space]
+
+        def bench(fn, quantiles):  # shorter than the default 25 ms + 100 ms per config
+            return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
+
+        _TUNED[key] = triton.autotune(configs=configs, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+                                      do_bench=bench)(jit_fn)
+    return _TUNED[key]
+
+
+_FORCED: dict = {}
+
+
+@contextlib.contextmanager
+def use_configs(**configs):
+    """Run the kernels with fixed configurations instead of autotuning, e.g.
+    ``with use_configs(fwd=TileConfig(128, 64, 8, 3)): ...`` (keys ``fwd``, ``dkdv``, ``dq``).
+    For experiments in the chapter and for tests that check every configuration."""
+    unknown = set(configs) - {"fwd", "dkdv", "dq"}
+    if unknown:
+        raise ValueError(f"use_configs takes fwd, dkdv and dq, got {sorted(unknown)}")
+    for name, cfg in configs.items():
+        if not isinstance(cfg, TileConfig):
+            raise TypeError(f"use_configs: {name} must be a TileConfig, got {type(cfg).__name__}")
+    saved = dict(_FORCED)
+    _FORCED.update(configs)
+    try:
+        yield
+    finally:
+        _FORCED.clear()
+        _FORCED.update(saved)
+
+
+def _fixed_config(kernel: str, dtype, device, block_d: int):
+    """The configuration to launch without a sweep, or None to autotune."""
+    if kernel in _FORCED:
+        return _FORCED[kernel]
+    if interpreting():
+        return triton_configs.INTERPRETER[kernel]
+    if os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1") == "0":   # e.g. quick GPU tests
+        cap = torch.cuda.get_device_capability(device)
+        return triton_configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
+    return None
+
+
+def _launch(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, dtype, device):
+    """Launch ``jit_fn`` with a grid of ``(cdiv(grid_rows, BLOCK), bh)`` programs, where BLOCK
+    is the configuration's BLOCK_M (query-blocked kernels) or BLOCK_N (``dkdv``)."""
+    tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+    c = _fixed_config(kernel, dtype, device, meta["BLOCK_D"])
+    if c is not None:
+        grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
+        launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
+        if not interpreting():
+            launch.update(num_warps=c.num_warps, num_stages=c.num_stages)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            jit_fn[grid](*args, **launch)
+        return
+    capability = torch.cuda.get_device_capability(device)
+    tuned = _tuned(kernel, jit_fn, capability, dtype == torch.float32, meta["BLOCK_D"])
+
+    def grid(m):
+        return (triton.cdiv(grid_rows, m[tile_key]), bh)
+
+    with torch.cuda.device(device):
+        tuned[grid](*args, **meta)
+
+
+def best_configs() -> dict:
+    """The configuration each autotuner picked so far, per tuning key (for the book and logs)."""
+    out = {}
+    for (kernel, gen, fp32, _), tuner in _TUNED.items():
+        for key, cfg in tuner.cache.items():
+            out[f"{kernel}/{gen}/{'fp32' if fp32 else 'fp16-bf16'}/{key}"] = {
+                **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return out
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _forward(q, k, v, causal: bool, scale: float):
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    block_d = _block_d(D)
+    args = [q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+            H, Nq, Nk, D, scale * LOG2E, triton_configs.length_bucket(max(Nq, Nk))]
+    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
+    _launch("fwd", triton_fwd.attn_fwd_kernel, Nq, B * H, args, meta, q.dtype, q.device)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
+    lse = lse.to(torch.float32).contiguous()
+    block_d = _block_d(D)
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    pre_block = 16 if interpreting() else 128
+    grid = (triton.cdiv(Nq, pre_block), B * H)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        triton_bwd.bwd_preprocess_kernel[grid](o, do, delta, *_strides(o), *_strides(do), H, Nq, D,
+                                               BLOCK_M=pre_block, BLOCK_D=block_d)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    bucket = triton_configs.length_bucket(max(Nq, Nk))
+    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
+    common = [H, Nq, Nk, D, scale, scale * LOG2E, bucket]
+    _launch("dkdv", triton_bwd.bwd_dkdv_kernel, Nk, B * H,
+            [q, k, v, do, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+             *_strides(do), *_strides(dk), *_strides(dv), *common], meta, q.dtype, q.device)
+    _launch("dq", triton_bwd.bwd_dq_kernel, Nq, B * H,
+            [q, k, v, do, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+             *_strides(do), *_strides(dq), *common], meta, q.dtype, q.device)
+    return dq, dk, dv
+
+
+def triton_forward(q, k, v, causal: bool = False, scale: float | None = None):
+    """Fused forward. Returns ``(o, lse)``: ``o`` like ``q``; ``lse`` ``(B, H, Nq)`` float32,
+    the natural-log log-sum-exp of each row's scaled, masked scores."""
+    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale)
+    return _forward(q, k, v, causal, scale)
+
+
+def triton_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None):
+    """Fused backward with recomputation from ``lse``. Returns ``(dq, dk, dv)`` in the inputs'
+    dtype; no autograd involved."""
+    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do)
+    return _backward(q, k, v, o, lse, do, causal, scale)
+
+
+class TritonAttention(torch.autograd.Function):
+    """``o = softmax(scale * q k^T [causal mask]) v``; saves ``q, k, v, o, lse`` only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = _forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """Fused Triton attention; ``o.backward()`` runs the fused Triton backward."""
+    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale)
+    return TritonAttention.apply(q, k, v, causal, scale)
+
+
+__all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
+           "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM"]

@@ -1,0 +1,368 @@
+"""Tests of the Triton kernels (``flashtut.triton_kernels``).
+
+Without a GPU, conftest sets TRITON_INTERPRET=1 before triton is imported, so the CPU tests
+below run the very kernels through Triton's interpreter, at tiny sizes (fp32, fp16).
+The ``gpu`` tests run on a CUDA GPU at realistic sizes, every dtype, head dim and causal
+setting, with the accuracy criterion of the FlashAttention repository: our max error against
+a float64 reference is at most twice PyTorch's own low-precision attention error plus a small
+absolute slack.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashtut
+from flashtut import triton_configs
+from flashtut import triton_kernels as tk
+
+CPU = not torch.cuda.is_available()
+DEV = "cpu" if CPU else "cuda"
+
+
+def _qkvd(gen, B, H, Nq, Nk, D, dtype, device="cpu", spread=1.0):
+    shapes = [(B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, D), (B, H, Nq, D)]
+    q, k, v, do = (torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes)
+    q = q * spread
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, do)]
+
+
+def _reference(q, k, v, do, causal, scale):
+    """float64 forward (o, lse) and gradients via autograd of naive attention."""
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    o = flashtut.naive_attention(q64, k64, v64, causal, scale)
+    lse = flashtut.attention_lse(q64, k64, causal, scale).detach()
+    dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), do.double())
+    return o.detach(), lse, dq, dk, dv
+
+
+def _maxerr(a, b):
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+# ---------------------------------------------------------------- CPU: the interpreter ----
+
+# (B, H, Nq, Nk, D, causal, scale): odd lengths, Nq != Nk both ways, one block or several,
+# head dims 16/32/64 and a padded 24
+CPU_CASES = [
+    (1, 2, 37, 53, 32, False, None),
+    (2, 1, 50, 29, 16, True, 0.3),
+    (1, 1, 45, 45, 64, True, None),
+    (1, 2, 70, 33, 24, True, None),
+    (2, 1, 17, 80, 16, False, 1.7),
+    (1, 1, 1, 19, 32, True, None),
+]
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter tests; the GPU tests cover CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: "B{}H{}q{}k{}d{}{}".format(*c[:5], "c" if c[5] else ""))
+def test_interpreter_forward_backward(gen, case, dtype):
+    B, H, Nq, Nk, D, causal, scale = case
+    q, k, v, do = _qkvd(gen, B, H, Nq, Nk, D, dtype)
+    ro, rlse, rdq, rdk, rdv = _reference(q, k, v, do, causal, scale)
+    o, lse = tk.triton_forward(q, k, v, causal, scale)
+    assert o.dtype == dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (B, H, Nq)
+    dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, causal, scale)
+    tol = 2e-5 if dtype == torch.float32 else 4e-3
+    gtol = 5e-5 if dtype == torch.float32 else 2e-2
+    assert _maxerr(o, ro) < tol
+    assert _maxerr(lse, rlse) < 1e-4
+    for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        assert got.dtype == dtype and got.shape == want.shape
+        assert _maxerr(got, want) < gtol * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.parametrize("causal", [False, True])
+def test_interpreter_autograd_saves_only_qkvo_lse(gen, causal):
+    q, k, v, do = _qkvd(gen, 1, 2, 41, 35, 32, torch.float32)
+    ro, _, rdq, rdk, rdv = _reference(q, k, v, do, causal, None)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    o = flashtut.triton_attention(q, k, v, causal=causal)
+    saved = o.grad_fn.saved_tensors
+    assert len(saved) == 5                                   # q, k, v, o, lse and nothing N x N
+    assert all(t.numel() <= max(q.numel(), k.numel()) for t in saved)
+    o.backward(do)
+    assert _maxerr(o, ro) < 2e-5
+    for got, want in ((q.grad, rdq), (k.grad, rdk), (v.grad, rdv)):
+        assert _maxerr(got, want) < 5e-5
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_other_tile_shapes_agree(gen):
+    """Any tile configuration computes the same function (exercised with use_configs)."""
+    q, k, v, do = _qkvd(gen, 1, 1, 61, 47, 32, torch.float32)
+    ro, _, rdq, rdk, rdv = _reference(q, k, v, do, True, None)
+    cfg = tk.TileConfig
+    with tk.use_configs(fwd=cfg(32, 16, 1, 1), dkdv=cfg(16, 16, 1, 1), dq=cfg(16, 32, 1, 1)):
+        o, lse = tk.triton_forward(q, k, v, True)
+        dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
+    assert _maxerr(o, ro) < 2e-5
+    for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        assert _maxerr(got, want) < 5e-5
+    with pytest.raises(ValueError, match="fwd, dkdv and dq"):
+        with tk.use_configs(bwd=cfg(16, 16, 1, 1)):
+            pass
+    with pytest.raises(TypeError, match="fwd must be a TileConfig"):
+        with tk.use_configs(fwd=(16, 16, 1, 1)):
+            pass
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_large_logits_stay_finite(gen):
+    # scores of several hundred: exp overflows without the running max
+    q, k, v, do = _qkvd(gen, 1, 1, 33, 40, 16, torch.float32, spread=30.0)
+    ro, rlse, rdq, rdk, rdv = _reference(q, k, v, do, False, None)
+    o, lse = tk.triton_forward(q, k, v)
+    dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do)
+    assert float(rlse.abs().max()) > 100
+    for t in (o, lse, dq, dk, dv):
+        assert torch.isfinite(t).all()
+    assert _maxerr(o, ro) < 1e-4
+    assert _maxerr(lse, rlse) < 1e-3
+    assert _maxerr(dv, rdv) < 1e-4
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_matches_tiled_attention(gen):
+    q, k, v, _ = _qkvd(gen, 2, 2, 30, 30, 16, torch.float32)
+    o_t = flashtut.triton_attention(q, k, v, causal=True)
+    o_ref = flashtut.tiled_attention(q, k, v, causal=True, block_m=16, block_n=16)
+    assert _maxerr(o_t, o_ref) < 1e-5
+
+
+# ------------------------------------------------------------------------ input checks ----
+
+def test_rejects_non_tensor():
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        tk.triton_attention(x, [1.0], x)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(q=torch.randn(1, 4, 16)), "q must be a 4-D tensor"),
+    (dict(k=torch.randn(1, 1, 5, 32)), "head dim D must match"),
+    (dict(q=torch.randn(1, 1, 4, 16, dtype=torch.float64), k=torch.randn(1, 1, 5, 16, dtype=torch.float64),
+          v=torch.randn(1, 1, 5, 16, dtype=torch.float64)), "accept float16, bfloat16 or float32"),
+    (dict(q=torch.randn(1, 1, 4, 192), k=torch.randn(1, 1, 5, 192), v=torch.randn(1, 1, 5, 192)),
+     "head dim D = 192 is not supported"),
+    (dict(k=torch.randn(1, 1, 5, 16, dtype=torch.float16)), "share one dtype"),
+])
+def test_rejects_bad_inputs(bad, match):
+    args = dict(q=torch.randn(1, 1, 4, 16), k=torch.randn(1, 1, 5, 16), v=torch.randn(1, 1, 5, 16))
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        tk.triton_attention(**args)
+
+
+def test_rejects_bad_scale_and_causal():
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        tk.triton_forward(x, x, x, scale=-1.0)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        tk.triton_forward(x, x, x, causal="yes")
+
+
+def test_backward_checks_its_extra_inputs():
+    x = torch.randn(1, 1, 4, 16)
+    lse = torch.zeros(1, 1, 4)
+    with pytest.raises(ValueError, match="do must have the shape of q"):
+        tk.triton_backward(x, x, x, x, lse, torch.randn(1, 1, 5, 16))
+    with pytest.raises(ValueError, match="lse must have shape"):
+        tk.triton_backward(x, x, x, x, torch.zeros(1, 1, 5), x)
+
+
+@pytest.mark.skipif(not CPU, reason="bfloat16 CPU tensors only reach the interpreter")
+def test_rejects_bfloat16_in_interpreter():
+    x = torch.randn(1, 1, 4, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16, which the Triton CPU interpreter"):
+        tk.triton_attention(x, x, x)
+
+
+def test_cpu_tensors_without_interpreter_say_how(monkeypatch):
+    monkeypatch.setattr(tk, "interpreting", lambda: False)
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="run on a CUDA GPU, or set TRITON_INTERPRET=1"):
+        tk.triton_attention(x, x, x)
+
+
+def test_old_gpu_is_refused_with_alternatives(monkeypatch):
+    monkeypatch.setattr(tk, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    fake = types.SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(RuntimeError, match=r"sm_80 or newer.*sm_75.*cuda_attention.*tiled_attention"):
+        tk._require_runtime(fake)
+
+
+def test_missing_triton_says_how_to_install(monkeypatch):
+    """Load a fresh copy of the module with triton hidden: calls raise RuntimeError."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    spec = importlib.util.spec_from_file_location("flashtut._triton_kernels_probe", tk.__file__,
+                                                  submodule_search_locations=None)
+    probe = importlib.util.module_from_spec(spec)
+    probe.__package__ = "flashtut"
+    spec.loader.exec_module(probe)
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        probe.triton_attention(x, x, x)
+
+
+def test_search_space_and_buckets():
+    hopper = triton_configs.search_space("fwd", (9, 0), False, 128)
+    assert hopper and all(c.block_m == 128 for c in hopper)
+    for kernel in ("fwd", "dkdv", "dq"):
+        for cap in ((8, 0), (8, 9), (9, 0)):
+            for fp32 in (False, True):
+                for bd in (16, 64, 128):
+                    assert triton_configs.search_space(kernel, cap, fp32, bd)
+    assert [triton_configs.length_bucket(n) for n in (1, 128, 129, 4096, 5000)] == [128, 128, 256, 4096, 8192]
+
+
+# ------------------------------------------------------------------------- GPU tests ----
+
+GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _torch_lowp_errors(q, k, v, do, causal, scale, ref):
+    """PyTorch's own attention in the inputs' dtype: its max error against the reference."""
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale)
+    grads = torch.autograd.grad(o, (qq, kk, vv), do)
+    return [_maxerr(a, b) for a, b in zip((o, *grads), (ref[0], ref[2], ref[3], ref[4]))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("lengths", [(1000, 1000), (700, 1123)], ids=["square", "ragged"])
+def test_gpu_accuracy_criterion(dtype, D, causal, lengths):
+    gen = torch.Generator().manual_seed(D * 7 + causal)
+    Nq, Nk = lengths
+    scale = 0.9 / math.sqrt(D) if Nq != Nk else None
+    q, k, v, do = _qkvd(gen, 2, 3, Nq, Nk, D, dtype, "cuda")
+    ref = _reference(q, k, v, do, causal, scale)
+    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+    o = flashtut.triton_attention(q, k, v, causal=causal, scale=scale)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    ours = [_maxerr(a, b) for a, b in zip((o, dq, dk, dv), (ref[0], ref[2], ref[3], ref[4]))]
+    theirs = _torch_lowp_errors(q, k, v, do, causal, scale, ref)
+    _, lse = tk.triton_forward(q.detach(), k.detach(), v.detach(), causal, scale)
+    assert _maxerr(lse, ref[1]) < (1e-4 if dtype == torch.float32 else 2e-2)
+    slack = 1e-5 if dtype == torch.float32 else 1e-3
+    for name, e_ours, e_torch in zip(("o", "dq", "dk", "dv"), ours, theirs):
+        assert math.isfinite(e_ours), name
+        assert e_ours <= 2 * e_torch + slack, f"{name}: ours {e_ours:.3e} vs torch {e_torch:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+def test_gpu_every_config_in_search_space_is_correct(kernel, D):
+    """The autotuner may pick any entry: each must compute the same function."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, do = _qkvd(gen, 1, 2, 517, 389, D, torch.float16, "cuda")
+    ref = _reference(q, k, v, do, True, None)
+    cap = torch.cuda.get_device_capability()
+    for cfg in triton_configs.search_space(kernel, cap, False, D):
+        with tk.use_configs(**{kernel: cfg}):
+            o, lse = tk.triton_forward(q, k, v, True)
+            dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
+        errs = [_maxerr(a, b) for a, b in zip((o, dq, dk, dv), (ref[0], ref[2], ref[3], ref[4]))]
+        assert max(errs) < 2e-2, f"{cfg}: {errs}"
+
+
+@pytest.mark.gpu
+def test_gpu_padded_head_dim_and_strided_inputs():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, do = _qkvd(gen, 2, 2, 300, 257, 40, torch.float16, "cuda")
+    ref = _reference(q, k, v, do, True, None)
+    o, lse = tk.triton_forward(q, k, v, True)
+    dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
+    for a, b in zip((o, dq, dk, dv), (ref[0], ref[2], ref[3], ref[4])):
+        assert _maxerr(a, b) < 2e-2
+    # (B, N, H, D) memory viewed as (B, H, N, D): strided rows, unit stride along D
+    qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert _maxerr(tk.triton_forward(qs, ks, vs, True)[0], o) == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_large_logits_and_no_nan():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, do = _qkvd(gen, 1, 2, 1024, 1024, 64, torch.float16, "cuda", spread=20.0)
+    o, lse = tk.triton_forward(q, k, v, False)
+    dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, False)
+    for t in (o, lse, dq, dk, dv):
+        assert torch.isfinite(t).all()
+
+
+# --------------------------------------------------------- chapter 07 exercises, figures ----
+
+@pytest.mark.skipif(not CPU, reason="interpreter-sized checks; the GPU path runs the same code")
+def test_ch07_preprocess_checker():
+    from flashtut.exercises import ch07
+    assert ch07.check_preprocess(ch07.solution_preprocess).ok
+
+    def wrong(o, do):                       # forgets dO: rowsum(O * O)
+        return (o.float() * o.float()).sum(-1)
+    res = ch07.check_preprocess(wrong)
+    assert not res.ok and "delta" in res.message
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter-sized checks; the GPU path runs the same code")
+def test_ch07_window_exercise():
+    from flashtut.exercises import ch07
+    assert ch07.check_window_key_range(ch07.reference_window_key_range).ok
+    causal_only = ch07.check_window_key_range(lambda s, bm, bn, w, nk: (0, min(s + bm, nk)))
+    assert not causal_only.ok and "no row of the block sees" in causal_only.message
+    assert ch07.check_window_attention(ch07.solution_window_attention).ok
+    res = ch07.check_window_attention(lambda q, k, v, w: flashtut.triton_attention(q, k, v, causal=True))
+    assert not res.ok
+    # a window at least as long as the sequence is plain causal attention
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, _ = _qkvd(gen, 1, 2, 30, 41, 16, torch.float32)
+    ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=True)
+    assert _maxerr(ch07.solution_window_attention(q, k, v, 100), ref) < 1e-5
+    with pytest.raises(ValueError, match="Nq <= Nk"):
+        ch07.solution_window_attention(k, q, q[:, :, :30], 5)
+    counts = ch07.tiles_visited(4096, 512)
+    assert counts["full"] == 64 * 64 and counts["causal"] == 64 * 65 // 2
+    assert counts["window"] < counts["causal"] // 3
+
+
+def test_triton_figures_from_committed_data():
+    from flashtut.figures import triton_plots
+    data = triton_plots.load_h200()
+    assert data["provenance"]["device"].startswith("NVIDIA")
+    assert len(data["rows"]) == 16
+    for r in data["rows"]:          # the issue's targets, as committed
+        assert r["fwd_ratio"] >= 1.0 and r["bwd_ratio"] >= 0.8
+        assert r.get("accuracy_ok", True)
+    table = triton_plots.results_table(data["rows"])
+    assert table.count("\n") == len(data["rows"]) + 1
+    for fig in (triton_plots.ratio_figure(data["rows"]),
+                triton_plots.speed_vs_n_figure(data["sweep"]["rows"]),
+                triton_plots.program_grid_figure(130, 100, 32, 32, causal=True)):
+        assert fig.axes
+
+
+def test_each_search_space_gets_its_own_autotuner():
+    """Regression: the D=128 kernels must be tuned over the D=128 list even when a D=64 call
+    created an autotuner for the same kernel first."""
+    from flashtut import triton_fwd
+    small = tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 64)
+    large = tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 128)
+    assert small is not large
+    as_tuples = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in large.configs]
+    assert as_tuples == [(c.block_m, c.block_n, c.num_warps, c.num_stages)
+                         for c in triton_configs.search_space("fwd", (9, 0), False, 128)]
+    assert tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 128) is large
