@@ -1,0 +1,279 @@
+"""The first code cell of every chapter, defined once, and the command that keeps it in sync.
+
+The repository URL lives in one place, ``repository.url`` (and ``repository.branch``) of the book's
+``_config.yml``: the launch buttons read it there, and ``python -m flashtut.colab sync`` copies it
+into the set-up cell of every notebook, so a reader who opens a chapter in Colab installs
+``flashtut`` from the same repository the button came from. To point a fork at itself::
+
+    python -m flashtut.colab sync --repo https://github.com/YOU/flash-attention-from-scratch
+
+rewrites ``_config.yml`` and every notebook's first cell; commit the result.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DEFAULT_REPO_URL = "https://github.com/flashtut/flash-attention-from-scratch"
+DEFAULT_BRANCH = "main"
+
+# In a source checkout this file is src/flashtut/colab.py, so the book root is two levels up.
+# An installed copy (site-packages) has no _config.yml there and falls back to the defaults.
+_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
+
+_URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(?::[0-9]+)?(/[A-Za-z0-9._~%/-]*)?$")
+_BRANCH_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+
+
+def _check_repo_url(url) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"repo: expected a str URL, got {type(url).__name__}")
+    url = url.strip().rstrip("/")
+    if url.endswith(".git"):
+        url = url[:-4]
+    if not _URL_RE.match(url):
+        raise ValueError(f"repo: got {url!r}; accepted: an https:// repository URL without spaces, "
+                         "quotes or query, e.g. https://github.com/you/flash-attention-from-scratch")
+    return url
+
+
+def _check_branch(branch) -> str:
+    if not isinstance(branch, str):
+        raise TypeError(f"branch: expected a str, got {type(branch).__name__}")
+    if not _BRANCH_RE.match(branch) or ".." in branch or branch.startswith(("-", "/")):
+        raise ValueError(f"branch: got {branch!r}; accepted: a git branch name such as 'main'")
+    return branch
+
+
+def _repository_block(lines: list[str]) -> tuple[int, int]:
+    """Line span [start, end) of the top-level ``repository:`` mapping of a YAML file, start
+    pointing at the ``repository:`` line itself; (-1, -1) when there is none."""
+    for i, line in enumerate(lines):
+        if re.match(r"^repository:\s*(#.*)?$", line):
+            end = i + 1
+            while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+                end += 1
+            return i, end
+    return -1, -1
+
+
+def _unquote(value: str) -> str:
+    value = re.sub(r"\s+#.*$", "", value.strip())
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return value
+
+
+def read_repository(config_path: str | Path) -> tuple[str, str]:
+    """``(url, branch)`` from the ``repository:`` section of a Jupyter Book ``_config.yml``.
+
+    A line-based reader, so that ``flashtut`` needs no YAML library on a reader's machine; it
+    understands the block mapping that ``_config.yml`` uses (``url:`` and ``branch:`` keys).
+    """
+    lines = Path(config_path).read_text().splitlines()
+    start, end = _repository_block(lines)
+    url, branch = DEFAULT_REPO_URL, DEFAULT_BRANCH
+    if start < 0:
+        return url, branch
+    for line in lines[start + 1:end]:
+        m = re.match(r"^\s+(url|branch):\s*(.*)$", line)
+        if m and _unquote(m.group(2)):
+            if m.group(1) == "url":
+                url = _check_repo_url(_unquote(m.group(2)))
+            else:
+                branch = _check_branch(_unquote(m.group(2)))
+    return url, branch
+
+
+def write_repository(config_path: str | Path, url: str | None = None, branch: str | None = None) -> bool:
+    """Set ``repository.url`` / ``repository.branch`` in ``_config.yml`` in place, keeping every
+    other line (and comment) as it is. Returns whether the file changed."""
+    path = Path(config_path)
+    text = path.read_text()
+    lines = text.splitlines()
+    start, end = _repository_block(lines)
+    wanted = {}
+    if url is not None:
+        wanted["url"] = _check_repo_url(url)
+    if branch is not None:
+        wanted["branch"] = _check_branch(branch)
+    if not wanted:
+        return False
+    if start < 0:
+        lines += ["", "repository:"] + [f"  {k}: {v}" for k, v in wanted.items()]
+    else:
+        seen = set()
+        for i in range(start + 1, end):
+            m = re.match(r"^(\s+)(url|branch):", lines[i])
+            if m and m.group(2) in wanted:
+                lines[i] = f"{m.group(1)}{m.group(2)}: {wanted[m.group(2)]}"
+                seen.add(m.group(2))
+        missing = [f"  {k}: {v}" for k, v in wanted.items() if k not in seen]
+        lines[start + 1:start + 1] = missing
+    new = "\n".join(lines) + "\n"
+    if new == text:
+        return False
+    path.write_text(new)
+    return True
+
+
+# The set-up cell's first line; it marks the MyST pages of book/ that carry the cell (the errata),
+# as opposed to pages that only compute some of their text (how_to_run shows the cell itself).
+SETUP_MARKER = "# Colab / fresh machine: install flashtut if missing, then pick GPU or CPU"
+
+
+def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -> str:
+    """The text of the first code cell of every notebook, for a given repository and branch.
+
+    ``import flashtut.notebook`` (not just ``import flashtut``) because the helpers module is not
+    imported by the package itself; ``%pip`` installs into the running kernel, which Colab needs.
+    """
+    url, branch = _check_repo_url(repo_url), _check_branch(branch)
+    return (
+        f"{SETUP_MARKER}\n"
+        "try:\n"
+        "    import flashtut.notebook\n"
+        "except ImportError:\n"
+        f'    %pip install -q "flashtut @ git+{url}@{branch}"\n'
+        "    import flashtut.notebook\n"
+        "device = flashtut.notebook.pick_device()"
+    )
+
+
+def _default_repository() -> tuple[str, str]:
+    config = _CHECKOUT_ROOT / "_config.yml"
+    if config.is_file():
+        try:
+            return read_repository(config)
+        except (OSError, ValueError):
+            pass
+    return DEFAULT_REPO_URL, DEFAULT_BRANCH
+
+
+REPO_URL, BRANCH = _default_repository()
+SETUP_CELL = setup_cell(REPO_URL, BRANCH)
+
+
+# --- rewriting notebooks -------------------------------------------------------------------------
+
+def _is_setup_cell(source: str) -> bool:
+    """Whether a cell is a (possibly stale) set-up cell that sync may overwrite."""
+    return source.startswith(SETUP_MARKER) or ("pick_device(" in source and "pip install" in source)
+
+
+def _sync_ipynb(path: Path, cell_text: str) -> bool:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
+    if first is not None and nb.cells[first].source == cell_text:
+        return False
+    if first is not None and _is_setup_cell(nb.cells[first].source):
+        nb.cells[first].source = cell_text
+        nb.cells[first].outputs = []
+        nb.cells[first].execution_count = None
+    else:
+        # the author's own first cell stays; the set-up cell goes in front of it
+        at = first if first is not None else len(nb.cells)
+        nb.cells.insert(at, nbformat.v4.new_code_cell(cell_text))
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+    return True
+
+
+_CODE_CELL_RE = re.compile(r"^```\{code-cell\}[^\n]*\n(?:(?::[^\n]*\n)*)(.*?)^```[ \t]*$",
+                           re.MULTILINE | re.DOTALL)
+
+
+def _first_myst_cell(text: str):
+    """The first ``{code-cell}`` of a MyST markdown notebook (a regex match whose group 1 is the
+    cell's code), or None for a plain markdown page."""
+    if not (text.startswith("---") and "jupytext:" in text.split("\n---", 1)[0]):
+        return None
+    return _CODE_CELL_RE.search(text)
+
+
+def _carries_setup_cell(text: str) -> bool:
+    m = _first_myst_cell(text)
+    return m is not None and _is_setup_cell(m.group(1))
+
+
+def _sync_myst(path: Path, cell_text: str) -> bool:
+    text = path.read_text()
+    m = _first_myst_cell(text)
+    if m is None:
+        return False
+    new = text[:m.start(1)] + cell_text + "\n" + text[m.end(1):]
+    if new == text:
+        return False
+    path.write_text(new)
+    return True
+
+
+def notebook_paths(root: str | Path) -> list[Path]:
+    """Every chapter notebook (``notebooks/*.ipynb``) and every MyST markdown notebook under
+    ``book/`` whose first code cell is the set-up cell."""
+    root = Path(root)
+    paths = sorted((root / "notebooks").glob("*.ipynb"))
+    paths += sorted(p for p in (root / "book").glob("*.md") if _carries_setup_cell(p.read_text()))
+    return paths
+
+
+def sync(root: str | Path = _CHECKOUT_ROOT, repo: str | None = None, branch: str | None = None) -> list[Path]:
+    """Write the set-up cell into the first code cell of every notebook under ``root``, with the
+    repository read from ``root/_config.yml`` (after setting it there when ``repo``/``branch`` are
+    given). Returns the files that changed; a second run changes nothing."""
+    root = Path(root)
+    config = root / "_config.yml"
+    if not config.is_file():
+        raise FileNotFoundError(f"root: {root} has no _config.yml; run from the repository root or pass --root")
+    changed = []
+    if write_repository(config, url=repo, branch=branch):
+        changed.append(config)
+    cell = setup_cell(*read_repository(config))
+    for path in notebook_paths(root):
+        done = _sync_ipynb(path, cell) if path.suffix == ".ipynb" else _sync_myst(path, cell)
+        if done:
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashtut.colab",
+        description="Keep the first (Colab set-up) cell of every notebook in step with the "
+                    "repository URL in _config.yml.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_sync = sub.add_parser("sync", help="rewrite the first code cell of every notebook")
+    p_sync.add_argument("--repo", help="set repository.url in _config.yml first (for a fork)")
+    p_sync.add_argument("--branch", help="set repository.branch in _config.yml first")
+    p_sync.add_argument("--root", default=None,
+                        help="the book root (default: the current directory if it has _config.yml, "
+                             "else this checkout)")
+    sub.add_parser("show", help="print the set-up cell for this checkout")
+    args = parser.parse_args(argv)
+
+    if args.command == "show":
+        print(SETUP_CELL)
+        return 0
+    root = Path(args.root) if args.root else (Path.cwd() if (Path.cwd() / "_config.yml").is_file()
+                                              else _CHECKOUT_ROOT)
+    try:
+        changed = sync(root, repo=args.repo, branch=args.branch)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    url, branch = read_repository(root / "_config.yml")
+    print(f"repository: {url} (branch {branch})")
+    if changed:
+        for path in changed:
+            print(f"updated {path.relative_to(root) if path.is_relative_to(root) else path}")
+    else:
+        print("everything already in sync")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

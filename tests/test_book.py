@@ -1,0 +1,405 @@
+"""The book builds with warnings as errors, and a real headless Chromium renders it.
+
+The build runs once per session (every notebook executed, as ``make book`` does) into the
+repository's ``_build``. The browser half opens the index page and a chapter page over a local
+``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
+TeX errors, the console has no JavaScript errors or exceptions, nothing (MathJax above all) is
+fetched from a non-local host, and a screenshot is saved under ``_build/screenshots`` (its path
+is printed).
+
+Environment knobs, for working on the book:
+* ``FLASHTUT_BOOK_TOC=path``: build with another table of contents (``jupyter-book --toc``);
+* ``FLASHTUT_BOOK_REUSE=1``: skip the build and test the HTML already in ``_build/html``;
+* ``FLASHTUT_CHROMIUM=path``: the browser binary (default: ``/usr/bin/chromium``, then PATH).
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+pytestmark = pytest.mark.book
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+# --- building ---------------------------------------------------------------------------------
+
+@dataclass
+class Build:
+    returncode: int
+    seconds: float
+    log: Path
+    toc: Path
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _jupyter_book() -> list[str]:
+    beside = Path(sys.executable).parent / "jupyter-book"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("jupyter-book")
+    if found:
+        return [found]
+    pytest.skip("jupyter-book is not installed in this environment (make test installs it)")
+
+
+def _toc_files(toc: Path) -> list[str]:
+    """Every document listed in a jb-book table of contents (root, parts, chapters, sections)."""
+    import yaml
+
+    data = yaml.safe_load(toc.read_text())
+    files = [data["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                files.append(e["file"])
+            walk(e.get("sections"))
+
+    for part in data.get("parts", []):
+        walk(part.get("chapters"))
+    walk(data.get("chapters"))
+    return [re.sub(r"\.(md|ipynb)$", "", f) for f in files]
+
+
+@pytest.fixture(scope="session")
+def book(capsys_session_disabled) -> Build:
+    toc = Path(os.environ.get("FLASHTUT_BOOK_TOC", ROOT / "_toc.yml")).resolve()
+    log = ROOT / "_build" / "book-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("FLASHTUT_BOOK_REUSE") == "1" and (HTML / "index.html").exists():
+        capsys_session_disabled(f"\n[book] reusing the HTML in {HTML} (FLASHTUT_BOOK_REUSE=1)")
+        return Build(0, 0.0, log if log.exists() else Path(os.devnull), toc)
+    cmd = _jupyter_book() + ["build", str(ROOT), "-W", "-n", "--keep-going"]
+    if toc != (ROOT / "_toc.yml").resolve():
+        cmd += ["--toc", str(toc)]
+    start = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    capsys_session_disabled(f"\n[book] `{' '.join(cmd)}` exited {proc.returncode} after {seconds:.0f} s; log: {log}")
+    return Build(proc.returncode, seconds, log, toc)
+
+
+@pytest.fixture(scope="session")
+def capsys_session_disabled(pytestconfig):
+    """Print straight to the terminal, past pytest's capture, so paths and timings show up."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def emit(message: str):
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                print(message, flush=True)
+        else:
+            print(message, flush=True)
+
+    return emit
+
+
+def test_book_builds_with_warnings_as_errors(book):
+    assert book.returncode == 0, f"jupyter-book build failed (log {book.log}):\n{book.tail()}"
+    assert (HTML / "index.html").is_file()
+    missing = [f for f in _toc_files(book.toc) if not (HTML / f"{f}.html").is_file()]
+    assert not missing, f"pages listed in {book.toc.name} but not built: {missing}"
+
+
+def test_mathjax_is_bundled_not_fetched_from_a_cdn(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    assert (HTML / "_static" / "mathjax" / "tex-chtml.js").is_file(), "MathJax is not bundled in _static"
+    pages = sorted(HTML.rglob("*.html"))
+    offenders = {}
+    for page in pages:
+        srcs = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page.read_text(errors="replace"))
+        remote = [s for s in srcs if "mathjax" in s.lower() and urlparse(s).scheme in ("http", "https", "")
+                  and urlparse(s).netloc]
+        if remote:
+            offenders[str(page.relative_to(HTML))] = remote
+    assert not offenders, f"pages load MathJax from the network: {offenders}"
+
+
+def test_launch_buttons_use_the_configured_repository(book):
+    from flashtut.colab import read_repository
+
+    url, branch = read_repository(ROOT / "_config.yml")
+    path = urlparse(url).path.strip("/")
+    notebook_pages = [f for f in _toc_files(book.toc) if f.startswith("notebooks/")]
+    if not notebook_pages:
+        pytest.skip("the table of contents lists no notebooks/ chapter")
+    html = (HTML / f"{notebook_pages[0]}.html").read_text(errors="replace")
+    colab = f"https://colab.research.google.com/github/{path}/blob/{branch}/{notebook_pages[0]}.ipynb"
+    assert colab in html, f"no Colab launch link {colab} on {notebook_pages[0]}.html"
+
+
+# --- the browser ------------------------------------------------------------------------------
+
+def _chromium() -> str | None:
+    for candidate in (os.environ.get("FLASHTUT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                      shutil.which("chromium-browser"), shutil.which("google-chrome")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to serve (log {book.log})")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(HTML)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@dataclass
+class PageReport:
+    url: str
+    final_url: str = ""
+    math: int = 0
+    math_errors: int = 0
+    errors: list = field(default_factory=list)
+    remote_requests: list = field(default_factory=list)
+    screenshot: Path | None = None
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over one page target's websocket."""
+
+    def __init__(self, ws_url: str):
+        import websocket  # websocket-client
+
+        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict] = []
+
+    def call(self, method: str, timeout: float = 60, **params) -> dict:
+        self.next_id += 1
+        my_id = self.next_id
+        self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == my_id:
+                if "error" in msg:
+                    raise RuntimeError(f"DevTools {method} failed: {msg['error']}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self.events.append(msg)
+        raise TimeoutError(f"DevTools {method}: no answer in {timeout} s")
+
+    def wait_event(self, method: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        seen = len(self.events)
+        for ev in self.events[seen:]:
+            if ev["method"] == method:
+                return ev
+        self.ws.settimeout(1.0)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    msg = json.loads(self.ws.recv())
+                except Exception as exc:  # websocket timeout: keep polling until the deadline
+                    if type(exc).__name__ == "WebSocketTimeoutException":
+                        continue
+                    raise
+                if "method" in msg:
+                    self.events.append(msg)
+                    if msg["method"] == method:
+                        return msg
+        finally:
+            self.ws.settimeout(60)
+        raise TimeoutError(f"DevTools: no {method} event in {timeout} s")
+
+    def evaluate(self, expression: str, timeout: float = 60):
+        result = self.call("Runtime.evaluate", timeout=timeout, expression=expression,
+                           awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def close(self):
+        self.ws.close()
+
+
+WAIT_FOR_MATHJAX = """
+new Promise((resolve) => {
+  const t0 = Date.now();
+  (function poll() {
+    const ready = document.readyState === "complete" && !/\\/index\\.html$|\\/$/.test(location.pathname);
+    const mj = window.MathJax;
+    if (ready && mj && mj.startup && mj.startup.promise) {
+      mj.startup.promise.then(() => resolve({
+        url: location.href,
+        math: document.querySelectorAll("mjx-container").length,
+        errors: document.querySelectorAll("mjx-merror").length,
+      }));
+    } else if (Date.now() - t0 > 30000) {
+      resolve({url: location.href, math: -1, errors: 0});
+    } else {
+      setTimeout(poll, 100);
+    }
+  })();
+})
+"""
+
+
+@pytest.fixture(scope="session")
+def browser(server, tmp_path_factory):
+    pytest.importorskip("websocket", reason="websocket-client is not installed (it is in requirements-dev.txt)")
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no headless browser found: install Debian's chromium (apt-get install chromium; "
+                    ".ci/run does) or set FLASHTUT_CHROMIUM")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", "--no-default-browser-check", "--hide-scrollbars",
+           f"--user-data-dir={profile}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+           "--window-size=1280,1600", "about:blank"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text().strip():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
+            proc.kill()
+            pytest.fail(f"chromium did not start its DevTools endpoint: {err}")
+        time.sleep(0.1)
+    port = int(port_file.read_text().split()[0])
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _evaluate_across_navigation(tools: DevTools, expression: str, timeout: float):
+    """Evaluate in the page, retrying while a redirect (index.html -> the root page) replaces the
+    document under the running script."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return tools.evaluate(expression, timeout=max(1.0, deadline - time.monotonic()))
+        except RuntimeError as exc:
+            if time.monotonic() > deadline or not re.search(r"context|navigat|destroyed", str(exc), re.I):
+                raise
+            time.sleep(0.2)
+
+
+def _open_page(port: int, url: str, shot_name: str) -> PageReport:
+    """Open ``url`` in a fresh tab and report on it."""
+    with _new_target(port) as target:
+        tools = DevTools(target["webSocketDebuggerUrl"])
+        try:
+            report = PageReport(url)
+            for domain in ("Runtime", "Log", "Network", "Page"):
+                tools.call(f"{domain}.enable")
+            tools.call("Page.navigate", url=url)
+            state = _evaluate_across_navigation(tools, WAIT_FOR_MATHJAX, timeout=90)
+            time.sleep(0.5)  # let late console messages arrive
+            tools.call("Runtime.evaluate", expression="1")
+            report.final_url, report.math, report.math_errors = state["url"], state["math"], state["errors"]
+            for ev in tools.events:
+                m, p = ev["method"], ev.get("params", {})
+                if m == "Runtime.exceptionThrown":
+                    d = p["exceptionDetails"]
+                    report.errors.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
+                elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                    text = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+                    report.errors.append(f"console.{p['type']}: {text}")
+                elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+                    e = p["entry"]
+                    report.errors.append(f"log ({e.get('source')}): {e.get('text')} {e.get('url', '')}".strip())
+                elif m == "Network.requestWillBeSent":
+                    req_url = p["request"]["url"]
+                    parsed = urlparse(req_url)
+                    if parsed.scheme in ("http", "https", "ws", "wss") and parsed.hostname not in LOCAL_HOSTS:
+                        report.remote_requests.append(req_url)
+            shot = tools.call("Page.captureScreenshot", format="png")
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            report.screenshot = SCREENSHOTS / shot_name
+            report.screenshot.write_bytes(base64.b64decode(shot["data"]))
+            return report
+        finally:
+            tools.close()
+
+
+class _new_target:
+    """A new browser tab as a context manager (closed on exit)."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    def __enter__(self) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/json/new?about:blank", method="PUT")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            self.target = json.loads(r.read())
+        return self.target
+
+    def __exit__(self, *exc):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/close/{self.target['id']}", timeout=10).close()
+        except OSError:
+            pass
+        return False
+
+
+def _chapter_page(book: Build) -> str:
+    """The first chapter under notebooks/ that has math, else the errata page (MyST notebook)."""
+    for f in _toc_files(book.toc):
+        page = HTML / f"{f}.html"
+        if f.startswith("notebooks/") and page.is_file() and 'class="math' in page.read_text(errors="replace"):
+            return f
+    return "book/errata"
+
+
+def _check(report: PageReport, emit):
+    emit(f"\n[browser] {report.url} -> {report.final_url}: {report.math} typeset formulas; "
+         f"screenshot: {report.screenshot}")
+    assert report.math > 0, f"no typeset MathJax (mjx-container) on {report.final_url}: math={report.math}"
+    assert report.math_errors == 0, f"{report.math_errors} formulas failed to typeset on {report.final_url}"
+    assert not report.errors, f"JavaScript errors on {report.final_url}:\n" + "\n".join(report.errors)
+    mathjax_remote = [u for u in report.remote_requests if "mathjax" in u.lower()]
+    assert not mathjax_remote, f"MathJax fetched from the network: {mathjax_remote}"
+    assert not report.remote_requests, f"the page fetched from non-local hosts: {report.remote_requests}"
+
+
+def test_index_page_renders_in_chromium(browser, server, capsys_session_disabled):
+    report = _open_page(browser, f"{server}/index.html", "index.png")
+    _check(report, capsys_session_disabled)
+
+
+def test_chapter_page_renders_in_chromium(browser, server, book, capsys_session_disabled):
+    chapter = _chapter_page(book)
+    report = _open_page(browser, f"{server}/{chapter}.html", chapter.replace("/", "_") + ".png")
+    _check(report, capsys_session_disabled)

@@ -1,0 +1,68 @@
+"""Committed notebooks carry no outputs and no execution counts, are valid nbformat 4, run on the
+``python3`` kernel the book build uses, and are all listed in the table of contents.
+
+Outputs belong to the build (which executes every notebook), not to the repository: stripped
+notebooks keep diffs readable and cannot show results that the code no longer produces.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+needs_notebooks = pytest.mark.skipif(not NOTEBOOKS, reason="notebooks/ holds no .ipynb yet")
+
+
+def _ids(paths):
+    return [p.name for p in paths]
+
+
+@needs_notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_valid_nbformat4(path):
+    nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+    assert nb.nbformat == 4, f"{path.name}: nbformat {nb.nbformat}, expected 4"
+    nbformat.validate(nb)
+    kernel = nb.metadata.get("kernelspec", {}).get("name")
+    assert kernel == "python3", f"{path.name}: kernelspec name {kernel!r}; the book executes with 'python3'"
+
+
+@needs_notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_has_no_outputs_or_execution_counts(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if cell.get("outputs"):
+            dirty.append(f"cell {i}: {len(cell.outputs)} output(s)")
+        if cell.get("execution_count") is not None:
+            dirty.append(f"cell {i}: execution_count {cell.execution_count}")
+    assert not dirty, (f"{path.name} was committed with results; strip them "
+                       f"(jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}):\n"
+                       + "\n".join(dirty))
+
+
+@needs_notebooks
+def test_every_notebook_is_in_the_table_of_contents():
+    # only_build_toc_files: a notebook missing from _toc.yml would silently never be built or run
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = set()
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                listed.add(e["file"].removesuffix(".ipynb").removesuffix(".md"))
+            walk(e.get("sections"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    orphans = [p.name for p in NOTEBOOKS if f"notebooks/{p.stem}" not in listed]
+    assert not orphans, f"notebooks not listed in _toc.yml: {orphans}"
