@@ -1,0 +1,254 @@
+// Backward step 1: dK and dV, one thread block per key block, probabilities recomputed.
+//
+// A block owns DKDV_BLOCK_N = 16 * DKDV_WARPS keys; warp w owns keys 16w..16w+15 of them and keeps
+// their dK and dV rows (16 x HEAD_DIM each, fp32) in registers for the whole kernel. The block walks
+// the query blocks (DKDV_BLOCK_M queries each), double-buffering Q, dO, lse2 and Delta through
+// shared memory with cp.async, and per query block every warp computes, on tensor cores and in
+// the transposed orientation (its keys are the rows, so no two warps share an output row):
+//   S^T  = K_w Q^T                      16 x BLOCK_M   (A: K rows, B: Q rows)
+//   P^T  = 2^(S^T * scale * log2e - lse2[query])       recomputed, exactly normalised
+//   dP^T = V_w dO^T                     16 x BLOCK_M   (A: V rows, B: dO rows)
+//   dS^T = P^T * (dP^T - Delta[query])
+//   dV  += P^T dO,   dK += dS^T Q       P^T and dS^T go from accumulator to A-operand registers
+// dK is multiplied by the softmax scale once at the end. dQ is left to bwd_dq.cu (see there why),
+// or, built with DKDV_DQ_ATOMIC=1, the block also writes dS^T to shared memory and adds
+// dQ += dS K for its key block into a float32 buffer with atomic adds (bwd_dq_convert.cu then
+// scales and converts it).
+// Causal (top-left: query i sees keys j <= i): query blocks that end before this key block
+// starts are skipped; only tiles that cross the diagonal, or hang over the end of the query
+// sequence, pay for the per-element mask.
+#include "bwd_common.cuh"
+
+#ifndef DKDV_WARPS
+#define DKDV_WARPS 4
+#endif
+#ifndef DKDV_BLOCK_M
+#define DKDV_BLOCK_M 64    // queries per step (a multiple of 16)
+#endif
+#ifndef DKDV_STAGES
+#define DKDV_STAGES 2      // 2: prefetch the next query block while computing this one
+#endif
+#ifndef DKDV_DQ_ATOMIC
+#define DKDV_DQ_ATOMIC 0   // 1: also add this key block's share of dQ into a float32 buffer
+#endif
+// Blocks per SM to keep resident; it sets ptxas' register budget (65536 / (blocks * threads)).
+// As many as shared memory holds: three 55 KB blocks at D = 64 on sm_90 (168 registers), two
+// on sm_80 (A100: 164 KB per SM) and at D = 128 everywhere, one on a T4 (64 KB per SM).
+#ifndef DKDV_MIN_BLOCKS
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 64
+#define DKDV_MIN_BLOCKS 3
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define DKDV_MIN_BLOCKS 2
+#else
+#define DKDV_MIN_BLOCKS 1
+#endif
+#endif
+
+#define DKDV_BLOCK_N (16 * DKDV_WARPS)
+#define DKDV_THREADS (32 * DKDV_WARPS)
+#define DKDV_MT (DKDV_BLOCK_M / 8)        // n-tiles of 8 queries in S^T
+#define DKDV_TILE_BYTES(rows) ((rows) * BWD_LDS * 2)
+// one stage: Q tile, dO tile, lse2[BLOCK_M], Delta[BLOCK_M]
+#define DKDV_STAGE_BYTES (2 * DKDV_TILE_BYTES(DKDV_BLOCK_M) + 2 * DKDV_BLOCK_M * 4)
+// atomic-dQ variant: dS^T of the whole block, BLOCK_N keys x BLOCK_M queries (+8 padding)
+#define DKDV_LDS_DS (DKDV_BLOCK_M + 8)
+#if DKDV_DQ_ATOMIC
+#define DKDV_DS_BYTES (DKDV_BLOCK_N * DKDV_LDS_DS * 2)
+#else
+#define DKDV_DS_BYTES 0
+#endif
+
+#if DKDV_BLOCK_M % 16 != 0
+#error "DKDV_BLOCK_M must be a multiple of 16"
+#endif
+#if DKDV_STAGES != 1 && DKDV_STAGES != 2
+#error "DKDV_STAGES must be 1 or 2"
+#endif
+#if DKDV_DQ_ATOMIC && HEAD_DIM % 64 != 0
+#error "the atomic-dQ variant works on 64-column chunks of the head dim"
+#endif
+
+// dQ += v0, v1 at p[0], p[1]: one vector reduction in L2 on sm_90, two scalar ones before
+__device__ __forceinline__ void red_add2(float* p, float v0, float v1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(v0), "f"(v1) : "memory");
+#else
+    atomicAdd(p, v0);
+    atomicAdd(p + 1, v1);
+#endif
+}
+
+// Dynamic shared memory of a launch: K and V tiles, the dS^T tile of the atomic variant, then
+// DKDV_STAGES stages (backward.py computes the same sum).
+
+extern "C" __global__ void __launch_bounds__(DKDV_THREADS, DKDV_MIN_BLOCKS)
+attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
+              const ft_raw* __restrict__ v, const ft_raw* __restrict__ dout,
+              const float* __restrict__ lse2, const float* __restrict__ delta,
+              ft_raw* __restrict__ dk, ft_raw* __restrict__ dv,
+              int n_q, int n_k, float scale, float scale_log2, int causal,
+              float* __restrict__ dq_accum) {   // atomic variant only: (B, H, Nq, D) float32, zeroed
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int k0 = blockIdx.x * DKDV_BLOCK_N;
+    const long long bh = blockIdx.y;
+    q += bh * n_q * HEAD_DIM;
+    dout += bh * n_q * HEAD_DIM;
+    k += bh * n_k * HEAD_DIM;
+    v += bh * n_k * HEAD_DIM;
+    dk += bh * n_k * HEAD_DIM;
+    dv += bh * n_k * HEAD_DIM;
+    lse2 += bh * n_q;
+    delta += bh * n_q;
+#if DKDV_DQ_ATOMIC
+    dq_accum += bh * n_q * HEAD_DIM;
+#endif
+
+    // shared memory: K tile, V tile, [dS^T tile], then per stage a Q tile, a dO tile, lse2, Delta
+    ft_raw* t_k = reinterpret_cast<ft_raw*>(smem);
+    ft_raw* t_v = t_k + DKDV_BLOCK_N * BWD_LDS;
+    unsigned char* stage0 = smem + 2 * DKDV_TILE_BYTES(DKDV_BLOCK_N) + DKDV_DS_BYTES;
+
+    // causal: query i sees key j only if j <= i, so queries below k0 see nothing of this block
+    const int first_q = causal ? (k0 / DKDV_BLOCK_M) * DKDV_BLOCK_M : 0;
+    const int n_steps = first_q < n_q ? (n_q - first_q + DKDV_BLOCK_M - 1) / DKDV_BLOCK_M : 0;
+
+    auto load_stage = [&](int stage, int q_start) {
+        ft_raw* t_q = reinterpret_cast<ft_raw*>(stage0 + stage * DKDV_STAGE_BYTES);
+        ft_raw* t_do = t_q + DKDV_BLOCK_M * BWD_LDS;
+        float* vec = reinterpret_cast<float*>(t_do + DKDV_BLOCK_M * BWD_LDS);
+        load_tile<DKDV_BLOCK_M, DKDV_THREADS>(t_q, q, q_start, n_q);
+        load_tile<DKDV_BLOCK_M, DKDV_THREADS>(t_do, dout, q_start, n_q);
+        load_vec<DKDV_BLOCK_M, DKDV_THREADS>(vec, lse2, q_start, n_q);
+        load_vec<DKDV_BLOCK_M, DKDV_THREADS>(vec + DKDV_BLOCK_M, delta, q_start, n_q);
+    };
+
+    load_tile<DKDV_BLOCK_N, DKDV_THREADS>(t_k, k, k0, n_k);
+    load_tile<DKDV_BLOCK_N, DKDV_THREADS>(t_v, v, k0, n_k);
+    if (n_steps > 0) load_stage(0, first_q);
+    cp_async_commit();
+
+    float acc_dk[HEAD_DIM / 8][4], acc_dv[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int t = 0; t < HEAD_DIM / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[t][e] = acc_dv[t][e] = 0.0f;
+
+    const int key_a = k0 + 16 * warp + lane / 4, key_b = key_a + 8;  // this lane's two key rows
+    // ldmatrix takes shared-window addresses: this warp's 16 rows of K and V
+    const u32 s_kw = smem_addr(t_k + 16 * warp * BWD_LDS), s_vw = smem_addr(t_v + 16 * warp * BWD_LDS);
+
+    for (int step = 0; step < n_steps; ++step) {
+        const int q0 = first_q + step * DKDV_BLOCK_M;
+        const int stage = DKDV_STAGES == 1 ? 0 : step % 2;
+        if (DKDV_STAGES == 1) {
+            if (step > 0) { load_stage(0, q0); cp_async_commit(); }
+            cp_async_wait<0>();
+        } else if (step + 1 < n_steps) {
+            load_stage((step + 1) % 2, q0 + DKDV_BLOCK_M);
+            cp_async_commit();
+            cp_async_wait<1>();       // this step's group has landed; the next one may still fly
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const ft_raw* t_q = reinterpret_cast<const ft_raw*>(stage0 + stage * DKDV_STAGE_BYTES);
+        const u32 s_q = smem_addr(t_q), s_do = smem_addr(t_q + DKDV_BLOCK_M * BWD_LDS);
+        const float* s_lse2 = reinterpret_cast<const float*>(t_q + 2 * DKDV_BLOCK_M * BWD_LDS);
+        const float* s_delta = s_lse2 + DKDV_BLOCK_M;
+
+        float p[DKDV_MT][4];
+        mma_abt<DKDV_MT>(p, s_kw, s_q, lane);                 // S^T = K_w Q^T
+        const bool edge = q0 + DKDV_BLOCK_M > n_q || (causal && k0 + DKDV_BLOCK_N - 1 > q0);
+#pragma unroll
+        for (int t = 0; t < DKDV_MT; ++t) {
+            const int qc = t * 8 + 2 * (lane % 4);             // this lane's two query columns
+            const float l0 = s_lse2[qc], l1 = s_lse2[qc + 1];
+            p[t][0] = ft_exp2(p[t][0] * scale_log2 - l0);
+            p[t][1] = ft_exp2(p[t][1] * scale_log2 - l1);
+            p[t][2] = ft_exp2(p[t][2] * scale_log2 - l0);
+            p[t][3] = ft_exp2(p[t][3] * scale_log2 - l1);
+            if (edge) {   // queries past the end contribute nothing; neither do keys j > i
+                const int qa = q0 + qc, qb = qa + 1;
+                if (qa >= n_q || (causal && key_a > qa)) p[t][0] = 0.0f;
+                if (qb >= n_q || (causal && key_a > qb)) p[t][1] = 0.0f;
+                if (qa >= n_q || (causal && key_b > qa)) p[t][2] = 0.0f;
+                if (qb >= n_q || (causal && key_b > qb)) p[t][3] = 0.0f;
+            }
+        }
+
+        float ds[DKDV_MT][4];
+        mma_abt<DKDV_MT>(ds, s_vw, s_do, lane);               // dP^T = V_w dO^T
+#pragma unroll
+        for (int t = 0; t < DKDV_MT; ++t) {
+            const int qc = t * 8 + 2 * (lane % 4);
+            const float d0 = s_delta[qc], d1 = s_delta[qc + 1];
+            ds[t][0] = p[t][0] * (ds[t][0] - d0);
+            ds[t][1] = p[t][1] * (ds[t][1] - d1);
+            ds[t][2] = p[t][2] * (ds[t][2] - d0);
+            ds[t][3] = p[t][3] * (ds[t][3] - d1);
+        }
+
+        u32 pa[DKDV_MT / 2][4], dsa[DKDV_MT / 2][4];
+        acc_to_a<DKDV_MT>(pa, p);
+        acc_to_a<DKDV_MT>(dsa, ds);
+#if DKDV_DQ_ATOMIC
+        ft_raw* t_ds = t_v + DKDV_BLOCK_N * BWD_LDS;
+        {   // this warp's 16 rows of dS^T -> shared (the A fragments are already packed pairs)
+            ft_raw* row_a = t_ds + (16 * warp + lane / 4) * DKDV_LDS_DS + 2 * (lane % 4);
+            ft_raw* row_b = row_a + 8 * DKDV_LDS_DS;
+#pragma unroll
+            for (int t = 0; t < DKDV_MT / 2; ++t) {
+                *reinterpret_cast<u32*>(row_a + 16 * t) = dsa[t][0];
+                *reinterpret_cast<u32*>(row_b + 16 * t) = dsa[t][1];
+                *reinterpret_cast<u32*>(row_a + 16 * t + 8) = dsa[t][2];
+                *reinterpret_cast<u32*>(row_b + 16 * t + 8) = dsa[t][3];
+            }
+        }
+#endif
+        mma_ab<DKDV_MT / 2>(acc_dv, pa, s_do, lane);          // dV += P^T dO
+        mma_ab<DKDV_MT / 2>(acc_dk, dsa, s_q, lane);          // dK += dS^T Q
+#if DKDV_DQ_ATOMIC
+        __syncthreads();   // the whole dS^T tile is in shared memory
+        // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; A = dS, stored
+        // key-major as dS^T, so it is read with the transposing ldmatrix; 64 columns at a time
+        // keep the extra accumulator at 32 registers
+        const u32 s_ds = smem_addr(t_ds), s_kb = smem_addr(t_k);
+        const u32 ds_lane = (u32)((((lane % 8) + 8 * (lane / 16)) * DKDV_LDS_DS + 8 * ((lane / 8) % 2)) * 2);
+        for (int mt = warp; mt < DKDV_BLOCK_M / 16; mt += DKDV_WARPS) {
+            const int qa = q0 + 16 * mt + lane / 4, qb = qa + 8;
+#pragma unroll
+            for (int c0 = 0; c0 < HEAD_DIM; c0 += 64) {
+                float acc[8][4];
+#pragma unroll
+                for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+                for (int kt = 0; kt < DKDV_BLOCK_N / 16; ++kt) {
+                    u32 a[4];
+                    ldmatrix_x4_trans(a, s_ds + ds_lane + (u32)((kt * 16 * DKDV_LDS_DS + mt * 16) * 2));
+#pragma unroll
+                    for (int dn = 0; dn < 4; ++dn) {
+                        u32 b[4];
+                        ldmatrix_x4_trans(b, s_kb + lane_off_a(lane) +
+                                             (u32)((kt * 16 * BWD_LDS + c0 + dn * 16) * 2));
+                        mma_16x8x16(acc[2 * dn], a, b[0], b[1]);
+                        mma_16x8x16(acc[2 * dn + 1], a, b[2], b[3]);
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const int col = c0 + t * 8 + 2 * (lane % 4);
+                    if (qa < n_q) red_add2(dq_accum + (long long)qa * HEAD_DIM + col, acc[t][0], acc[t][1]);
+                    if (qb < n_q) red_add2(dq_accum + (long long)qb * HEAD_DIM + col, acc[t][2], acc[t][3]);
+                }
+            }
+        }
+#endif
+        __syncthreads();   // every warp is done with this stage (and dS^T) before it is refilled
+    }
+
+    cp_async_wait<0>();   // a block with no visible query block still has its K/V copies in flight
+    store_strip(dv, acc_dv, k0 + 16 * warp, n_k, 1.0f, lane);
+    store_strip(dk, acc_dk, k0 + 16 * warp, n_k, scale, lane);
+}
