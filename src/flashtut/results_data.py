@@ -1,0 +1,355 @@
+"""The committed measurements in ``book/data``: find them, load them, say how to make them again.
+
+A chapter without a GPU draws its figures from JSON files measured once on a GPU and committed
+with their provenance (``book/data/README.md`` lists them). This module is how every chapter gets
+at them::
+
+    from flashtut import results_data
+    rows, provenance = results_data.load_results("bench_h200*.json")   # every matching file
+    for p in provenance:
+        print(results_data.describe(p))                               # device, versions, command
+
+Where a name is looked up, in order:
+
+1. ``data_dir=`` when given (a reader's own run, a test's temporary folder), and only there;
+2. ``$FLASHTUT_DATA`` when set, and only there;
+3. the ``book/data`` folder of the checkout this package was installed from (editable install),
+   else of the working directory or one of its parents;
+4. with no ``book/data`` folder anywhere (``pip install`` on Colab): the repository itself, read
+   from ``flashtut.colab``'s URL and branch, downloaded once into ``~/.cache/flashtut/data``.
+
+A file that is not there raises :class:`ResultsMissing` (a ``FileNotFoundError``) whose message
+names the file and the command that produces it; ``missing="print"`` prints that message and
+returns empty lists instead, so a notebook cell can go on without the data.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .bench import results as _results
+
+DATA_ENV = "FLASHTUT_DATA"
+#: the folder of the committed results, relative to the repository root
+REPO_DATA_DIR = "book/data"
+
+#: what each committed file (or family of files) holds and the command that makes it, run on a
+#: GPU from the repository root; book/data/README.md repeats these (a test keeps them in step)
+PRODUCERS = {
+    "bench_h200*.json": ("speed rows of every implementation over the performance protocol",
+                         "python -m flashtut.bench run --preset protocol --out book/data/bench_h200.json"),
+    "memory_h200.json": ("peak extra memory of one forward against N",
+                         "python -m flashtut.bench memory --preset protocol --out book/data/memory_h200.json"),
+    "h200_roofline.json": ("copy bandwidth and matrix-multiply rates",
+                           "python -m flashtut.bench roofline --out book/data/h200_roofline.json"),
+    "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
+                               "project's H200 anchor file", None),
+    # the kernel chapters' own runs, in their scripts' layouts (rows with fwd_tflops/bwd_tflops)
+    "triton_h200.json": ("chapter 07's Triton kernels against SDPA flash: speed, accuracy, autotuning",
+                         "OUT=<folder> bash tools/gpu_triton.sh"),
+    "cuda_h200.json": ("chapter 08's CUDA ladder and fast kernel against naive attention and SDPA flash",
+                       "OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+}
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_NAME_RE = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")
+_TIMEOUT_S = 15
+
+
+class ResultsMissing(FileNotFoundError):
+    """A committed results file is not where it was looked for. ``name`` is the file (or
+    pattern) asked for, ``command`` the command that produces it (or None)."""
+
+    def __init__(self, name: str, where: str, command: str | None = None, detail: str | None = None):
+        self.name, self.where, self.command = name, where, command
+        lines = [f"{REPO_DATA_DIR}/{name}: not found {where}."]
+        if detail:
+            lines.append(detail)
+        if command:
+            lines.append(f"It is produced on a GPU, from the repository root, by:\n    {command}")
+        else:
+            lines.append(f"See {REPO_DATA_DIR}/README.md for how it is produced.")
+        super().__init__("\n".join(lines))
+
+
+# --- where ----------------------------------------------------------------------------------------
+
+def _check_name(name) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a file name or pattern (str), got {type(name).__name__}")
+    if not _NAME_RE.match(name):
+        raise ValueError(f"name: got {name!r}; accepted: a file name of {REPO_DATA_DIR} such as "
+                         "'memory_h200.json', or a pattern such as 'bench_h200*.json' (no folders)")
+    return name
+
+
+def producer(name: str) -> tuple[str, str | None] | None:
+    """``(what it holds, command)`` for a committed file name or pattern, or None if unknown."""
+    for pattern, entry in PRODUCERS.items():
+        if name == pattern or fnmatch.fnmatchcase(name, pattern):
+            return entry
+    return None
+
+
+def _command(name: str) -> str | None:
+    entry = producer(name)
+    return entry[1] if entry else None
+
+
+def local_data_dir() -> Path | None:
+    """The ``book/data`` folder this session can read, or None (an installed package without
+    the repository). ``$FLASHTUT_DATA`` wins when set; it must then be a folder."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"${DATA_ENV}: got {env!r}, which is not a folder; accepted: the path of "
+                             f"a folder of results files (such as a checkout's {REPO_DATA_DIR}), or unset")
+        return path
+    checkout = Path(__file__).resolve().parents[2] / REPO_DATA_DIR
+    here = Path.cwd().resolve()
+    for candidate in (checkout, *(p / REPO_DATA_DIR for p in (here, *here.parents))):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def raw_url(name: str, repo_url: str | None = None, branch: str | None = None) -> str:
+    """The address of ``book/data/<name>`` as a plain file in the repository (default: the
+    repository and branch of ``flashtut.colab``, i.e. of the book's ``_config.yml``)."""
+    from . import colab
+
+    _check_name(name)
+    if _GLOB_CHARS.search(name):
+        raise ValueError(f"name: got the pattern {name!r}; a download needs one file name")
+    url = colab._check_repo_url(repo_url if repo_url is not None else colab.REPO_URL)
+    branch = colab._check_branch(branch if branch is not None else colab.BRANCH)
+    m = re.match(r"^https://github\.com/([^/]+)/([^/]+)$", url)
+    if m:
+        return f"https://raw.githubusercontent.com/{m.group(1)}/{m.group(2)}/{branch}/{REPO_DATA_DIR}/{name}"
+    # GitLab, Gitea and Forgejo serve (or redirect) <repo>/raw/<branch>/<path>
+    return f"{url}/raw/{branch}/{REPO_DATA_DIR}/{name}"
+
+
+def cache_dir() -> Path:
+    """Where downloaded results are kept: ``$XDG_CACHE_HOME/flashtut/data`` or ``~/.cache/...``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flashtut" / "data"
+
+
+def _fetch(url: str) -> bytes:
+    req = urllib.request.Request(url, headers={"User-Agent": "flashtut"})
+    with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:
+        return resp.read()
+
+
+def _offline_detail(url: str, exc: Exception) -> str:
+    from . import colab
+
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:
+        return (f"The repository has no such file on branch {colab.BRANCH} ({url} answered 404): "
+                "it has not been committed yet.")
+    reason = getattr(exc, "reason", None) or exc
+    return (f"Downloading it from {url} failed ({reason}): no network here? Clone the repository "
+            f"(git clone {colab.REPO_URL}) and run from the checkout, or set ${DATA_ENV} to a "
+            "folder that holds the file.")
+
+
+def _download(name: str, refresh: bool) -> Path:
+    from . import colab
+
+    target = cache_dir() / colab.BRANCH / name
+    if target.is_file() and not refresh:
+        return target
+    url = raw_url(name)
+    try:
+        data = _fetch(url)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise ResultsMissing(name, "in this installation, which has no book/data folder",
+                             _command(name), _offline_detail(url, exc)) from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(target.suffix + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(target)           # never leave half a file where the next call would trust it
+    return target
+
+
+def _remote_names(pattern: str) -> list[str]:
+    """File names of the repository's book/data matching ``pattern`` (GitHub's contents API)."""
+    from . import colab
+
+    m = re.match(r"^https://github\.com/([^/]+)/([^/]+)$", colab.REPO_URL)
+    if not m:
+        raise ResultsMissing(pattern, "in this installation, which has no book/data folder", _command(pattern),
+                             f"Listing files of {colab.REPO_URL} is only supported on GitHub: ask for one "
+                             "exact file name, or clone the repository.")
+    url = (f"https://api.github.com/repos/{m.group(1)}/{m.group(2)}/contents/{REPO_DATA_DIR}"
+           f"?ref={colab.BRANCH}")
+    try:
+        listing = json.loads(_fetch(url))
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        raise ResultsMissing(pattern, "in this installation, which has no book/data folder",
+                             _command(pattern), _offline_detail(url, exc)) from None
+    return sorted(e["name"] for e in listing if isinstance(e, dict) and fnmatch.fnmatchcase(e.get("name", ""), pattern))
+
+
+def _folder(data_dir) -> Path | None:
+    if data_dir is None:
+        return local_data_dir()
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"data_dir: got {str(data_dir)!r}, which is not a folder; accepted: a folder "
+                         "of results files, or None for the book's own")
+    return path
+
+
+def find(pattern: str, data_dir=None, refresh: bool = False) -> list[Path]:
+    """The files of ``book/data`` (or ``data_dir``) whose names match ``pattern``, sorted by
+    name; downloaded when there is no local folder. Raises :class:`ResultsMissing` if none."""
+    _check_name(pattern)
+    folder = _folder(data_dir)
+    if folder is not None:
+        paths = sorted(p for p in folder.glob(pattern) if p.is_file()) if _GLOB_CHARS.search(pattern) \
+            else [p for p in (folder / pattern,) if p.is_file()]
+        if not paths:
+            raise ResultsMissing(pattern, f"in {folder}", _command(pattern))
+        return paths
+    names = _remote_names(pattern) if _GLOB_CHARS.search(pattern) else [pattern]
+    if not names:
+        raise ResultsMissing(pattern, "in the repository", _command(pattern))
+    return [_download(n, refresh) for n in names]
+
+
+def data_path(name: str, data_dir=None, refresh: bool = False) -> Path:
+    """The path of one committed file, ``book/data/<name>``: local when there is a checkout,
+    else downloaded (``refresh=True`` downloads again). Raises :class:`ResultsMissing`."""
+    _check_name(name)
+    if _GLOB_CHARS.search(name):
+        raise ValueError(f"name: got the pattern {name!r}; data_path takes one file name "
+                         "(find() and load_results() take patterns)")
+    return find(name, data_dir, refresh)[0]
+
+
+# --- what -----------------------------------------------------------------------------------------
+
+def _read(path: Path) -> dict:
+    """One file as a ``flashtut.bench`` results document. Besides the harness's own layout this
+    reads the anchors layout (via ``bench.results``) and the provisional roofline layout
+    (``copy_bandwidth_GBps`` and ``matmul_tflops``), which it turns into roofline rows."""
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if isinstance(raw, dict) and "rows" not in raw and "copy_bandwidth_GBps" in raw:
+        prov = dict(raw.get("provenance") or {})
+        if isinstance(prov.get("device"), str):
+            prov["device"] = {"name": prov["device"]}
+        rows = [{"kind": "roofline", "what": "copy", "gb_per_s": raw["copy_bandwidth_GBps"], "status": "ok"}]
+        rows += [{"kind": "roofline", "what": "matmul", "dtype": dt, "tflops": t, "status": "ok"}
+                 for dt, t in (raw.get("matmul_tflops") or {}).items()]
+        return {"schema": None, "kind": "roofline", "provenance": prov, "config": {}, "rows": rows}
+    doc = _results.load_results(path)
+    if isinstance(raw, dict) and "kind" not in raw:
+        # a script's own layout: its provenance is spread over the top level (what, device,
+        # date, command, versions, ...) or nested under "provenance"; keep both
+        prov = {k: v for k, v in raw.items() if k != "rows" and not isinstance(v, (list, dict))
+                or k in ("versions", "git")}
+        prov.update(raw.get("provenance") or {})
+        if isinstance(prov.get("device"), str):
+            prov["device"] = {"name": prov["device"]}
+        doc["provenance"] = prov
+    return doc
+
+
+def _key(row: dict) -> tuple:
+    """What one measurement is of; a newer file's row with the same key replaces an older one.
+    Rows of a layout this module does not know (kind ``mixed``) are never merged."""
+    if row.get("kind") not in ("speed", "memory", "roofline"):
+        return ("unmerged", id(row))
+    if row.get("kind") == "roofline":
+        return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
+    return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
+            row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
+            row.get("D"), bool(row.get("causal")))
+
+
+def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
+                 refresh: bool = False) -> tuple[list[dict], list[dict]]:
+    """Rows and provenance of every committed file matching ``pattern_or_name``.
+
+    Returns ``(rows, provenance_list)``. Rows are in ``flashtut.bench``'s layout (so
+    ``flashtut.bench.plot`` draws them), each tagged with ``source`` (its file's name) and
+    ``device`` (the GPU's name from the file's provenance, else the file's stem). When several
+    files measure the same thing, the one with the latest provenance date wins. Each provenance
+    entry is the file's ``provenance`` block plus ``file``, ``path``, ``kind``, ``config`` and
+    ``rows`` (how many rows it gave). ``missing``: ``"raise"`` raises :class:`ResultsMissing`,
+    ``"print"`` prints its message and returns ``([], [])``.
+    """
+    if missing not in ("raise", "print"):
+        raise ValueError(f"missing: got {missing!r}; accepted: 'raise' or 'print'")
+    try:
+        paths = find(pattern_or_name, data_dir, refresh)
+    except ResultsMissing as exc:
+        if missing == "raise":
+            raise
+        print(exc)
+        return [], []
+    docs = []
+    for path in paths:
+        doc = _read(path)
+        prov = dict(doc.get("provenance") or {})
+        docs.append((str(prov.get("date") or ""), path, doc, prov))
+    docs.sort(key=lambda d: (d[0], d[1].name))          # oldest first: later rows replace earlier
+    by_key: dict = {}
+    provenance = []
+    for _, path, doc, prov in docs:
+        device = (prov.get("device") or {}).get("name") if isinstance(prov.get("device"), dict) else prov.get("device")
+        for r in doc["rows"]:
+            r = dict(r, source=path.name)
+            r.setdefault("device", device or path.stem)
+            by_key[_key(r)] = r
+        provenance.append(dict(prov, file=path.name, path=str(path), kind=doc.get("kind"),
+                               config=doc.get("config") or {}, rows=len(doc["rows"])))
+    return list(by_key.values()), provenance
+
+
+def describe(prov: dict, width: int = 100) -> str:
+    """A few lines a reader can check a number against: file, device, versions, date, command
+    (long descriptions wrapped at ``width`` characters)."""
+    dev = prov.get("device")
+    if isinstance(dev, dict):
+        device = dev.get("name") or "?"
+        if dev.get("compute_capability"):
+            device += f" (compute capability {dev['compute_capability']})"
+    else:
+        device = dev or "device not recorded"
+    versions = prov.get("versions") or {}
+    vtext = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in
+                      ("torch", "cuda", "cudnn", "triton", "cupy", "python", "flashtut"))
+    git = prov.get("git") or {}
+    lines = [f"{prov.get('file', '?')} ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows): {device}"]
+    wrap = lambda text: textwrap.fill(text, width, subsequent_indent="    ")  # noqa: E731
+    if prov.get("provisional"):
+        lines.append(wrap("  PROVISIONAL: reference figures, not a measurement of this project; "
+                          + (prov.get("note") or "to be replaced by a measured run")))
+    if prov.get("what"):
+        lines.append(wrap(f"  what: {prov['what']}"))
+    if vtext:
+        lines.append(f"  versions: {vtext}")
+    if prov.get("date"):
+        lines.append(f"  measured: {prov['date']}")
+    if prov.get("command") or prov.get("call"):
+        lines.append(f"  command: {prov.get('command') or prov.get('call')}")
+    if git.get("commit"):
+        lines.append(f"  git commit: {git['commit'][:12]}" + (" (with uncommitted changes)" if git.get("dirty") else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["DATA_ENV", "PRODUCERS", "ResultsMissing", "load_results", "data_path", "find", "describe",
+           "local_data_dir", "raw_url", "cache_dir", "producer"]

@@ -1,0 +1,364 @@
+"""``flashtut.results_data`` (finding and loading the committed measurements, locally or from the
+repository), the chapter 09 checkers, and chapter 09 itself run on a folder of results.
+
+Results files here are written by the harness itself (``flashtut.bench``) on tiny CPU cases, or
+built from invented rows that say so in their provenance; nothing is read from the network: the
+download path runs against a stand-in for ``urlopen``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import urllib.error
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from flashtut import bench, colab, results_data
+from flashtut.bench.sweeps import Case
+from flashtut.exercises import ch09
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "book" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch, tmp_path):
+    monkeypatch.delenv(results_data.DATA_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _speed_file(path: Path, date: str, impl: str = "naive", N: int = 17, command: str = "test run") -> Path:
+    """A real (tiny) speed run of the harness on the CPU, saved with the given provenance date."""
+    rows = bench.run_speed([impl], [Case(1, 2, N, N + 4, 8, torch.float32, causal=True)], ("fwd",), "cpu",
+                           warmup_ms=1, rep_ms=2, progress=False)
+    prov = bench.provenance("cpu", call=command)
+    prov["date"] = date
+    return bench.save_results(path, "speed", rows, prov)
+
+
+def _memory_file(path: Path) -> Path:
+    rows = bench.run_memory(["naive", "tiled"], [64, 128], B=1, H=2, D=16, dtype=torch.float32, device="cpu",
+                            progress=False)
+    return bench.save_results(path, "memory", rows, bench.provenance("cpu", call="test memory run"))
+
+
+# --- finding files -------------------------------------------------------------------------------
+
+def test_data_path_finds_the_checkouts_files():
+    committed = sorted(p.name for p in DATA.glob("*.json"))
+    assert committed, "book/data holds no JSON file"
+    for name in committed:
+        assert results_data.data_path(name) == DATA / name
+    assert results_data.local_data_dir() == DATA
+
+
+def test_every_committed_file_loads_with_provenance():
+    for path in sorted(DATA.glob("*.json")):
+        rows, prov = results_data.load_results(path.name)
+        assert rows, f"{path.name}: no rows"
+        assert [p["file"] for p in prov] == [path.name]
+        assert all(r["source"] == path.name and r.get("kind") for r in rows)
+        if path.name in ("anchors_h200_sdpa.json", "h200_roofline.json") or path.name.startswith(("bench_", "memory_")):
+            assert all(r["kind"] in ("speed", "memory", "roofline") for r in rows), path.name
+        text = results_data.describe(prov[0])
+        assert path.name in text
+        # every file says what it is or how it was made
+        assert any(k in prov[0] for k in ("what", "command", "call", "provisional")), path.name
+
+
+def test_data_dir_argument_and_environment_variable(tmp_path, monkeypatch):
+    _speed_file(tmp_path / "bench_x.json", "2026-01-01T00:00:00+00:00")
+    rows, prov = results_data.load_results("bench_x.json", data_dir=tmp_path)
+    assert rows and rows[0]["source"] == "bench_x.json" and rows[0]["status"] == "ok"
+    assert prov[0]["kind"] == "speed" and prov[0]["rows"] == len(rows) and prov[0]["path"] == str(tmp_path / "bench_x.json")
+    monkeypatch.setenv(results_data.DATA_ENV, str(tmp_path))
+    assert results_data.data_path("bench_x.json") == tmp_path / "bench_x.json"
+    # the variable is authoritative: the checkout's files are not looked at
+    with pytest.raises(results_data.ResultsMissing):
+        results_data.data_path("anchors_h200_sdpa.json")
+    monkeypatch.setenv(results_data.DATA_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="FLASHTUT_DATA"):
+        results_data.data_path("bench_x.json")
+
+
+def test_pattern_loads_every_match_newest_wins(tmp_path):
+    _speed_file(tmp_path / "bench_h200.json", "2026-01-01T00:00:00+00:00", command="old")
+    _speed_file(tmp_path / "bench_h200_rerun.json", "2026-02-01T00:00:00+00:00", command="new")
+    _speed_file(tmp_path / "bench_h200_more.json", "2026-01-15T00:00:00+00:00", N=33)
+    (tmp_path / "other.json").write_text("{}")
+    rows, prov = results_data.load_results("bench_h200*.json", data_dir=tmp_path)
+    assert sorted(p["file"] for p in prov) == ["bench_h200.json", "bench_h200_more.json", "bench_h200_rerun.json"]
+    # N=17 measured twice: the later run's row is kept, once; N=33 once
+    assert sorted(r["N"] for r in rows) == [17, 33]
+    assert next(r for r in rows if r["N"] == 17)["source"] == "bench_h200_rerun.json"
+    assert all(r["device"] for r in rows)
+
+
+def test_missing_file_names_it_and_the_command(tmp_path, capsys):
+    with pytest.raises(results_data.ResultsMissing) as info:
+        results_data.load_results("memory_h200.json", data_dir=tmp_path)
+    msg = str(info.value)
+    assert "book/data/memory_h200.json" in msg and str(tmp_path) in msg
+    assert results_data.PRODUCERS["memory_h200.json"][1] in msg
+    assert isinstance(info.value, FileNotFoundError) and info.value.name == "memory_h200.json"
+    with pytest.raises(results_data.ResultsMissing, match="bench run --preset protocol"):
+        results_data.find("bench_h200*.json", data_dir=tmp_path)
+    assert results_data.load_results("bench_h200*.json", data_dir=tmp_path, missing="print") == ([], [])
+    assert "bench_h200*.json: not found" in capsys.readouterr().out
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(TypeError, match="name"):
+        results_data.load_results(3)
+    with pytest.raises(ValueError, match="name"):
+        results_data.load_results("../secrets.json")
+    with pytest.raises(ValueError, match="missing"):
+        results_data.load_results("x.json", data_dir=tmp_path, missing="ignore")
+    with pytest.raises(ValueError, match="data_dir"):
+        results_data.load_results("x.json", data_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="pattern"):
+        results_data.data_path("bench_*.json", data_dir=tmp_path)
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        results_data.load_results("broken.json", data_dir=tmp_path)
+
+
+def test_provisional_roofline_layout_becomes_rows(tmp_path):
+    doc = {"provenance": {"provisional": True, "device": "NVIDIA H200", "note": "placeholder figures"},
+           "copy_bandwidth_GBps": 4321.5, "matmul_tflops": {"float16": 777.0, "float32": 51.0}}
+    (tmp_path / "h200_roofline.json").write_text(json.dumps(doc))
+    rows, prov = results_data.load_results("h200_roofline.json", data_dir=tmp_path)
+    copy = [r for r in rows if r["what"] == "copy"]
+    assert copy == [dict(copy[0], gb_per_s=4321.5)] and copy[0]["device"] == "NVIDIA H200"
+    assert {r["dtype"]: r["tflops"] for r in rows if r["what"] == "matmul"} == {"float16": 777.0, "float32": 51.0}
+    assert "PROVISIONAL" in results_data.describe(prov[0]) and "placeholder figures" in results_data.describe(prov[0])
+    fig = bench.plot.roofline_figure(rows)            # the harness's plot takes the converted rows
+    assert fig.axes
+
+
+def test_describe_prints_the_provenance(tmp_path):
+    _speed_file(tmp_path / "bench_x.json", "2026-03-04T05:06:07+00:00", command="my exact command")
+    _, prov = results_data.load_results("bench_x.json", data_dir=tmp_path)
+    text = results_data.describe(prov[0])
+    for part in ("bench_x.json", "speed", "my exact command", "2026-03-04T05:06:07", f"torch {torch.__version__}"):
+        assert part in text, part
+
+
+def test_readme_lists_every_file_and_its_command():
+    readme = (DATA / "README.md").read_text()
+    for pattern, (_, command) in results_data.PRODUCERS.items():
+        assert f"`{pattern}`" in readme, pattern
+        if command:
+            assert command in readme, command
+
+
+# --- the download path (an installed package without the repository) -----------------------------
+
+class _FakeNet:
+    """Stands in for the network: ``files`` maps a URL to bytes, or to an exception to raise."""
+
+    def __init__(self, files):
+        self.files, self.calls = files, []
+
+    def __call__(self, req, timeout=None):
+        url = req.full_url if hasattr(req, "full_url") else req
+        self.calls.append(url)
+        answer = self.files.get(url, urllib.error.HTTPError(url, 404, "Not Found", {}, io.BytesIO()))
+        if isinstance(answer, Exception):
+            raise answer
+        return io.BytesIO(answer)
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """No book/data folder anywhere, as after ``pip install`` on Colab."""
+    monkeypatch.setattr(results_data, "local_data_dir", lambda: None)
+
+    def use(files):
+        net = _FakeNet(files)
+        monkeypatch.setattr(results_data.urllib.request, "urlopen", net)
+        return net
+    return use
+
+
+def test_raw_url_follows_the_configured_repository():
+    url = results_data.raw_url("memory_h200.json")
+    owner_repo = colab.REPO_URL.removeprefix("https://github.com/")
+    assert url == f"https://raw.githubusercontent.com/{owner_repo}/{colab.BRANCH}/book/data/memory_h200.json"
+    assert results_data.raw_url("a.json", "https://github.com/me/fork", "dev") == \
+        "https://raw.githubusercontent.com/me/fork/dev/book/data/a.json"
+    assert results_data.raw_url("a.json", "https://gitlab.example.org/g/p.git", "main") == \
+        "https://gitlab.example.org/g/p/raw/main/book/data/a.json"
+    with pytest.raises(ValueError, match="pattern"):
+        results_data.raw_url("bench_*.json")
+    with pytest.raises(ValueError, match="repo"):
+        results_data.raw_url("a.json", "ftp://example.org/x")
+
+
+def test_download_once_into_the_cache(installed, tmp_path):
+    src = _memory_file(tmp_path / "m.json")
+    net = installed({results_data.raw_url("memory_h200.json"): src.read_bytes()})
+    rows, prov = results_data.load_results("memory_h200.json")
+    assert {r["impl"] for r in rows} == {"naive", "tiled"} and prov[0]["kind"] == "memory"
+    cached = Path(prov[0]["path"])
+    assert cached.is_relative_to(tmp_path / "cache") and cached.read_bytes() == src.read_bytes()
+    results_data.load_results("memory_h200.json")
+    assert len(net.calls) == 1, "the second load should come from the cache"
+    results_data.load_results("memory_h200.json", refresh=True)
+    assert len(net.calls) == 2
+
+
+def test_download_offline_or_not_committed(installed):
+    installed({results_data.raw_url("memory_h200.json"): urllib.error.URLError("Name or service not known")})
+    with pytest.raises(results_data.ResultsMissing) as info:
+        results_data.data_path("memory_h200.json")
+    msg = str(info.value)
+    assert "no network" in msg and f"git clone {colab.REPO_URL}" in msg and "FLASHTUT_DATA" in msg
+    assert "memory --preset protocol" in msg
+    installed({})                                               # every URL answers 404
+    with pytest.raises(results_data.ResultsMissing, match="not been committed yet"):
+        results_data.data_path("h200_roofline.json")
+    assert results_data.load_results("h200_roofline.json", missing="print") == ([], [])
+    assert not list(results_data.cache_dir().rglob("*.json")), "a failed download must leave no file"
+
+
+def test_download_a_pattern_lists_the_repository(installed, tmp_path):
+    a = _speed_file(tmp_path / "a.json", "2026-01-01T00:00:00+00:00")
+    b = _speed_file(tmp_path / "b.json", "2026-01-02T00:00:00+00:00", N=33)
+    owner_repo = colab.REPO_URL.removeprefix("https://github.com/")
+    listing = [{"name": n, "type": "file"} for n in ("bench_h200.json", "bench_h200_b.json", "memory_h200.json", "README.md")]
+    installed({
+        f"https://api.github.com/repos/{owner_repo}/contents/book/data?ref={colab.BRANCH}": json.dumps(listing).encode(),
+        results_data.raw_url("bench_h200.json"): a.read_bytes(),
+        results_data.raw_url("bench_h200_b.json"): b.read_bytes(),
+    })
+    rows, prov = results_data.load_results("bench_h200*.json")
+    assert sorted(p["file"] for p in prov) == ["bench_h200.json", "bench_h200_b.json"]
+    assert sorted(r["N"] for r in rows) == [17, 33]
+    with pytest.raises(results_data.ResultsMissing, match="not found in the repository"):
+        results_data.find("nothing_*.json")
+
+
+# --- chapter 09 checkers -----------------------------------------------------------------------------
+
+def test_check_tflops_accepts_the_protocol_and_names_the_mistake():
+    assert ch09.check_tflops(ch09.reference_tflops)
+    assert ch09.check_tflops(lambda *a: bench.tflops(bench.attention_flops(a[0], a[1], a[2], a[2], a[3], a[4], a[5]), a[6]))
+    no_causal = lambda B, H, N, D, c, m, ms: 4 * B * H * N * N * D * (2.5 if m == "bwd" else 1) / (ms * 1e-3) / 1e12  # noqa: E731
+    res = ch09.check_tflops(no_causal)
+    assert not res and "causal mask halves" in res.message and "causal=True" in res.message
+    seconds = lambda B, H, N, D, c, m, ms: ch09.reference_tflops(B, H, N, D, c, m, ms) / 1e3  # noqa: E731
+    assert "milliseconds" in ch09.check_tflops(seconds).message
+    no_bwd = lambda B, H, N, D, c, m, ms: ch09.reference_tflops(B, H, N, D, c, "fwd", ms)  # noqa: E731
+    assert "backward" in ch09.check_tflops(no_bwd).message
+    assert not ch09.check_tflops(lambda *a: 1 / 0)
+    assert not ch09.check_tflops(lambda *a: float("nan"))
+
+
+def _right_ratios(rows, baseline):
+    base = {(r["mode"], r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in rows
+            if r["impl"] == baseline and r.get("tflops")}
+    out = {}
+    for r in rows:
+        key = (r["mode"], r["dtype"], r["D"], r["N"], r["causal"])
+        if r["impl"] != baseline and r.get("tflops") and key in base:
+            out.setdefault(key, {})[r["impl"]] = r["tflops"] / base[key]
+    return out
+
+
+def test_check_ratios_accepts_right_and_catches_wrong():
+    assert ch09.check_ratios(_right_ratios)
+    rows = ch09.synthetic_speed_rows()
+    assert any(r["impl"] == "sdpa-flash" and r["tflops"] is None for r in rows), "a failed baseline is a trap"
+
+    def with_baseline(rows, baseline):
+        out = _right_ratios(rows, baseline)
+        for v in out.values():
+            v[baseline] = 1.0
+        return out
+
+    def inverted(rows, baseline):
+        return {k: {i: 1 / x for i, x in v.items()} for k, v in _right_ratios(rows, baseline).items()}
+
+    def every_case(rows, baseline):
+        out = _right_ratios(rows, baseline)
+        for r in rows:
+            out.setdefault((r["mode"], r["dtype"], r["D"], r["N"], r["causal"]), {})
+        return out
+
+    assert "baseline itself" in ch09.check_ratios(with_baseline).message
+    assert "inverted" in ch09.check_ratios(inverted).message
+    assert "should not be there" in ch09.check_ratios(every_case).message
+    assert not ch09.check_ratios(lambda rows, b: [])
+    assert not ch09.check_ratios(lambda rows, b: rows[10**6])
+
+
+def test_check_ratios_on_a_real_run(tmp_path):
+    rows = bench.run_speed(["naive", "tiled"], [Case(1, 2, 40, 40, 16, torch.float32)], ("fwd", "bwd"), "cpu",
+                           warmup_ms=1, rep_ms=2, progress=False)
+    assert ch09.check_ratios(_right_ratios, rows=rows, baseline="naive")
+    table = bench.report.ratio_table(rows, "naive")
+    assert [set(e["ratios"]) for e in table] == [{"tiled"}, {"tiled"}]
+    assert all(math.isfinite(e["ratios"]["tiled"]) for e in table)
+
+
+# --- chapter 09 on a folder of results ---------------------------------------------------------------
+
+def _invented_h200_files(folder: Path) -> None:
+    """Speed and memory files in the harness's layout with invented numbers (provenance says so):
+    every implementation kind the chapter draws, the ladder, an OOM. No roofline and no anchors
+    file, so the chapter also takes its 'missing' path."""
+    import random
+
+    rng = random.Random(9)
+    prov = {"date": "2026-01-01T00:00:00+00:00", "command": "invented by tests/test_results_data.py",
+            "device": {"name": "Test GPU", "compute_capability": "9.0"}, "versions": {"torch": torch.__version__}}
+    speed = []
+    for mode in ("fwd", "bwd"):
+        for D in (64, 128):
+            for causal in (False, True):
+                for N in (1024, 4096):
+                    for impl in ("naive", "sdpa-flash", "sdpa-cudnn", "triton", "cuda", "cuda-v1", "cuda-v2"):
+                        if impl.startswith("cuda-v") and mode == "bwd":
+                            continue
+                        tf = rng.uniform(10, 500)
+                        speed.append({"kind": "speed", "impl": impl, "mode": mode, "dtype": "float16",
+                                      "B": 16384 // N, "H": 2048 // D, "N": N, "Nq": N, "Nk": N, "D": D,
+                                      "causal": causal, "tflops": tf, "ms": 1.0, "status": "ok"})
+    bench.save_results(folder / "bench_h200.json", "speed", speed, prov)
+    memory = []
+    for impl, per_n2 in (("naive", 80.0), ("sdpa-flash", None)):
+        for N in (1024, 2048, 4096, 8192):
+            oom = impl == "naive" and N == 8192
+            b = int(per_n2 * N * N) if per_n2 else 4096 * N
+            memory.append({"kind": "memory", "impl": impl, "mode": "fwd", "N": N, "Nq": N, "Nk": N, "B": 1,
+                           "H": 16, "D": 128, "dtype": "float16", "causal": False,
+                           "status": "oom" if oom else "ok", "peak_extra_bytes": None if oom else b})
+    bench.save_results(folder / "memory_h200.json", "memory", memory, prov)
+
+
+def test_chapter_09_runs_on_a_folder_of_results(tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    _invented_h200_files(tmp_path)
+    monkeypatch.setenv(results_data.DATA_ENV, str(tmp_path))        # the kernel inherits it
+    nb = nbformat.read(ROOT / "notebooks" / "09_results.ipynb", as_version=4)
+    NotebookClient(nb, timeout=240, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    text = []
+    images = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", f"{out.ename}: {out.evalue}"
+            text.append(out.get("text", "") + out.get("data", {}).get("text/markdown", ""))
+            images += "image/png" in out.get("data", {})
+    text = "\n".join(text)
+    assert images >= 4 + 2 + 1, f"expected speed, ladder and memory figures, got {images} images"
+    assert "book/data/h200_roofline.json: not found" in text            # the missing path, no crash
+    assert results_data.PRODUCERS["h200_roofline.json"][1] in text
+    assert "invented by tests/test_results_data.py" in text             # provenance printed
+    assert "out of memory at N = 8192" in text and "triton / sdpa-flash" in text
