@@ -10,8 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="nbformat is part of the book toolchain (requirements-dev.txt)")
 
 from flashtut import colab
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="nbformat is part of the book toolchain (requirements-dev.txt)")
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,9 @@ import math
 import urllib.error
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="nbformat is part of the book toolchain (requirements-dev.txt)")
 import torch
 
 from flashtut import bench, colab, results_data
