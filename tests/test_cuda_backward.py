@@ -195,9 +195,10 @@ def _check_against_references(q, k, v, do, causal, scale, yardstick="lowp", **kw
             assert e_yard <= 0.05 * ref.abs().max().item() + 1e-3, (name, ref_name, e_yard)
             worst["lowp"] = max(worst["lowp"], e_ours / max(e_lowp, 1e-12))
             worst["sdpa"] = max(worst["sdpa"], e_ours / max(e_sdpa, 1e-12))
-            # 1e-6 of the gradient's scale absorbs single roundings where PyTorch happens to be
-            # exact (one query and one key: P = 1), so that 2 x 0 does not demand exactness
-            if e_ours > 2 * e_yard + 1e-6 * ref.abs().max().item():
+            # 1e-5 absolute absorbs roundings where PyTorch happens to be exact (one key: dQ and
+            # dK are zero up to the rounding of Delta), so that 2 x 0 does not demand exactness;
+            # it is far below what an indexing or masking bug produces in fp16/bf16 gradients
+            if e_ours > 2 * e_yard + 1e-5:
                 failures.append(f"{name} vs {ref_name}: max error {e_ours:.3g} > 2 x {yardstick} "
                                 f"{e_yard:.3g} (PyTorch {q.dtype}: {e_lowp:.3g}, SDPA fused: "
                                 f"{e_sdpa:.3g})")

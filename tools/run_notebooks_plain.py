@@ -1,0 +1,57 @@
+"""Run every notebook's code cells top to bottom in one plain Python process per notebook.
+
+For machines without the Jupyter toolchain (the GPU machine has torch, triton and cupy but no
+nbclient): IPython magics and shell lines are skipped, ``display`` falls back to print, and
+figures go to the Agg backend. It checks that the GPU branches of the chapters run, which the
+CPU-only book build cannot. Usage: python tools/run_notebooks_plain.py [notebooks/NN_*.ipynb ...]
+"""
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+
+def code_of(path: Path) -> list[str]:
+    nb = json.loads(path.read_text())
+    cells = []
+    for c in nb["cells"]:
+        if c["cell_type"] != "code":
+            continue
+        lines = [l for l in "".join(c["source"]).splitlines()
+                 if not l.lstrip().startswith(("%", "!"))]
+        cells.append("\n".join(lines))
+    return cells
+
+
+def run(path: Path) -> bool:
+    try:
+        from IPython.display import display  # noqa: F401
+        ns = {"__name__": "__main__"}
+    except ImportError:
+        ns = {"__name__": "__main__", "display": print}
+    t0 = time.perf_counter()
+    for i, src in enumerate(code_of(path)):
+        try:
+            exec(compile(src, f"{path.name}[cell {i}]", "exec"), ns)
+        except Exception:
+            print(f"FAIL {path.name} cell {i}:\n{src[:400]}\n{traceback.format_exc()[-2500:]}")
+            return False
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    print(f"ok   {path.name} ({time.perf_counter() - t0:.1f} s)")
+    return True
+
+
+if __name__ == "__main__":
+    root = Path(__file__).resolve().parents[1]
+    paths = [Path(p).resolve() for p in sys.argv[1:]] or sorted((root / "notebooks").glob("*.ipynb"))
+    import os
+    os.chdir(root / "notebooks")
+    results = [run(p.resolve()) for p in paths]
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if all(results) else 1)
