@@ -28,12 +28,34 @@ def code_of(path: Path) -> list[str]:
     return cells
 
 
+def _stand_in_ipython():
+    """A minimal IPython.display where IPython is not installed: rich objects keep their text."""
+    import types
+
+    class _Rich:
+        def __init__(self, data=None, *args, **kwargs):
+            self.data = data
+
+        def __repr__(self):
+            return str(self.data)[:2000]
+
+    mod = types.ModuleType("IPython.display")
+    for name in ("Code", "Markdown", "HTML", "Image", "SVG", "Math", "Latex", "JSON"):
+        setattr(mod, name, type(name, (_Rich,), {}))
+    mod.display = lambda *objs, **kw: [print(repr(o)[:2000]) for o in objs]
+    pkg = types.ModuleType("IPython")
+    pkg.display = mod
+    sys.modules.setdefault("IPython", pkg)
+    sys.modules.setdefault("IPython.display", mod)
+
+
 def run(path: Path) -> bool:
     try:
-        from IPython.display import display  # noqa: F401
-        ns = {"__name__": "__main__"}
+        import IPython.display  # noqa: F401
     except ImportError:
-        ns = {"__name__": "__main__", "display": print}
+        _stand_in_ipython()
+    from IPython.display import display
+    ns = {"__name__": "__main__", "display": display}
     t0 = time.perf_counter()
     for i, src in enumerate(code_of(path)):
         try:
