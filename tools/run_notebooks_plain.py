@@ -45,6 +45,8 @@ def _stand_in_ipython():
     mod.display = lambda *objs, **kw: [print(repr(o)[:2000]) for o in objs]
     pkg = types.ModuleType("IPython")
     pkg.display = mod
+    pkg.version_info = (8, 0, 0)  # matplotlib and torch look at these when IPython is imported
+    pkg.get_ipython = lambda: None
     sys.modules.setdefault("IPython", pkg)
     sys.modules.setdefault("IPython.display", mod)
 
