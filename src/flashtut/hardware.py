@@ -210,29 +210,37 @@ def ceilings_from_rows(rows: list[dict], device_name: str, note: str) -> dict:
 # --- committed data ------------------------------------------------------------------------------
 
 def data_dir() -> Path:
-    """The book's ``book/data`` folder: ``$FLASHTUT_DATA`` if set, else the checkout this package
-    was installed from (editable install), else ``book/data`` above the working directory."""
-    env = os.environ.get("FLASHTUT_DATA")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2] / "book" / "data")
-    here = Path.cwd().resolve()
-    candidates += [p / "book" / "data" for p in (here, *here.parents)]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise FileNotFoundError(
-        "book/data not found: run from a checkout of the book's repository, or set FLASHTUT_DATA "
-        "to its book/data folder")
+    """The book's ``book/data`` folder (``$FLASHTUT_DATA`` if set); the search is
+    ``flashtut.results_data.local_data_dir``'s, so every chapter looks in the same places."""
+    from .results_data import local_data_dir
+
+    found = local_data_dir()
+    if found is None:
+        raise FileNotFoundError(
+            "book/data not found: run from a checkout of the book's repository, or set FLASHTUT_DATA "
+            "to its book/data folder (flashtut.results_data.data_path downloads single files)")
+    return found
 
 
 def load_roofline_data(path=None) -> dict:
-    """The committed copy bandwidth and matrix rates (``book/data/h200_roofline.json``), with
-    their ``provenance`` (device, whether provisional, how they were obtained)."""
-    path = Path(path) if path is not None else data_dir() / "h200_roofline.json"
+    """The committed copy bandwidth and matrix rates (``book/data/h200_roofline.json``, written by
+    ``python -m flashtut.bench roofline``), in the layout of :func:`ceilings_from_rows`, with the
+    file's ``provenance`` (device, versions, date, command) under ``provenance["measured"]``."""
+    from .results_data import data_path
+
+    path = Path(path) if path is not None else data_path("h200_roofline.json")
     data = json.loads(Path(path).read_text())
+    if "rows" in data:  # the benchmark tool's layout
+        prov = data.get("provenance", {})
+        name = (prov.get("device") or {}).get("name", "unknown GPU")
+        note = f"measured on {prov.get('date', '?')} with `{prov.get('command', '?')}`"
+        out = ceilings_from_rows(data["rows"], name, note)
+        out["provenance"]["measured"] = prov
+        return out
     for key in ("provenance", "copy_bandwidth_GBps", "matmul_tflops"):
         if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}; accepted: a file with provenance, "
+            raise ValueError(f"{path}: missing key {key!r}; accepted: the output of "
+                             "`python -m flashtut.bench roofline`, or a file with provenance, "
                              "copy_bandwidth_GBps and matmul_tflops")
     if not (isinstance(data["copy_bandwidth_GBps"], (int, float)) and math.isfinite(data["copy_bandwidth_GBps"])):
         raise ValueError(f"{path}: copy_bandwidth_GBps must be a number, got {data['copy_bandwidth_GBps']!r}")

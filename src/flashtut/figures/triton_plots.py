@@ -19,8 +19,8 @@ _IMPL_STYLE = {"triton": (PALETTE[0], "o", "flashtut Triton"),
 
 def load_h200() -> dict:
     """The committed H200 measurements of the Triton kernels (``book/data/triton_h200.json``)."""
-    from ..hardware import data_dir
-    return json.loads((data_dir() / "triton_h200.json").read_text())
+    from ..results_data import data_path
+    return json.loads(data_path("triton_h200.json").read_text())
 
 
 def program_grid_figure(n_q: int = 300, n_k: int = 300, block_m: int = 64, block_n: int = 64,
