@@ -28,9 +28,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not book"
 
-# on a GPU machine whose python already has torch/triton/cupy (no venv)
+# on a GPU machine whose python already has torch/triton/cupy (no venv). Triton autotuning is
+# off (each kernel compiles its first configuration) so the suite takes minutes, not an hour of
+# compiles; the benchmark (python -m flashtut.bench) autotunes.
 gpu-test:
-	PYTHONPATH=src $(PYTHON) -m pytest -m gpu -v
+	PYTHONPATH=src FLASHTUT_TRITON_AUTOTUNE=0 $(PYTHON) -m pytest -m gpu -q -rfE
 
 clean:
 	rm -rf _build .pytest_cache
