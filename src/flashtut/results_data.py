@@ -39,15 +39,52 @@ DATA_ENV = "FLASHTUT_DATA"
 #: the folder of the committed results, relative to the repository root
 REPO_DATA_DIR = "book/data"
 
-#: what each committed file (or family of files) holds and the command that makes it, run on a
-#: GPU from the repository root; book/data/README.md repeats these (a test keeps them in step)
+#: what each committed file (or family of files) holds and the command that makes it again, run on
+#: a GPU from the repository root; book/data/README.md repeats these (a test keeps them in step).
+#: Specific names come first: ``producer()`` answers with the first entry that matches. The
+#: H200 files were measured with ``FLASHTUT_TRITON_AUTOTUNE=0`` (Triton's first configuration;
+#: tools/gpu_final.sh sets it), which the files' provenance does not record, so it is written here.
+_SWEEP = ("FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --preset protocol --warmup-ms 5 "
+          "--rep-ms 25")
+_IMPLS = "naive,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda"
 PRODUCERS = {
-    "bench_h200*.json": ("speed rows of every implementation over the performance protocol",
+    "bench_h200_kernels.json": (
+        "our Triton and CUDA kernels and SDPA flash, D 64 and 128, N 4096 and 16384, both dtypes and "
+        "masks, forward and backward (the first H200 measurement; chapters 07 and 08, the perf logs)",
+        "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --impl triton,cuda,sdpa-flash -D 128,64 "
+        "-N 4096,16384 --dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "
+        "--warmup-ms 5 --rep-ms 40 --out book/data/bench_h200_kernels.json"),
+    "bench_h200_protocol.json": (
+        "the protocol sweep at D=128, float16, every implementation and the CUDA ladder",
+        f"{_SWEEP} -D 128 --dtype float16 --impl {_IMPLS},cuda-ladder --out book/data/bench_h200_protocol.json"),
+    "bench_h200_protocol_long.json": (
+        "D=128, float16, not causal, N 8192 and 16384: a second measurement of cases of "
+        "bench_h200_protocol.json",
+        f"{_SWEEP} -D 128 --dtype float16 --causal no -N 8192,16384 --impl {_IMPLS},cuda-ladder "
+        "--out book/data/bench_h200_protocol_long.json"),
+    "bench_h200_protocol_causal.json": (
+        "D=128, float16, causal, every N: a second measurement of cases of bench_h200_protocol.json",
+        f"{_SWEEP} -D 128 --dtype float16 --causal yes --impl {_IMPLS},cuda-ladder "
+        "--out book/data/bench_h200_protocol_causal.json"),
+    "bench_h200_protocol_d64.json": (
+        "the protocol sweep at D=64, float16, every implementation and the CUDA ladder",
+        f"{_SWEEP} -D 64 --dtype float16 --causal both --impl {_IMPLS},cuda-ladder "
+        "--out book/data/bench_h200_protocol_d64.json"),
+    "bench_h200_protocol_bf16.json": (
+        "the protocol sweep at D=128, bfloat16",
+        f"{_SWEEP} -D 128 --dtype bfloat16 --impl {_IMPLS} --out book/data/bench_h200_protocol_bf16.json"),
+    "bench_h200_protocol_d64_bf16.json": (
+        "the protocol sweep at D=64, bfloat16",
+        f"{_SWEEP} -D 64 --dtype bfloat16 --impl {_IMPLS} --out book/data/bench_h200_protocol_d64_bf16.json"),
+    "bench_h200*.json": ("speed rows of every implementation over the performance protocol (all the "
+                         "files above; the whole protocol again, in one file, with this command)",
                          "python -m flashtut.bench run --preset protocol --out book/data/bench_h200.json"),
     "memory_h200.json": ("peak extra memory of one forward against N",
-                         "python -m flashtut.bench memory --preset protocol --out book/data/memory_h200.json"),
+                         "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench memory --preset protocol "
+                         "--impl naive,sdpa-flash,triton,cuda --out book/data/memory_h200.json"),
     "h200_roofline.json": ("copy bandwidth and matrix-multiply rates",
-                           "python -m flashtut.bench roofline --out book/data/h200_roofline.json"),
+                           "python -m flashtut.bench roofline --dtype float16,bfloat16,float32,tf32 "
+                           "--out book/data/h200_roofline.json"),
     "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
                                "project's H200 anchor file", None),
     # the kernel chapters' own runs, in their scripts' layouts (rows with fwd_tflops/bwd_tflops)
