@@ -11,7 +11,8 @@
 #   sweep    the protocol sweep at D=128, fp16, every implementation (chapter 09)
 # Triton runs its first (default) configuration in the bench stages (FLASHTUT_TRITON_AUTOTUNE=0):
 # autotuning every key would spend the call compiling; the default is each search space's
-# first entry, within a few percent of the autotuned winner in book/data/triton_h200.json.
+# first entry: forward within a few percent of the autotuned winner in book/data/triton_h200.json,
+# backward up to 15% slower (perflog_triton.md compares the two).
 set -u
 OUT=${OUT:-.gpu_out}
 mkdir -p "$OUT"

@@ -2,7 +2,10 @@
 
 The measured ones take the rows of ``book/data/triton_h200.json`` (or rows of the same shape
 measured live on the reader's GPU). Every figure function returns a matplotlib Figure in the
-book's style; ``results_table`` returns Markdown.
+book's style; ``results_table`` returns Markdown. ``versus_flash_table`` and
+``final_measurement_markdown`` turn ``flashtut.bench`` speed rows (``bench_h200_kernels.json``,
+the Triton and the CUDA kernels against SDPA flash) into the tables of the perf logs' "Final
+measurement" sections; ``untuned_vs_tuned_lines`` compares that run with the autotuned one.
 """
 from __future__ import annotations
 
@@ -120,3 +123,106 @@ def results_table(rows) -> str:
                      f"| {r['bwd_tflops_triton']:.0f} | {r['bwd_tflops_sdpa_flash']:.0f} | {r['bwd_ratio']:.2f}x "
                      f"| {errs[0]} | {errs[1]} |")
     return head + "\n".join(lines)
+
+
+_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def versus_flash_rows(rows, impl: str) -> list[dict]:
+    """One dict per (D, N, dtype, causal) measured for ``impl`` in ``flashtut.bench`` speed rows
+    (``book/data/bench_h200_kernels.json``): TFLOP/s of ``impl`` and of SDPA flash per pass
+    (``fwd_ours``, ``fwd_flash``, ``bwd_ours``, ``bwd_flash``; a pass not measured is absent) and
+    whether every pass of ``impl`` met the accuracy check run before timing (``checked``).
+    Sorted D = 128 first, then N, dtype (fp16 first) and causal."""
+    found: dict = {}
+    for r in rows:
+        if r.get("kind") != "speed" or r.get("status") != "ok" or r.get("impl") not in (impl, "sdpa-flash"):
+            continue
+        key = (r["D"], r["N"], r["dtype"], bool(r["causal"]))
+        side = "ours" if r["impl"] == impl else "flash"
+        entry = found.setdefault(key, {"D": key[0], "N": key[1], "dtype": key[2], "causal": key[3],
+                                       "checked": True})
+        entry[f"{r['mode']}_{side}"] = r["tflops"]
+        if side == "ours":
+            entry["checked"] = entry["checked"] and bool(r.get("passed"))
+    order = {"float16": 0, "bfloat16": 1}
+    out = [e for e in found.values() if any(f"{m}_ours" in e and f"{m}_flash" in e for m in ("fwd", "bwd"))]
+    return sorted(out, key=lambda e: (-e["D"], e["N"], order.get(e["dtype"], 2), e["causal"]))
+
+
+def versus_flash_table(rows, impl: str, modes=("fwd", "bwd")) -> str:
+    """Markdown: for each shape, TFLOP/s of ``impl`` and of SDPA flash per pass in ``modes`` and
+    their ratio (ours / flash; the FLOP count is the same, so it is also flash's time / ours),
+    then one line per pass with the smallest and largest ratio. Rows: ``flashtut.bench`` speed
+    rows holding ``impl`` and ``sdpa-flash``."""
+    for m in modes:
+        if m not in ("fwd", "bwd"):
+            raise ValueError(f"modes: got {m!r}; accepted: 'fwd' and/or 'bwd'")
+    table = versus_flash_rows(rows, impl)
+    if not table:
+        raise ValueError(f"rows: no speed rows of both {impl!r} and 'sdpa-flash'")
+    head = "| D | N | dtype | causal |"
+    rule = "|---:|---:|---|---|"
+    for m in modes:
+        head += f" {m} ours | {m} SDPA flash | {m} ratio |"
+        rule += "---:|---:|---:|"
+    head += " checked |"
+    rule += "---|"
+    lines = [head, rule]
+    ratios: dict = {m: [] for m in modes}
+    for e in table:
+        line = f"| {e['D']} | {e['N']} | {_SHORT_DTYPE.get(e['dtype'], e['dtype'])} | {'yes' if e['causal'] else 'no'} |"
+        for m in modes:
+            ours, flash = e.get(f"{m}_ours"), e.get(f"{m}_flash")
+            if ours is None or flash is None:
+                line += " | | |"
+                continue
+            ratios[m].append(ours / flash)
+            line += f" {ours:.1f} | {flash:.1f} | {ours / flash:.2f} |"
+        line += " yes |" if e["checked"] else " **no** |"
+        lines.append(line)
+    names = {"fwd": "forward", "bwd": "backward"}
+    summary = [f"- {names[m]}: ours / SDPA flash from {min(v):.2f} to {max(v):.2f} over {len(v)} shapes"
+               for m, v in ratios.items() if v]
+    return "\n".join(lines) + "\n\n" + "\n".join(summary)
+
+
+def final_measurement_markdown(impl: str, modes=("fwd", "bwd"),
+                               name: str = "bench_h200_kernels.json") -> str:
+    """The perf logs' "Final measurement" section body: the provenance of the committed file
+    ``name`` and :func:`versus_flash_table` of its rows. Printed by
+
+        python -c "from flashtut.figures import triton_plots as t; print(t.final_measurement_markdown('triton'))"
+    """
+    from ..results_data import load_results
+    rows, prov = load_results(name)
+    p = prov[0]
+    dev = p.get("device") or {}
+    ver = p.get("versions") or {}
+    cfg = p.get("config") or {}
+    head = (f"Data: `book/data/{p['file']}` ({dev.get('name', '?')}, {p.get('date', '?')}; torch "
+            f"{ver.get('torch', '?')}, triton {ver.get('triton', '?')}, CUDA {ver.get('cuda', '?')}). "
+            f"TFLOP/s per the protocol ({cfg.get('tokens')} tokens per batch, hidden {cfg.get('hidden')}), "
+            f"timer `{rows[0].get('timer', '?')}`; \"checked\": the error check before timing passed. "
+            f"Command: `{p.get('command')}`.")
+    return head + "\n\n" + versus_flash_table(rows, impl, modes)
+
+
+def untuned_vs_tuned_lines(rows, tuned_rows) -> str:
+    """Markdown lines comparing Triton rows of a ``flashtut.bench`` file (autotuning off) with
+    the autotuned run of ``book/data/triton_h200.json`` (its ``rows``), shape by shape: the
+    smallest and largest ratio untuned / autotuned TFLOP/s per pass and per head dimension."""
+    tuned = {(r["D"], r["N"], r["dtype"], bool(r["causal"])): r for r in tuned_rows}
+    ratios: dict = {}
+    for e in versus_flash_rows(rows, "triton"):
+        t = tuned.get((e["D"], e["N"], e["dtype"], e["causal"]))
+        if t is None:
+            continue
+        for m in ("fwd", "bwd"):
+            if f"{m}_ours" in e:
+                ratios.setdefault((m, e["D"]), []).append(e[f"{m}_ours"] / t[f"{m}_tflops_triton"])
+    if not ratios:
+        raise ValueError("rows, tuned_rows: no shape measured in both")
+    names = {"fwd": "forward", "bwd": "backward"}
+    return "\n".join(f"- {names[m]}, D = {d}: untuned / autotuned from {min(v):.2f} to {max(v):.2f} "
+                     f"over {len(v)} shapes" for (m, d), v in sorted(ratios.items(), key=lambda x: (x[0][0] != "fwd", -x[0][1])))
