@@ -313,3 +313,24 @@ def test_autograd_reference_matches_library_backward(gen):
         got = flashtut.tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=0.3, block_m=8, block_n=16)
         for g, w in zip(got, ch06.autograd_grads(q, k, v, do, causal=causal, scale=0.3)):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_traffic_figure_defaults_are_the_hardware_tables_shared_memory():
+    import inspect
+
+    from flashtut.hardware import GPUS
+    default = inspect.signature(tiling_diagrams.hbm_traffic_figure).parameters["sram_kib"].default
+    assert default == (GPUS["T4"].smem_per_block_kib, GPUS["H200-SXM"].smem_per_block_kib)
+
+
+def test_recomputation_beats_the_round_trip_of_p_on_every_listed_gpu():
+    # chapter 06: per score, a 16-bit write and read of P (4 bytes at W) against the 2d FLOPs
+    # that recompute it (at F); the prose says the round trip is the slower one everywhere
+    from flashtut.hardware import GPUS
+    for key in ("T4", "A100-80GB", "H200-SXM"):
+        gpu = GPUS[key]
+        for d in (64, 128):
+            round_trip = 4 / (gpu.memory_bandwidth_gbps * 1e9)
+            product = 2 * d / (gpu.peak_tflops(torch.float16) * 1e12)
+            assert round_trip / product == pytest.approx(2 * gpu.ridge_point(torch.float16) / d)
+            assert round_trip > product, (key, d)

@@ -18,8 +18,9 @@ def _randint(gen: torch.Generator, lo: int, hi: int) -> int:
 
 
 def _rows(gen: torch.Generator, rows: int, n: int) -> torch.Tensor:
-    """Rows of logits a few units apart around offsets of hundreds (``exp`` of them overflows
-    even float64 without a max subtracted), some with the maximum in their last column."""
+    """Rows of logits a few units apart around per-row offsets of hundreds to thousands (``exp``
+    of them overflows even float64 without a max subtracted), some with the maximum in their last
+    column."""
     offset = 1000.0 * torch.randn(rows, 1, generator=gen, dtype=torch.float64)
     x = offset + 4.0 * torch.randn(rows, n, generator=gen, dtype=torch.float64)
     late = torch.rand(rows, generator=gen) < 0.5

@@ -84,10 +84,12 @@ def loop_order_figure(n_q_blocks: int = 4, n_k_blocks: int = 4, causal: bool = F
     return fig
 
 
-def hbm_traffic_figure(d: int = 64, sram_kib=(64, 192), ns=None, elem_bytes: int = 2):
+def hbm_traffic_figure(d: int = 64, sram_kib=(64, 227), ns=None, elem_bytes: int = 2):
     """HBM traffic (bytes, one head) against sequence length ``N`` on log-log axes: the standard
     algorithm, and FlashAttention in both loop orders for SRAM sizes of ``sram_kib`` KiB (tiles
-    sized by ``io_complexity.block_sizes_for_sram``). Returns the ``Figure``."""
+    sized by ``io_complexity.block_sizes_for_sram``). The default sizes are the shared memory one
+    thread block may use on a T4 and on an H100/H200 (``flashtut.hardware.GPUS``). Returns the
+    ``Figure``."""
     if ns is None:
         ns = [2 ** p for p in range(9, 15)]
     if not sram_kib:
