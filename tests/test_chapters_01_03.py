@@ -31,6 +31,11 @@ def test_gpu_table_is_sane():
         assert 100 < g.ridge_point(torch.float16) < 400
     t4, h100, h200 = hardware.GPUS["T4"], hardware.GPUS["H100-SXM"], hardware.GPUS["H200-SXM"]
     assert t4.bf16_tensor_tflops is None and t4.smem_per_block_kib == 64
+    # TF32 (Ampere and newer) runs at half the 16-bit tensor rate; Turing has none
+    assert t4.tf32_tensor_tflops is None
+    for g in hardware.GPUS.values():
+        if g.compute_capability >= (8, 0):
+            assert g.tf32_tensor_tflops == pytest.approx(g.fp16_tensor_tflops / 2, rel=0.01)
     with pytest.raises(ValueError, match="bfloat16"):
         t4.peak_tflops(torch.bfloat16)
     # the H200 is an H100 with more and faster memory
@@ -196,6 +201,46 @@ def test_peak_extra_memory_on_cpu_sees_the_score_matrix():
     assert 1.5 * s < got < 4 * s
 
 
+def test_naive_attention_peak_matches_the_committed_h200_measurement():
+    # book/data/memory_h200.json: torch.cuda.max_memory_allocated around one naive_attention call
+    from flashtut import results_data
+    rows, _ = results_data.load_results("memory_h200.json")
+    naive = [r for r in rows if r["impl"] == "naive" and r["status"] == "ok"]
+    assert len(naive) >= 4
+    for r in naive:
+        want = memory.naive_attention_peak_bytes(r["B"], r["H"], r["Nq"], r["D"], getattr(torch, r["dtype"]),
+                                                 Nk=r["Nk"], causal=r["causal"])
+        assert want == r["peak_extra_bytes"], (r["N"], want, r["peak_extra_bytes"])
+
+
+def test_naive_attention_peak_by_dtype_and_mask():
+    B, H, N, Nk, D = 2, 3, 40, 56, 24
+    nn32 = B * H * N * Nk * 4
+    # float32 inputs: no casts, so S, P and the output of P V are all that is added
+    assert memory.naive_attention_peak_bytes(B, H, N, D, torch.float32, Nk=Nk) == 2 * nn32 + B * H * N * D * 4
+    # float16 inputs: the float32 copy of V and the float32 P V as well
+    assert (memory.naive_attention_peak_bytes(B, H, N, D, torch.float16, Nk=Nk)
+            == 2 * nn32 + B * H * Nk * D * 4 + B * H * N * D * 4)
+    # float64 keeps scores in float64
+    assert memory.naive_attention_peak_bytes(B, H, N, D, torch.float64, Nk=Nk) == 2 * 2 * nn32 + B * H * N * D * 8
+    # the causal mask (one byte per score, shared by batch and heads) is alive next to two score copies
+    small_d = memory.naive_attention_peak_bytes(1, 1, 512, 2, torch.float32, causal=True)
+    assert small_d == 2 * 512 * 512 * 4 + 512 * 512
+    with pytest.raises(ValueError, match="causal"):
+        memory.naive_attention_peak_bytes(1, 1, 4, 2, causal=1)
+    with pytest.raises(ValueError, match="dtype"):
+        memory.naive_attention_peak_bytes(1, 1, 4, 2, torch.int8)
+
+
+@pytest.mark.gpu
+def test_naive_attention_peak_on_gpu():
+    B, H, N, D = 1, 4, 1024, 64
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    fn = lambda: flashtut.naive_attention(q, k, v)                      # noqa: E731
+    memory.peak_extra_memory(fn, "cuda")
+    assert memory.peak_extra_memory(fn, "cuda") == memory.naive_attention_peak_bytes(B, H, N, D, torch.float16)
+
+
 def test_softmax_pass_table():
     passes = {p.algorithm: p for p in memory.SOFTMAX_PASSES}
     assert passes["safe, three passes"].reads_of_x == 3
@@ -219,6 +264,12 @@ def test_figures_return_figures():
         softmax_plots.exp_overflow_figure(),
         softmax_plots.safe_softmax_passes_figure(torch.randn(9) * 5 + 30),
     ]
+    labels = [t.get_text() for t in figs[1].legends[0].get_texts()]
+    assert "measured peak extra memory" in labels
+    assert any("S and P fit up to N = 11,180" in t for t in labels)   # 2 * 16 * 4 * 11180^2 <= 16e9
+    named = memory_plots.attention_memory_figure(1, 16, 128, measured={1024: 6e7}, measured_label="H200 run")
+    assert "H200 run" in [t.get_text() for t in named.legends[0].get_texts()]
+    figs.append(named)
     import matplotlib.pyplot as plt
     for f in figs:
         assert isinstance(f, Figure)
@@ -260,6 +311,10 @@ def _wrong_attention_raises(q, k, v, causal=False, scale=None):
      [lambda i, p, b: torch.clamp(b * i, max=p), lambda i, p, b: b * 1e9 * i / 1e12]),
     (ch01.check_matmul_intensity, ch01.solution_matmul_intensity,
      [lambda M, N, K, e: 2 * M * N * K / ((M * K + K * N) * e), lambda M, N, K, e: M * N * K / ((M * K + K * N + M * N) * e)]),
+    (ch01.check_unfused_intensities, ch01.solution_unfused_intensities,
+     [lambda N, D, i, s: ch01.solution_unfused_intensities(N, D, i, i),        # scores as narrow as inputs
+      lambda N, D, i, s: ch01.solution_unfused_intensities(N, D, i, s)[:2],    # a kernel missing
+      lambda N, D, i, s: (2 * D / s, 5 / (2 * s), 2 * D / s)]),                # N x d traffic left out
     (ch02.check_attention, ch02.solution_attention,
      [_wrong_attention_no_scale, _wrong_attention_no_mask, _wrong_attention_raises]),
     (ch02.check_max_seq_len, ch02.solution_max_seq_len,

@@ -3,7 +3,9 @@
 The table holds vendor figures (datasheets and architecture whitepapers, named in each entry's
 ``source``); the CUDA C++ Programming Guide's table of compute capabilities gives the shared-memory
 limits. Tensor-core rates are *dense* (the datasheets also print a figure "with sparsity", twice
-as large, that only 2:4-sparse matrices reach). Capacities and bandwidths are in the vendor's
+as large, that only 2:4-sparse matrices reach); the TF32 rate is the tensor cores' rate for
+float32 matrices rounded to TF32, which Ampere introduced and PyTorch uses only when
+``torch.backends.cuda.matmul.allow_tf32`` is on. Capacities and bandwidths are in the vendor's
 decimal units: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes per second.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ class GPUSpec:
     bf16_tensor_tflops: float | None  # None: no bf16 tensor cores
     fp32_tflops: float               # plain fp32 on the CUDA cores (no tensor cores)
     source: str
+    tf32_tensor_tflops: float | None = None  # dense TF32 (Ampere and newer); None: no TF32 mode
 
     @property
     def memory_bytes(self) -> float:
@@ -90,28 +93,32 @@ GPUS: dict[str, GPUSpec] = {
         smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
         boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
         source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
-               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE),
+               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE,
+        tf32_tensor_tflops=156),
     "A100-80GB": GPUSpec(
         name="A100 80GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
         memory_gb=80, memory_type="HBM2e", memory_bandwidth_gbps=2039, sm_count=108,
         smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
         boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
         source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
-               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE),
+               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE,
+        tf32_tensor_tflops=156),
     "H100-SXM": GPUSpec(
         name="H100 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
         memory_gb=80, memory_type="HBM3", memory_bandwidth_gbps=3350, sm_count=132,
         smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
         boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
         source="NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/); "
-               "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE),
+               "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE,
+        tf32_tensor_tflops=494.7),
     "H200-SXM": GPUSpec(
         name="H200 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
         memory_gb=141, memory_type="HBM3e", memory_bandwidth_gbps=4800, sm_count=132,
         smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
         boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
         source="NVIDIA H200 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h200/), "
-               "same GH100 compute as the H100 SXM; " + _CUDA_GUIDE),
+               "same GH100 compute as the H100 SXM; " + _CUDA_GUIDE,
+        tf32_tensor_tflops=494.7),
 }
 
 

@@ -98,6 +98,36 @@ def format_table(rows: list[MemoryRow]) -> str:
     return "\n".join(lines)
 
 
+def naive_attention_peak_bytes(B: int, H: int, N: int, D: int, dtype: torch.dtype = torch.float16,
+                               Nk: int | None = None, causal: bool = False) -> int:
+    """The extra memory of one call of ``flashtut.naive_attention`` at its peak (output included),
+    predicted by following its code statement by statement and adding up the tensors alive at
+    each step; what a measurement such as ``torch.cuda.max_memory_allocated`` should report, up
+    to the allocator's rounding of each block (512 bytes on CUDA).
+
+    Scores and probabilities are in the accumulation dtype ``acc`` (float32, float64 for float64
+    inputs); a cast ``x.to(acc)`` allocates only when ``dtype`` is not already ``acc``.
+    """
+    Nk = N if Nk is None else Nk
+    _check_dims(B=B, H=H, N=N, D=D, Nk=Nk)
+    _check_dtype("dtype", dtype)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    cast = dtype != acc
+    nn = tensor_bytes((B, H, N, Nk), acc)
+    q_acc, k_acc, v_acc, o_acc = (tensor_bytes((B, H, n, D), acc) for n in (N, Nk, Nk, N))
+    steps = [
+        cast * (q_acc + k_acc) + nn,             # S0 = q.to(acc) @ k.to(acc)^T
+        2 * nn,                                  # S1 = S0 * scale, while S0 is still alive
+        2 * nn + cast * v_acc + o_acc,           # s and P alive; v.to(acc) and P V
+        2 * nn + o_acc + cast * tensor_bytes((B, H, N, D), dtype),   # (P V).to(dtype)
+    ]
+    if causal:                                   # s.masked_fill(mask, -inf): old s, mask, new s
+        steps.append(2 * nn + N * Nk * torch.empty((), dtype=torch.bool).element_size())
+    return max(steps)
+
+
 def max_seq_len(capacity_bytes: float, B: int, H: int, dtype: torch.dtype = torch.float16,
                 n_matrices: int = 1) -> int:
     """The largest ``N`` for which ``n_matrices`` score matrices of shape ``(B, H, N, N)`` fit in

@@ -1,4 +1,5 @@
-"""Chapter 01 exercises: the roofline and the arithmetic intensity of a matrix multiply.
+"""Chapter 01 exercises: the roofline, the arithmetic intensity of a matrix multiply, and of
+unfused attention's kernels when the scores are wider than the inputs.
 
 Each ``check_*`` runs the reader's function on random inputs and returns a
 :class:`~flashtut.exercises.checker.CheckResult` that says which inputs give a wrong answer and
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..hardware import GPUS, attainable_tflops
-from ..memory import matmul_traffic
+from ..memory import SOFTMAX_FLOPS_PER_ELEMENT, matmul_traffic, naive_attention_kernels
 from .checker import CheckResult, compare, run_trials
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
@@ -80,3 +81,54 @@ def solution_matmul_intensity(M, N, K, bytes_per_element):
     """Worked solution of exercise 1.2: ``2 M N K`` FLOPs (one multiply and one add per term)
     over the bytes of A, B and C."""
     return 2 * M * N * K / ((M * K + K * N + M * N) * bytes_per_element)
+
+
+# --- Exercise 1.3: where unfused attention sits when the scores are wider ------------------------
+
+def _unfused_intensities_reference(N, D, in_bytes, score_bytes):
+    kernels = naive_attention_kernels(1, 1, N, D, _DTYPE_OF_SIZE[in_bytes],
+                                      score_dtype=_DTYPE_OF_SIZE[score_bytes])
+    return [k.intensity for k in kernels]
+
+
+def check_unfused_intensities(fn, cases: int = 30, seed: int = 0) -> CheckResult:
+    """Check ``fn(N, D, in_bytes, score_bytes) -> (I_qk, I_softmax, I_pv)``: the FLOP per byte of
+    ``S = Q K^T``, ``P = softmax(S)`` and ``O = P V`` for one batch entry and head, with Q, K, V, O
+    of ``in_bytes`` per element and S, P of ``score_bytes``, each kernel reading its inputs once
+    and writing its output once, and the softmax counted at
+    ``flashtut.memory.SOFTMAX_FLOPS_PER_ELEMENT`` operations per score. Random N and D; element
+    sizes 2, 4 and 8, scores as wide as the inputs or wider."""
+    gen = torch.Generator().manual_seed(seed)
+    args = []
+    for _ in range(cases):
+        in_bytes = (2, 4)[_randint(gen, 0, 2)]
+        score_bytes = (2, 4, 8)[_randint(gen, 0, 3)]
+        args.append((_randint(gen, 1, 20000), (16, 32, 64, 80, 128, 256)[_randint(gen, 0, 6)],
+                     in_bytes, max(in_bytes, score_bytes)))
+    got = []
+    for a in args:
+        try:
+            values = [float(x) for x in fn(*a)]
+        except Exception as exc:  # report the reader's error with the input that caused it
+            return CheckResult(False, f"✗ fn{a} raised {type(exc).__name__}: {exc}")
+        if len(values) != 3:
+            return CheckResult(False, f"✗ fn{a} returned {len(values)} values; expected 3 "
+                                      "(QK^T, softmax, PV)")
+        got.append(values)
+    want = torch.tensor([_unfused_intensities_reference(*a) for a in args], dtype=torch.float64)
+    res = compare(torch.tensor(got, dtype=torch.float64), want, atol=1e-9, rtol=1e-9, name="FLOP/byte")
+    if not res.ok:
+        res.message += ("\n  positions are (case, kernel) with kernel 0 = QK^T, 1 = softmax, 2 = PV; "
+                        "the (N, D, in_bytes, score_bytes) of those cases: "
+                        + ", ".join(str(args[p[0]]) for p in res.bad_positions))
+    return res
+
+
+def solution_unfused_intensities(N, D, in_bytes, score_bytes):
+    """Worked solution of exercise 1.3: the same FLOPs as before, but every byte of S and P now
+    costs ``score_bytes``; Q, K, V and O keep ``in_bytes``."""
+    nd, nn = N * D, N * N
+    qk = 2 * nn * D / (2 * nd * in_bytes + nn * score_bytes)
+    softmax = SOFTMAX_FLOPS_PER_ELEMENT * nn / (2 * nn * score_bytes)
+    pv = 2 * nn * D / (nn * score_bytes + 2 * nd * in_bytes)
+    return qk, softmax, pv

@@ -15,11 +15,12 @@ def attention_memory_figure(B: int, H: int, D: int, dtype: torch.dtype = torch.f
                             Ns: Sequence[int] = tuple(2 ** k for k in range(9, 18)),
                             capacities: Mapping[str, float] | None = None,
                             score_dtype: torch.dtype | None = None,
-                            measured: Mapping[int, float] | None = None):
+                            measured: Mapping[int, float] | None = None,
+                            measured_label: str = "measured peak extra memory"):
     """Bytes against sequence length ``N`` on log axes: Q, K, V and O together (linear in N) and
     the score matrices S and P (quadratic), with a dashed line per GPU capacity in ``capacities``
     (label -> bytes) and a marker where S and P stop fitting. ``measured`` (N -> bytes) adds
-    measured peaks. Returns the matplotlib ``Figure``."""
+    measured peaks, labelled ``measured_label``. Returns the matplotlib ``Figure``."""
     Ns = sorted(int(n) for n in Ns)
     if len(Ns) < 2 or Ns[0] < 1:
         raise ValueError(f"Ns must hold at least two positive lengths, got {Ns}")
@@ -39,7 +40,7 @@ def attention_memory_figure(B: int, H: int, D: int, dtype: torch.dtype = torch.f
     if measured:
         mN = sorted(measured)
         ax.plot(mN, [measured[n] / MiB for n in mN], "^", color=PALETTE[1], ms=8,
-                label="measured peak extra memory")
+                label=measured_label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N")
