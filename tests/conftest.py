@@ -27,3 +27,18 @@ def pytest_collection_modifyitems(config, items):
 def gen():
     """A seeded CPU generator: every test draws fresh random inputs, reproducibly."""
     return torch.Generator().manual_seed(1234)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Keep the CUDA compiler's resource report (registers, shared memory, stack, spills of every
+    kernel build, recorded by tests/test_cuda_compile.py) in the test output, passed or not."""
+    lines = []
+    for outcome in ("passed", "failed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if rep.when == "call" and "test_cuda_compile" in rep.nodeid:
+                # each property holds one line per kernel and architecture, joined by "; "
+                lines += [part for _, value in rep.user_properties for part in str(value).split("; ")]
+    if lines:
+        terminalreporter.section("CUDA resource report (ptxas -v, from tests/test_cuda_compile.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
