@@ -22,6 +22,7 @@ import torch
 
 from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
 from . import compile as cc
+from .forward import check_gpu_support
 
 #: head dims the kernels are built for
 HEAD_DIMS = (64, 128)
@@ -131,20 +132,8 @@ def _check(q, k, v, o, lse, do, causal, scale):
                          f"{', '.join(map(str, HEAD_DIMS))}")
     if B * H > 65535:
         raise ValueError(f"B * H = {B * H} exceeds the grid's y limit; accepted: at most 65535")
-    if not torch.cuda.is_available():
-        raise RuntimeError("the CUDA backward needs a CUDA GPU and torch sees none; run on a GPU "
-                           "machine (on Colab: Runtime > Change runtime type > GPU)")
-    if not q.is_cuda:
-        raise ValueError(f"q, k, v, o, do and lse must be CUDA tensors, got them on {q.device}; "
-                         f"accepted: a CUDA device (move them with .cuda())")
-    major, minor = torch.cuda.get_device_capability(q.device)
-    if major < 7 or (major == 7 and minor < 5):
-        raise RuntimeError(f"the CUDA backward needs sm_75 or newer (tensor-core mma.sync, ldmatrix), "
-                           f"this GPU is sm_{major}{minor}")
-    if q.dtype == torch.bfloat16 and major < 8:
-        raise RuntimeError(f"bfloat16 needs sm_80 or newer (bf16 tensor cores); this GPU is "
-                           f"sm_{major}{minor}: use float16 here")
-    return B, H, Nq, Nk, D, causal, scale, major * 10 + minor
+    arch = check_gpu_support(q, "the CUDA backward")
+    return B, H, Nq, Nk, D, causal, scale, arch
 
 
 def _ready(t: torch.Tensor) -> torch.Tensor:

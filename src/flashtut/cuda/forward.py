@@ -79,29 +79,39 @@ def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, sm
     raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
 
 
+def check_gpu_support(x: torch.Tensor, what: str) -> int:
+    """The device checks every CUDA entry point shares (forward and backward): a GPU, ``x`` on it,
+    sm_75 or newer (tensor-core mma and ldmatrix), bfloat16 only from sm_80. Returns the GPU's
+    architecture as an int (75, 80, 90, ...)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA GPU and torch sees none; run on a GPU machine "
+                           "(Colab: Runtime > Change runtime type > GPU), or use "
+                           "flashtut.tiled_attention on the CPU")
+    if not x.is_cuda:
+        raise ValueError(f"the tensors must be CUDA tensors for {what}, got device {x.device}; "
+                         f"accepted: a cuda device (move them with .cuda())")
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if major < 7 or (major == 7 and minor < 5):
+        raise RuntimeError(f"{what} needs sm_75 or newer (tensor-core mma and ldmatrix); "
+                           f"this GPU is sm_{major}{minor}")
+    if x.dtype == torch.bfloat16 and major < 8:
+        raise RuntimeError(f"bfloat16 needs sm_80 or newer (A100, L4, H100 ...); this GPU is "
+                           f"sm_{major}{minor} (a T4 is sm_75): use float16")
+    return major * 10 + minor
+
+
 def check_cuda_inputs(q, k, v):
     """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``."""
     B, H, Nq, Nk, D = check_qkv(q, k, v)
-    if not torch.cuda.is_available():
-        raise RuntimeError("flashtut.cuda kernels need a CUDA GPU and torch sees none; run on a GPU "
-                           "machine (Colab: Runtime > Change runtime type > GPU), or use "
-                           "flashtut.tiled_attention on the CPU")
-    if not q.is_cuda:
-        raise ValueError(f"q, k and v must be CUDA tensors for the CUDA kernels, got device {q.device}; "
-                         f"accepted: a cuda device (move them with .cuda())")
+    # what is missing from the environment is said first (a CPU-only reader learns that a GPU is
+    # needed before being told about head dims)
+    check_gpu_support(q, "the CUDA forward kernels")
     if q.dtype not in DTYPE_DEFINES:
         raise ValueError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the CUDA kernels accept "
                          f"float16 or bfloat16")
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels; accepted: "
                          f"{', '.join(map(str, HEAD_DIMS))}")
-    major, minor = torch.cuda.get_device_capability(q.device)
-    if major < 7 or (major == 7 and minor < 5):
-        raise RuntimeError(f"the CUDA kernels need sm_75 or newer (tensor-core mma and ldmatrix); "
-                           f"this GPU is sm_{major}{minor}")
-    if q.dtype == torch.bfloat16 and major < 8:
-        raise RuntimeError(f"bfloat16 needs sm_80 or newer (A100, L4, H100 ...); this GPU is "
-                           f"sm_{major}{minor} (a T4 is sm_75): use float16")
     if B * H > 65535:
         raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
     return B, H, Nq, Nk, D
@@ -160,26 +170,12 @@ def runtime_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfi
             for variant in VARIANTS for dt in dtypes for d in HEAD_DIMS]
 
 
-def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
-    """Median milliseconds of ``fn()`` on the GPU: ``triton.testing.do_bench`` when triton is
-    there, else CUDA events around each call; warm-up calls (and compilation) are excluded."""
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        do_bench = None
-    if do_bench is not None:
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(sorted(times)[len(times) // 2])
+def time_ms(fn) -> float:
+    """Median milliseconds of ``fn()`` on the GPU, with the benchmark's timer
+    (``flashtut.bench.timing.time_fn``: ``triton.testing.do_bench``, else CUDA events)."""
+    from ..bench.timing import time_fn
+
+    return time_fn(fn, "cuda")
 
 
 def ladder_tflops(N: int = 2048, D: int = 128, H: int = 16, B: int = 1, dtype=torch.float16,
