@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The lead's single H200 call: every GPU test, then the measurements behind the issue notes and
-# chapters 01 and 09, all through `python -m flashtut.bench` in one process per stage.
+# The morning H200 call: every GPU test, then the measurements behind the kernel chapters, chapter
+# 01's roofline and chapter 09's memory figure, through `python -m flashtut.bench`, one process per
+# stage. The protocol sweep of chapter 09 is tools/gpu_protocol.sh.
 #   OUT=/some/dir bash tools/gpu_final.sh
 # Stages (each with its own time limit, so a slow one cannot starve the rest; every bench stage
 # rewrites its JSON as it goes, so a stage cut off by its limit keeps what it measured):
@@ -8,7 +9,6 @@
 #   kernels  triton, cuda and SDPA flash, fwd and bwd: D 128 and 64, N 4096 and 16384, fp16/bf16, causal or not
 #   roofline copy bandwidth and matmul rates (chapter 01)
 #   memory   peak extra memory of one forward against N (chapter 09)
-#   sweep    the protocol sweep at D=128, fp16, every implementation (chapter 09)
 # Triton runs its first (default) configuration in the bench stages (FLASHTUT_TRITON_AUTOTUNE=0):
 # autotuning every key would spend the call compiling; the default is each search space's
 # first entry: forward within a few percent of the autotuned winner in book/data/triton_h200.json,
@@ -19,19 +19,13 @@ mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 FLASHTUT_TRITON_AUTOTUNE=0
 LOG="$OUT/run.log"
 B="python3 -m flashtut.bench"
-stage() { echo "== $1 $(date -u +%H:%M:%S)" | tee -a "$LOG"; }
+. "$(dirname "$0")/gpu_common.sh"
 
 stage info
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
-  python3 -c 'import sys, torch, triton, cupy; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, "cupy", cupy.__version__)'
-  git log -1 --format='commit %H' 2>/dev/null; } >> "$LOG" 2>&1
+machine_info
 
 stage tests
-if python3 -c "import xdist" 2>/dev/null; then W="-n 8"; else W=""; fi
-timeout "${T_TESTS:-230}" python3 -m pytest -m gpu $W -p no:cacheprovider -q -rfE --tb=short \
-    > "$OUT/gpu_tests.log" 2>&1
-echo "pytest rc=$?" | tee -a "$OUT/gpu_tests.log" "$LOG"
-tail -4 "$OUT/gpu_tests.log" | tee -a "$LOG"
+gpu_tests "${T_TESTS:-230}" "$OUT/gpu_tests.log"
 
 stage kernels
 timeout "${T_KERNELS:-170}" $B run --impl triton,cuda,sdpa-flash -D 128,64 -N 4096,16384 \
@@ -48,9 +42,4 @@ timeout "${T_MEM:-60}" $B memory --preset protocol --impl naive,sdpa-flash,trito
     --out "$OUT/memory_h200.json" >> "$LOG" 2>&1
 echo "memory rc=$?" | tee -a "$LOG"
 
-stage sweep
-timeout "${T_SWEEP:-100}" $B run --preset protocol -D 128 --dtype float16 \
-    --impl naive,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda,cuda-ladder \
-    --warmup-ms 5 --rep-ms 25 --no-progress --out "$OUT/bench_h200_protocol.json" >> "$LOG" 2>&1
-echo "sweep rc=$?" | tee -a "$LOG"
 stage done

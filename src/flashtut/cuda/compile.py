@@ -4,7 +4,7 @@ The ``.cu`` files next to this module are plain CUDA C: each compiles as-is with
 ``nvcc -std=c++17`` and through NVRTC with exactly the options :func:`nvrtc_options` returns.
 Everything that varies between builds (element type, head dim, variant) goes in as ``-D``
 defines, and every define has an ``#ifndef`` default in the source, so one file serves every
-configuration and the build is cached per (GPU architecture, source text, kernel, defines).
+configuration and the build is cached per (GPU architecture, source, kernel, defines).
 
 Conventions the kernel files follow (forward and backward alike):
 
@@ -116,29 +116,67 @@ def load_source(source: str) -> str:
     return _INCLUDE.sub(expand, source)
 
 
+def _device_index(device=None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+# A GPU's capability and limits never change while the process runs; torch answers each query
+# through a properties lookup, which every kernel call would otherwise pay again.
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_optin(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    for attr in ("shared_memory_per_block_optin", "max_shared_memory_per_block_optin"):
+        if hasattr(props, attr):
+            return int(getattr(props, attr))
+    return 48 * 1024
+
+
+def capability(device=None) -> tuple[int, int]:
+    """``(major, minor)`` of ``device`` (the current CUDA device by default), asked once per GPU."""
+    return _capability(_device_index(device))
+
+
 def device_arch(device=None) -> str:
     """``"90"`` for an H100/H200, ``"75"`` for a T4 ... (the current CUDA device by default)."""
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = capability(device)
     return f"{major}{minor}"
 
 
 @functools.lru_cache(maxsize=None)
-def _build(arch: str, text: str, kernel: str, options: tuple[str, ...]):
+def _function(arch: str, source: str, kernel: str, defines: tuple):
+    # one build per (arch, source, kernel, defines) and process: a kernel file is read and its
+    # headers expanded once, not on every call (a call at small N is over in tens of microseconds)
     cupy = _cupy()
     # arch is in the key only: CuPy compiles for the current device (one RawModule per arch)
-    module = cupy.RawModule(code=text, options=options, backend="nvrtc")
+    module = cupy.RawModule(code=load_source(source), options=_runtime_options(dict(defines)),
+                            backend="nvrtc")
     return module.get_function(kernel)
 
 
 def get_function(source: str, kernel: str, defines: dict | None = None):
     """Compile ``source`` (file name or text) with ``defines`` and return ``kernel`` as a
-    ``cupy.RawKernel``; cached per (GPU arch, source text, kernel, defines)."""
+    ``cupy.RawKernel``; cached per (GPU arch, source, kernel, defines) for the life of the
+    process, so an edited ``.cu`` file is picked up after :func:`clear_cache` or a restart."""
     _cupy()
     if not torch.cuda.is_available():
         raise RuntimeError("flashtut.cuda kernels need a CUDA GPU and none is visible to torch; "
                            "run on a GPU machine (on Colab: Runtime > Change runtime type > GPU)")
-    text = load_source(source)
-    return _build(device_arch(), text, kernel, _runtime_options(defines))
+    return _function(device_arch(), source, kernel, tuple(sorted((defines or {}).items())))
+
+
+def clear_cache() -> None:
+    """Forget every build of this process (after editing a kernel file in a running notebook)."""
+    _function.cache_clear()
 
 
 def set_max_dynamic_smem(fn, nbytes: int) -> None:
@@ -149,11 +187,7 @@ def set_max_dynamic_smem(fn, nbytes: int) -> None:
 
 def max_smem_per_block(device=None) -> int:
     """The opt-in shared memory limit per block: 64 KB on a T4, 163 KB A100, 227 KB H100/H200."""
-    props = torch.cuda.get_device_properties(device)
-    for attr in ("shared_memory_per_block_optin", "max_shared_memory_per_block_optin"):
-        if hasattr(props, attr):
-            return int(getattr(props, attr))
-    return 48 * 1024
+    return _smem_optin(_device_index(device))
 
 
 def _as_arg(a):

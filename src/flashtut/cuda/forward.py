@@ -5,6 +5,7 @@ fit the GPU's shared memory), checks the inputs and launches it on torch's curre
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import torch
 
 from ..checks import check_causal, check_qkv, check_scale
 from . import VARIANTS
-from .compile import (DTYPE_DEFINES, HEAD_DIMS, get_function, launch, max_smem_per_block,
+from .compile import (DTYPE_DEFINES, HEAD_DIMS, capability, get_function, launch, max_smem_per_block,
                       set_max_dynamic_smem)
 
 LOG2E = 1.4426950408889634
@@ -90,7 +91,7 @@ def check_gpu_support(x: torch.Tensor, what: str) -> int:
     if not x.is_cuda:
         raise ValueError(f"the tensors must be CUDA tensors for {what}, got device {x.device}; "
                          f"accepted: a cuda device (move them with .cuda())")
-    major, minor = torch.cuda.get_device_capability(x.device)
+    major, minor = capability(x.device)
     if major < 7 or (major == 7 and minor < 5):
         raise RuntimeError(f"{what} needs sm_75 or newer (tensor-core mma and ldmatrix); "
                            f"this GPU is sm_{major}{minor}")
@@ -133,16 +134,32 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, variant: 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     causal = check_causal(causal)
-    B, H, Nq, Nk, D = check_cuda_inputs(q, k, v)
+    D = check_cuda_inputs(q, k, v)[-1]
     scale = check_scale(scale, D)
-    q, k, v = prepare(q), prepare(k), prepare(v)
+    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, warps, block_n):
+    # the launch configuration and the compiled kernel of one (step, dtype, D, GPU): worked out on
+    # the first call and reused, so a call costs the launch and not the planning
+    major, minor = capability(device_index)
+    cfg = launch_config(variant, dtype, head_dim, 10 * major + minor, max_smem_per_block(device_index),
+                        warps=warps, block_n=block_n)
+    fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
+    if cfg.dynamic_smem:
+        set_max_dynamic_smem(fn, cfg.dynamic_smem)
+    return cfg, fn
+
+
+def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
+        block_n: int | None = None):
+    """:func:`forward` without its checks, for callers that made them already (``cuda_attention``):
+    ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
     with torch.cuda.device(q.device):
-        major, minor = torch.cuda.get_device_capability(q.device)
-        cfg = launch_config(variant, q.dtype, D, 10 * major + minor, max_smem_per_block(q.device),
-                            warps=warps, block_n=block_n)
-        fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
-        if cfg.dynamic_smem:
-            set_max_dynamic_smem(fn, cfg.dynamic_smem)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, warps, block_n)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
