@@ -13,20 +13,14 @@ OUT=${OUT:-.gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 FLASHTUT_TRITON_AUTOTUNE=0
 LOG="$OUT/protocol.log"
 IMPLS=naive,tiled,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda,cuda-ladder
-stage() { echo "== $1 $(date -u +%H:%M:%S)" | tee -a "$LOG"; }
+. "$(dirname "$0")/gpu_common.sh"
 
 stage info
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
-  python3 -c 'import sys, torch, triton, cupy; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, "cupy", cupy.__version__)'
-  git log -1 --format='commit %H' 2>/dev/null; } >> "$LOG" 2>&1
+machine_info
 
 if [ "${TESTS:-0}" = 1 ]; then
     stage tests
-    if python3 -c "import xdist" 2>/dev/null; then W="-n 8"; else W=""; fi
-    timeout "${T_TESTS:-200}" python3 -m pytest -m gpu $W -p no:cacheprovider -q -rfE --tb=short \
-        > "$OUT/gpu_tests.log" 2>&1
-    echo "pytest rc=$?" | tee -a "$OUT/gpu_tests.log" "$LOG"
-    tail -4 "$OUT/gpu_tests.log" | tee -a "$LOG"
+    gpu_tests "${T_TESTS:-200}" "$OUT/gpu_tests.log"
 fi
 
 for D in ${DIMS:-128 64}; do

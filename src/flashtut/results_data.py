@@ -46,7 +46,7 @@ REPO_DATA_DIR = "book/data"
 #: tools/gpu_final.sh sets it), which the files' provenance does not record, so it is written here.
 _SWEEP = ("FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --preset protocol --warmup-ms 5 "
           "--rep-ms 25")
-_IMPLS = "naive,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda"
+_IMPLS = "naive,tiled,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda,cuda-ladder"
 PRODUCERS = {
     "bench_h200_kernels.json": (
         "our Triton and CUDA kernels and SDPA flash, D 64 and 128, N 4096 and 16384, both dtypes and "
@@ -54,28 +54,12 @@ PRODUCERS = {
         "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --impl triton,cuda,sdpa-flash -D 128,64 "
         "-N 4096,16384 --dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "
         "--warmup-ms 5 --rep-ms 40 --out book/data/bench_h200_kernels.json"),
-    "bench_h200_protocol.json": (
-        "the protocol sweep at D=128, float16, every implementation and the CUDA ladder",
-        f"{_SWEEP} -D 128 --dtype float16 --impl {_IMPLS},cuda-ladder --out book/data/bench_h200_protocol.json"),
-    "bench_h200_protocol_long.json": (
-        "D=128, float16, not causal, N 8192 and 16384: a second measurement of cases of "
-        "bench_h200_protocol.json",
-        f"{_SWEEP} -D 128 --dtype float16 --causal no -N 8192,16384 --impl {_IMPLS},cuda-ladder "
-        "--out book/data/bench_h200_protocol_long.json"),
-    "bench_h200_protocol_causal.json": (
-        "D=128, float16, causal, every N: a second measurement of cases of bench_h200_protocol.json",
-        f"{_SWEEP} -D 128 --dtype float16 --causal yes --impl {_IMPLS},cuda-ladder "
-        "--out book/data/bench_h200_protocol_causal.json"),
-    "bench_h200_protocol_d64.json": (
-        "the protocol sweep at D=64, float16, every implementation and the CUDA ladder",
-        f"{_SWEEP} -D 64 --dtype float16 --causal both --impl {_IMPLS},cuda-ladder "
-        "--out book/data/bench_h200_protocol_d64.json"),
-    "bench_h200_protocol_bf16.json": (
-        "the protocol sweep at D=128, bfloat16",
-        f"{_SWEEP} -D 128 --dtype bfloat16 --impl {_IMPLS} --out book/data/bench_h200_protocol_bf16.json"),
-    "bench_h200_protocol_d64_bf16.json": (
-        "the protocol sweep at D=64, bfloat16",
-        f"{_SWEEP} -D 64 --dtype bfloat16 --impl {_IMPLS} --out book/data/bench_h200_protocol_d64_bf16.json"),
+    **{f"bench_h200_protocol_d{D}_{dt}.json": (
+        f"the protocol sweep at D={D}, {dt}: every implementation (tiled up to N=2048), the CUDA ladder, "
+        "forward and backward, causal and not, in one process",
+        f"{_SWEEP} -D {D} --dtype {dt} --causal both --impl {_IMPLS} "
+        f"--out book/data/bench_h200_protocol_d{D}_{dt}.json")
+       for D in (128, 64) for dt in ("float16", "bfloat16")},
     "bench_h200*.json": ("speed rows of every implementation over the performance protocol (all the "
                          "files above; the whole protocol again, in one file, with this command)",
                          "python -m flashtut.bench run --preset protocol --out book/data/bench_h200.json"),
@@ -92,6 +76,9 @@ PRODUCERS = {
                          "OUT=<folder> bash tools/gpu_triton.sh"),
     "cuda_h200.json": ("chapter 08's CUDA ladder and fast kernel against naive attention and SDPA flash",
                        "OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+    "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
+                                "size, before and after the CUDA host-path change (perflog_cuda)",
+                                "OUT=<folder> BEFORE=f9f88b4 SWEEP=0 bash tools/gpu_host_path.sh"),
 }
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
