@@ -64,6 +64,8 @@ def test_bad_inputs_raise_documented_errors():
         fwd.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
     with pytest.raises(ValueError, match="block_n"):
         fwd.launch_config("v3", torch.float16, 64, 90, 200_000, block_n=48)
+    with pytest.raises(ValueError, match="m_tiles"):
+        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, m_tiles=3)
     with pytest.raises(ValueError, match="v3"):
         fwd.launch_config("v2", torch.float16, 64, 90, 200_000, warps=4)
 
@@ -137,19 +139,20 @@ def test_fast_forward_long_sequence_matches_sdpa_accuracy():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps,block_n", [(4, 64), (4, 32), (4, 128), (8, 128), (2, 16)])
-def test_fast_kernel_other_tile_sizes(warps, block_n):
+@pytest.mark.parametrize("warps,block_n,m_tiles", [(4, 64, 1), (4, 32, 1), (4, 128, 1), (8, 128, 1), (2, 16, 1),
+                                                   (4, 32, 2), (8, 32, 2), (4, 64, 2), (8, 64, 2), (2, 16, 2)])
+def test_fast_kernel_other_tile_sizes(warps, block_n, m_tiles):
     dtype = torch.bfloat16 if _bf16_ok() else torch.float16
     for D in (64, 128):
         for causal in (False, True):
-            q, k, v = rand_qkv(2, 2, 333, 517, D, dtype, seed=D + warps)
+            q, k, v = rand_qkv(2, 2, 333, 517, D, dtype, seed=D + warps + m_tiles)
             ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
             try:
-                o, _ = fwd.forward(q, k, v, causal=causal, warps=warps, block_n=block_n)
+                o, _ = fwd.forward(q, k, v, causal=causal, warps=warps, block_n=block_n, m_tiles=m_tiles)
             except RuntimeError as exc:  # a tile choice that does not fit this GPU's shared memory
                 assert "shared memory" in str(exc)
                 continue
-            assert_fa_criterion(f"v3 w{warps} n{block_n} D={D} causal={causal}", o, ref,
+            assert_fa_criterion(f"v3 w{warps} n{block_n} mt{m_tiles} D={D} causal={causal}", o, ref,
                                 torch_error(q, k, v, causal, None, ref))
 
 
@@ -258,8 +261,14 @@ def test_ch08_checkers_accept_solutions_and_reject_mistakes():
 def test_budgets_match_the_kernels():
     # the fast kernel's arrays fit the 255-register limit with room for addresses
     assert sum(fwd.register_budget("v3", 128).values()) < 200
+    # the H200 defaults: 128-key tiles at D = 128 (ptxas: 239 registers), 32 rows per warp at D = 64
+    assert sum(fwd.register_budget("v3", 128, block_n=128).values()) < 200
+    assert sum(fwd.register_budget("v3", 64, m_tiles=2).values()) < 210
+    assert "re-read" in " ".join(fwd.register_budget("v3", 128, m_tiles=2))   # Q left in shared memory
     b = fwd.shared_memory_budget("v3", 128, 90)
-    assert b["smem_bytes"] == 96 * 1024 and b["blocks_per_sm_by_smem"] == 2
+    assert b["smem_bytes"] == (128 + 2 * 2 * 128) * 128 * 2 and b["blocks_per_sm_by_smem"] == 1
+    b = fwd.shared_memory_budget("v3", 64, 90)
+    assert b["smem_bytes"] == (2 * 16 * 4 + 2 * 2 * 64) * 64 * 2 and b["block_m"] == 128 and b["threads"] == 128
     assert fwd.shared_memory_budget("v3", 128, 75)["smem_bytes"] <= 64 * 1024
     with pytest.raises(ValueError, match="variant"):
         fwd.register_budget("v7", 64)

@@ -241,10 +241,15 @@ def test_launch_configs_fit_shared_memory():
             assert cfg.dynamic_smem <= limit, (arch, cfg)
             if cfg.source == "fwd_v3_fast.cu" and arch < 80:
                 assert d["V3_STAGES"] == 1  # no cp.async before sm_80
-    # on an H200 the fast kernel gets 8 warps and double buffering at both head dims
+    # on an H200 the fast kernel gets its measured tile shapes, double buffered (V3_TILES)
     h200 = {c.define_dict["HEAD_DIM"]: c for c in fwd.runtime_builds(90) if c.source == "fwd_v3_fast.cu"}
-    assert h200[128].define_dict["V3_WARPS"] == 8 and h200[128].define_dict["V3_STAGES"] == 2
-    assert h200[128].dynamic_smem == (128 + 2 * 2 * 64) * 128 * 2
+    d128, d64 = h200[128].define_dict, h200[64].define_dict
+    assert (d128["V3_WARPS"], d128["V3_BLOCK_N"], d128.get("V3_MT", 1), d128["V3_STAGES"]) == (8, 128, 1, 2)
+    assert h200[128].dynamic_smem == (128 + 2 * 2 * 128) * 128 * 2
+    assert (d64["V3_WARPS"], d64["V3_BLOCK_N"], d64["V3_MT"], d64["V3_STAGES"]) == (4, 64, 2, 2)
+    # a T4 keeps the single-buffered 64-key tile at D = 128 (64 KB, its whole allowance)
+    t4 = {c.define_dict["HEAD_DIM"]: c for c in fwd.runtime_builds(75) if c.source == "fwd_v3_fast.cu"}
+    assert t4[128].dynamic_smem == 64 * 1024 and t4[128].define_dict["V3_BLOCK_N"] == 64
 
 
 def test_no_cupy_or_gpu_is_a_runtime_error(monkeypatch):

@@ -98,11 +98,13 @@ def run_case(N, D, dtype, causal, ladder, with_bwd, log):
     return rows
 
 
-TILE_CHOICES = {128: [(8, 64), (4, 64), (4, 32)], 64: [(8, 64), (4, 64), (4, 128), (8, 128)]}
+#: (warps, block_n, m_tiles) tried by --explore
+TILE_CHOICES = {128: [(8, 64, 1), (8, 128, 1), (4, 64, 1), (4, 32, 2), (8, 32, 2), (4, 64, 2)],
+                64: [(8, 64, 1), (8, 128, 1), (4, 128, 1), (4, 64, 2), (8, 64, 2), (4, 128, 2)]}
 
 
 def explore(log):
-    """Forward TFLOP/s of the fast kernel at other (warps, block_n): rows named cuda-v3[wW,nN]."""
+    """Forward TFLOP/s of the fast kernel at other (warps, block_n, m_tiles): rows named cuda-v3[wW,nN,mtM]."""
     rows = []
     for D, choices in TILE_CHOICES.items():
         H = 2048 // D
@@ -113,11 +115,11 @@ def explore(log):
             for causal in (False, True):
                 ref = sdpa_flash(q, k, v, causal).float()
                 flops = attention_flops(B, H, N, N, D, causal)
-                for warps, block_n in choices:
-                    row = dict(impl=f"cuda-v3[w{warps},n{block_n}]", dtype="float16", D=D, N=N, B=B, H=H,
+                for warps, block_n, mt in choices:
+                    row = dict(impl=f"cuda-v3[w{warps},n{block_n},mt{mt}]", dtype="float16", D=D, N=N, B=B, H=H,
                                causal=causal)
                     try:
-                        fn = lambda: forward(q, k, v, causal=causal, warps=warps, block_n=block_n)[0]
+                        fn = lambda: forward(q, k, v, causal=causal, warps=warps, block_n=block_n, m_tiles=mt)[0]
                         row["fwd_err_vs_sdpa"] = float((fn().float() - ref).abs().max())
                         if not row["fwd_err_vs_sdpa"] < 0.05:
                             raise RuntimeError(f"wrong output, {row['fwd_err_vs_sdpa']:.3g} from sdpa")
@@ -135,6 +137,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--explore", action="store_true", help="also time other tile sizes of the fast kernel")
+    ap.add_argument("--explore-only", action="store_true", help="only time the fast kernel's tile sizes")
     args = ap.parse_args()
     t0 = time.time()
 
@@ -143,17 +146,19 @@ def main():
 
     rows = []
     # the ladder: every step, naive and SDPA-flash, at N = 1024 and 4096, D = 128 and 64
-    for D in (128, 64):
+    for D in (() if args.explore_only else (128, 64)):
         for N in ((4096,) if args.quick else (1024, 4096)):
             for causal in (False, True):
                 rows += run_case(N, D, torch.float16, causal, ladder=True, with_bwd=False, log=log)
     # the fast kernel against SDPA-flash, forward and backward
-    for D in (128, 64):
+    for D in (() if args.explore_only else (128, 64)):
         quick_ns = (4096, 16384) if D == 128 else (4096,)
         for N in (quick_ns if args.quick else (1024, 4096, 16384)):
             for dtype in (torch.float16, torch.bfloat16):
                 for causal in (False, True):
                     rows += run_case(N, D, dtype, causal, ladder=False, with_bwd=True, log=log)
+    if args.explore_only:
+        args.explore = True
     if args.explore:
         rows += explore(log)
     import cupy
@@ -167,7 +172,8 @@ def main():
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
                      "cupy": cupy.__version__, "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "bash tools/gpu_cuda.sh (python3 tools/bench_cuda.py --out ...)" + (" --quick" if args.quick else ""),
+        "command": "python3 tools/bench_cuda.py --out ..." + (" --quick" if args.quick else "")
+                   + (" --explore-only" if args.explore_only else " --explore" if args.explore else ""),
         "seconds": round(time.time() - t0, 1),
         "rows": rows,
     }

@@ -13,7 +13,8 @@ from __future__ import annotations
 VARIANTS = {
     "v1": "one thread per query row, K/V tiles in shared memory, float32 CUDA-core math",
     "v2": "a warp per 16 query rows, both products on tensor cores (mma.sync), P kept in registers",
-    "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping",
+    "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping, "
+          "tile shapes chosen per head dim by measurement",
 }
 
 #: the variant ``cuda_attention`` uses

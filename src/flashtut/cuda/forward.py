@@ -34,27 +34,40 @@ class LaunchConfig:
         return dict(self.defines)
 
 
+#: the fast kernel's tile shapes, (warps, keys per K/V tile, 16-row m-tiles per warp), fastest
+#: first, as measured on an H200 (book/data/cuda_tiles_h200.json, book/perflog_cuda.md): at D = 128
+#: 8 warps of 16 rows with 128-key tiles; at D = 64, 4 warps of 32 rows, so that every K and V
+#: fragment read from shared memory feeds two MMAs
+V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)]}
+
+
 def v3_candidates(head_dim: int, arch: int):
-    """(warps, stages) from fastest to smallest: 8 warps (128 rows) and double-buffered K/V
-    first; before sm_80 there is no cp.async, so a second buffer would buy nothing."""
+    """(warps, block_n, m_tiles, stages) in order of preference: every measured tile shape
+    double-buffered first, then single-buffered; before sm_80 there is no cp.async, so a second
+    buffer would buy nothing and only single buffers are tried."""
+    tiles = V3_TILES.get(head_dim, [(8, 64, 1), (4, 64, 1)])
     stages = (2, 1) if arch >= 80 else (1,)
-    return [(w, s) for w in (8, 4) for s in stages]
+    return [(w, n, mt, st) for st in stages for (w, n, mt) in tiles]
 
 
-def v3_smem_bytes(head_dim: int, warps: int, stages: int, block_n: int = 64, elem: int = 2) -> int:
-    """Q tile + ``stages`` K tiles + ``stages`` V tiles, each row ``head_dim`` 16-bit values."""
-    return (16 * warps + 2 * stages * block_n) * head_dim * elem
+def v3_smem_bytes(head_dim: int, warps: int, stages: int, block_n: int = 64, elem: int = 2,
+                  m_tiles: int = 1) -> int:
+    """Q tile (16 rows per m-tile per warp) + ``stages`` K tiles + ``stages`` V tiles, each row
+    ``head_dim`` 16-bit values."""
+    return (16 * m_tiles * warps + 2 * stages * block_n) * head_dim * elem
 
 
 def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
-                  warps: int | None = None, block_n: int | None = None) -> LaunchConfig:
+                  warps: int | None = None, block_n: int | None = None,
+                  m_tiles: int | None = None) -> LaunchConfig:
     """The build and launch parameters of ``variant`` for this GPU (``arch`` = 75, 80, 90 ...).
 
-    For ``v3``, ``warps`` (16 query rows each) and ``block_n`` (keys per K/V tile) override the
-    defaults (8 warps, 64 keys, shrunk until the tiles fit ``smem_limit``)."""
+    For ``v3``, ``warps``, ``block_n`` (keys per K/V tile) and ``m_tiles`` (16-row tiles per warp)
+    override the defaults (8 warps, 64 keys, one m-tile; warps shrunk until the tiles fit
+    ``smem_limit``)."""
     base = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim}
-    if (warps is not None or block_n is not None) and variant != "v3":
-        raise ValueError(f"warps and block_n apply to variant 'v3' only, got variant {variant!r}")
+    if (warps is not None or block_n is not None or m_tiles is not None) and variant != "v3":
+        raise ValueError(f"warps, block_n and m_tiles apply to variant 'v3' only, got variant {variant!r}")
     if variant == "v1":
         return LaunchConfig("fwd_v1_rows.cu", "flash_fwd_v1", tuple(sorted(base.items())), 64, 64, 0)
     if variant == "v2":
@@ -63,20 +76,26 @@ def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, sm
     if variant == "v3":
         if warps is not None and warps not in (1, 2, 4, 8):
             raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps!r}")
-        if block_n is None:
-            block_n = 64
-        elif block_n not in (16, 32, 64, 128):
+        if block_n is not None and block_n not in (16, 32, 64, 128):
             raise ValueError(f"block_n must be 16, 32, 64 or 128, got {block_n!r}")
+        if m_tiles is not None and m_tiles not in (1, 2):
+            raise ValueError(f"m_tiles must be 1 or 2, got {m_tiles!r}")
         stages = (2, 1) if arch >= 80 else (1,)
-        candidates = v3_candidates(head_dim, arch) if warps is None else [(warps, s) for s in stages]
-        for w, st in candidates:
-            smem = v3_smem_bytes(head_dim, w, st, block_n)
+        if warps is None and block_n is None and m_tiles is None:
+            candidates = v3_candidates(head_dim, arch)
+        else:  # an experiment: what is not given keeps the plain defaults (8 or 4 warps, 64 keys, 1 m-tile)
+            candidates = [(w, block_n or 64, m_tiles or 1, st) for st in stages
+                          for w in ((8, 4) if warps is None else (warps,))]
+        for w, bn, mt, st in candidates:
+            smem = v3_smem_bytes(head_dim, w, st, bn, m_tiles=mt)
             if smem <= smem_limit:
-                d = {**base, "V3_WARPS": w, "V3_STAGES": st, "V3_BLOCK_N": block_n}
+                d = {**base, "V3_WARPS": w, "V3_STAGES": st, "V3_BLOCK_N": bn}
+                if mt != 1:
+                    d["V3_MT"] = mt
                 return LaunchConfig("fwd_v3_fast.cu", "flash_fwd_v3", tuple(sorted(d.items())),
-                                    16 * w, 32 * w, smem)
-        raise RuntimeError(f"fwd_v3 with warps={warps}, block_n={block_n} needs more than the {smem_limit} "
-                           f"bytes of shared memory per block this GPU allows at head dim {head_dim}")
+                                    16 * mt * w, 32 * w, smem)
+        raise RuntimeError(f"fwd_v3 with warps={warps}, block_n={block_n}, m_tiles={m_tiles} needs more than "
+                           f"the {smem_limit} bytes of shared memory per block this GPU allows at head dim {head_dim}")
     raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
 
 
@@ -127,25 +146,26 @@ def prepare(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "v3", *,
-            warps: int | None = None, block_n: int | None = None):
+            warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
     """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
-    ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. ``warps`` and ``block_n``
-    override the fast kernel's tile sizes (see :func:`launch_config`), for experiments."""
+    ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. ``warps``, ``block_n``
+    and ``m_tiles`` override the fast kernel's tile sizes (see :func:`launch_config`), for
+    experiments."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     causal = check_causal(causal)
     D = check_cuda_inputs(q, k, v)[-1]
     scale = check_scale(scale, D)
-    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n)
+    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n, m_tiles)
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, warps, block_n):
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, warps, block_n, m_tiles):
     # the launch configuration and the compiled kernel of one (step, dtype, D, GPU): worked out on
     # the first call and reused, so a call costs the launch and not the planning
     major, minor = capability(device_index)
     cfg = launch_config(variant, dtype, head_dim, 10 * major + minor, max_smem_per_block(device_index),
-                        warps=warps, block_n=block_n)
+                        warps=warps, block_n=block_n, m_tiles=m_tiles)
     fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
     if cfg.dynamic_smem:
         set_max_dynamic_smem(fn, cfg.dynamic_smem)
@@ -153,13 +173,13 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, wa
 
 
 def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
-        block_n: int | None = None):
+        block_n: int | None = None, m_tiles: int | None = None):
     """:func:`forward` without its checks, for callers that made them already (``cuda_attention``):
     ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, warps, block_n)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, warps, block_n, m_tiles)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
@@ -215,18 +235,22 @@ def ladder_tflops(N: int = 2048, D: int = 128, H: int = 16, B: int = 1, dtype=to
     return out
 
 
-def register_budget(variant: str, head_dim: int, block_n: int = 64) -> dict:
+def register_budget(variant: str, head_dim: int, block_n: int = 64, m_tiles: int = 1) -> dict:
     """32-bit registers per thread that each step's arrays need (what ptxas reports adds
-    addresses, loop counters and temporaries on top). The hardware allows 255 per thread."""
+    addresses, loop counters and temporaries on top). The hardware allows 255 per thread.
+    ``m_tiles`` (v3): 16-row tiles per warp; every array but the K/V fragments grows with it."""
     if variant == "v1":
         return {"o row (float32)": head_dim, "m, l": 2}
     if variant in ("v2", "v3"):
+        mt = m_tiles if variant == "v3" else 1
+        q = ({"Q fragments (2 x 16-bit each)": mt * head_dim // 16 * 4} if mt * head_dim <= 128
+             else {"Q fragments of one k-step (re-read from shared memory)": mt * 4})
         return {
-            "Q fragments (2 x 16-bit each)": head_dim // 16 * 4,
-            "S accumulators (float32)": block_n // 8 * 4,
-            "P fragments (2 x 16-bit each)": block_n // 16 * 4,
-            "O accumulators (float32)": head_dim // 8 * 4,
-            "m, l for 2 rows": 4,
+            **q,
+            "S accumulators (float32)": mt * block_n // 8 * 4,
+            "P fragments (2 x 16-bit each)": mt * block_n // 16 * 4,
+            "O accumulators (float32)": mt * head_dim // 8 * 4,
+            "m, l for 2 rows": mt * 4,
         }
     raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
 

@@ -13,6 +13,10 @@
 //    level), the mask is only evaluated on tiles that cross the diagonal or the end of K,
 //    and the heaviest query blocks are started first.
 // Before sm_80 (T4) cp.async does not exist: the copies are synchronous and V3_STAGES is 1.
+// V3_MT = 2 gives each warp 32 query rows (two 16-row m-tiles) instead of 16: every K and V
+// fragment read from shared memory then feeds two MMAs instead of one, at the price of twice the
+// accumulator registers; Q's fragments are then re-read from shared memory at each tile when
+// keeping them would not fit the register file.
 #include "ft_mma.cuh"
 
 #ifndef V3_WARPS
@@ -24,16 +28,21 @@
 #ifndef V3_STAGES
 #define V3_STAGES 2
 #endif
+#ifndef V3_MT
+#define V3_MT 1  // 16-row m-tiles per warp
+#endif
 #ifndef V3_MIN_BLOCKS
 #define V3_MIN_BLOCKS 1  // blocks per SM the register budget must allow (2 would cap registers at 128)
 #endif
-#define V3_BLOCK_M (16 * V3_WARPS)
+#define V3_ROWS (16 * V3_MT)  // query rows per warp
+#define V3_BLOCK_M (V3_ROWS * V3_WARPS)
 #define V3_THREADS (32 * V3_WARPS)
 #define V3_CHUNKS (HEAD_DIM / 8)  // 16-byte chunks per row
 #define V3_NT (V3_BLOCK_N / 8)
 #define V3_DT (HEAD_DIM / 8)
 #define V3_KQ (HEAD_DIM / 16)
 #define V3_KP (V3_BLOCK_N / 16)
+#define V3_Q_IN_REGS (V3_MT * HEAD_DIM <= 128)  // Q fragments: 32 registers per 16 rows at D = 128
 
 // element offset of (row, col) in a swizzled [rows][HEAD_DIM] tile; col is a multiple of 8
 // wherever a whole chunk is addressed (cp.async, ldmatrix)
@@ -70,8 +79,8 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
     // causal: the last query blocks see the most keys; start them first so they do not finish last
     const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = mb * V3_BLOCK_M;
-    const int wrow0 = m0 + warp * 16;  // first row of this warp
-    const int r0 = wrow0 + g;          // this lane's rows: r0 and r0 + 8
+    const int wrow0 = m0 + warp * V3_ROWS;  // first row of this warp
+    const int r0 = wrow0 + g;                // this lane's rows: r0 + 16 * mt + 8 * r
     const ft_raw* qb = q + (size_t)bh * Nq * HEAD_DIM;
     const ft_raw* kb = k + (size_t)bh * Nk * HEAD_DIM;
     const ft_raw* vb = v + (size_t)bh * Nk * HEAD_DIM;
@@ -88,22 +97,33 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
     const int a_row = (lane % 8) + ((lane / 8) & 1) * 8, a_col = (lane / 16) * 8;  // Q (A) and V (trans)
     const int b_row = (lane % 8) + (lane / 16) * 8, b_col = ((lane / 8) & 1) * 8;  // K (B)
 
-    ft_raw2 qf[V3_KQ][4];
-    float acc[V3_DT][4];
+#if V3_Q_IN_REGS
+    ft_raw2 qf[V3_MT][V3_KQ][4];
+#endif
+    float acc[V3_MT][V3_DT][4];
+    float m[V3_MT][2], l[V3_MT][2];
 #pragma unroll
-    for (int dt = 0; dt < V3_DT; ++dt)
+    for (int mt = 0; mt < V3_MT; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[dt][i] = 0.f;
-    float m[2] = {FT_NEG_INF, FT_NEG_INF}, l[2] = {0.f, 0.f};
+        for (int dt = 0; dt < V3_DT; ++dt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][dt][i] = 0.f;
+        m[mt][0] = m[mt][1] = FT_NEG_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
 
     for (int j = 0; j < n_tiles; ++j) {
         cp_async_wait<0>();
         __syncthreads();  // tile j has landed, and every warp is done with tile j - 1's buffer
+#if V3_Q_IN_REGS
         if (j == 0) {
 #pragma unroll
-            for (int ks = 0; ks < V3_KQ; ++ks)
-                ldmatrix_x4(qf[ks], smem_addr(q_s + swz(warp * 16 + a_row, ks * 16 + a_col)));
+            for (int mt = 0; mt < V3_MT; ++mt)
+#pragma unroll
+                for (int ks = 0; ks < V3_KQ; ++ks)
+                    ldmatrix_x4(qf[mt][ks], smem_addr(q_s + swz(warp * V3_ROWS + mt * 16 + a_row, ks * 16 + a_col)));
         }
+#endif
         if (V3_STAGES == 2 && j + 1 < n_tiles) {
             int buf = (j + 1) & 1;
             load_tile<V3_BLOCK_N>(k_s + buf * V3_BLOCK_N * HEAD_DIM, kb, (j + 1) * V3_BLOCK_N, Nk);
@@ -116,67 +136,90 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         const ft_raw* vt = v_s + buf * V3_BLOCK_N * HEAD_DIM;
 
         // warp-level causal skip: every key of this tile is right of every row of this warp
-        if (!(causal && n0 > wrow0 + 15)) {
-            float s[V3_NT][4];
+        if (!(causal && n0 > wrow0 + V3_ROWS - 1)) {
+            float s[V3_MT][V3_NT][4];
 #pragma unroll
-            for (int nt = 0; nt < V3_NT; ++nt)
+            for (int mt = 0; mt < V3_MT; ++mt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) s[nt][i] = 0.f;
-            // S = Q K^T; one ldmatrix.x4 gives the B fragments of two n-tiles for one k-step
+                for (int nt = 0; nt < V3_NT; ++nt)
 #pragma unroll
-            for (int ks = 0; ks < V3_KQ; ++ks)
+                    for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
+            // S = Q K^T; one ldmatrix.x4 gives the B fragments of two n-tiles for one k-step,
+            // used by every m-tile of the warp
+#pragma unroll
+            for (int ks = 0; ks < V3_KQ; ++ks) {
+#if !V3_Q_IN_REGS
+                ft_raw2 qk[V3_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < V3_MT; ++mt)
+                    ldmatrix_x4(qk[mt], smem_addr(q_s + swz(warp * V3_ROWS + mt * 16 + a_row, ks * 16 + a_col)));
+#endif
 #pragma unroll
                 for (int np = 0; np < V3_NT / 2; ++np) {
                     ft_raw2 b[4];
                     ldmatrix_x4(b, smem_addr(kt + swz(np * 16 + b_row, ks * 16 + b_col)));
-                    mma_16x8x16(s[2 * np], qf[ks], b[0], b[1]);
-                    mma_16x8x16(s[2 * np + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < V3_MT; ++mt) {
+#if V3_Q_IN_REGS
+                        const ft_raw2 (&a)[4] = qf[mt][ks];
+#else
+                        const ft_raw2 (&a)[4] = qk[mt];
+#endif
+                        mma_16x8x16(s[mt][2 * np], a, b[0], b[1]);
+                        mma_16x8x16(s[mt][2 * np + 1], a, b[2], b[3]);
+                    }
                 }
+            }
 
             // the mask costs instructions: evaluate it only where it can bite
             const bool need_mask = (n0 + V3_BLOCK_N > Nk) || (causal && n0 + V3_BLOCK_N - 1 > wrow0);
             if (need_mask) {
 #pragma unroll
-                for (int nt = 0; nt < V3_NT; ++nt)
+                for (int mt = 0; mt < V3_MT; ++mt)
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        int row = r0 + (i / 2) * 8, col = n0 + nt * 8 + 2 * t + (i % 2);
-                        if (col >= Nk || (causal && col > row)) s[nt][i] = FT_NEG_INF;
-                    }
+                    for (int nt = 0; nt < V3_NT; ++nt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            int row = r0 + mt * 16 + (i / 2) * 8, col = n0 + nt * 8 + 2 * t + (i % 2);
+                            if (col >= Nk || (causal && col > row)) s[mt][nt][i] = FT_NEG_INF;
+                        }
             }
             // online softmax in log2 units: p = 2^(s * scale_log2 - m * scale_log2), one FMA + one ex2
-            float m_tile[2] = {FT_NEG_INF, FT_NEG_INF};
+            ft_raw2 pf[V3_MT][V3_KP][4];
 #pragma unroll
-            for (int nt = 0; nt < V3_NT; ++nt) {
-                m_tile[0] = fmaxf(m_tile[0], fmaxf(s[nt][0], s[nt][1]));
-                m_tile[1] = fmaxf(m_tile[1], fmaxf(s[nt][2], s[nt][3]));
-            }
-            float neg_mscaled[2];
+            for (int mt = 0; mt < V3_MT; ++mt) {
+                float m_tile[2] = {FT_NEG_INF, FT_NEG_INF};
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float m_new = fmaxf(m[r], quad_max(m_tile[r]));  // raw score units
-                float m_use = m_new == FT_NEG_INF ? 0.f : m_new;
-                float alpha = ft_exp2((m[r] - m_use) * scale_log2);
-                m[r] = m_new;
-                l[r] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < V3_DT; ++dt) {
-                    acc[dt][2 * r] *= alpha;
-                    acc[dt][2 * r + 1] *= alpha;
+                for (int nt = 0; nt < V3_NT; ++nt) {
+                    m_tile[0] = fmaxf(m_tile[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                    m_tile[1] = fmaxf(m_tile[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
                 }
-                neg_mscaled[r] = -m_use * scale_log2;
-            }
-            ft_raw2 pf[V3_KP][4];
+                float neg_mscaled[2];
 #pragma unroll
-            for (int nt = 0; nt < V3_NT; ++nt) {
-                float p[4];
+                for (int r = 0; r < 2; ++r) {
+                    float m_new = fmaxf(m[mt][r], quad_max(m_tile[r]));  // raw score units
+                    float m_use = m_new == FT_NEG_INF ? 0.f : m_new;
+                    float alpha = ft_exp2((m[mt][r] - m_use) * scale_log2);
+                    m[mt][r] = m_new;
+                    l[mt][r] *= alpha;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    p[i] = ft_exp2(fmaf(s[nt][i], scale_log2, neg_mscaled[i / 2]));
-                    l[i / 2] += p[i];
+                    for (int dt = 0; dt < V3_DT; ++dt) {
+                        acc[mt][dt][2 * r] *= alpha;
+                        acc[mt][dt][2 * r + 1] *= alpha;
+                    }
+                    neg_mscaled[r] = -m_use * scale_log2;
                 }
-                pf[nt / 2][(nt % 2) * 2 + 0] = ft_pack2(p[0], p[1]);
-                pf[nt / 2][(nt % 2) * 2 + 1] = ft_pack2(p[2], p[3]);
+#pragma unroll
+                for (int nt = 0; nt < V3_NT; ++nt) {
+                    float p[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        p[i] = ft_exp2(fmaf(s[mt][nt][i], scale_log2, neg_mscaled[i / 2]));
+                        l[mt][i / 2] += p[i];
+                    }
+                    pf[mt][nt / 2][(nt % 2) * 2 + 0] = ft_pack2(p[0], p[1]);
+                    pf[mt][nt / 2][(nt % 2) * 2 + 1] = ft_pack2(p[2], p[3]);
+                }
             }
 
             // O += P V; ldmatrix.trans gives the B fragments of two d-tiles for one k-step
@@ -186,8 +229,11 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
                 for (int dp = 0; dp < V3_DT / 2; ++dp) {
                     ft_raw2 b[4];
                     ldmatrix_x4_trans(b, smem_addr(vt + swz(kp * 16 + a_row, dp * 16 + a_col)));
-                    mma_16x8x16(acc[2 * dp], pf[kp], b[0], b[1]);
-                    mma_16x8x16(acc[2 * dp + 1], pf[kp], b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < V3_MT; ++mt) {
+                        mma_16x8x16(acc[mt][2 * dp], pf[mt][kp], b[0], b[1]);
+                        mma_16x8x16(acc[mt][2 * dp + 1], pf[mt][kp], b[2], b[3]);
+                    }
                 }
         }
 
@@ -200,16 +246,18 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float lsum = quad_sum(l[r]);
-        int row = r0 + r * 8;
-        if (row >= Nq) continue;
-        float inv = 1.f / lsum;
-        ft_raw* orow = o + ((size_t)bh * Nq + row) * HEAD_DIM;
+    for (int mt = 0; mt < V3_MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < V3_DT; ++dt)
-            *reinterpret_cast<ft_raw2*>(orow + dt * 8 + 2 * t) =
-                ft_pack2(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
-        if (t == 0) lse[(size_t)bh * Nq + row] = m[r] * scale_log2 * FT_LN2 + ft_log2(lsum) * FT_LN2;
-    }
+        for (int r = 0; r < 2; ++r) {
+            float lsum = quad_sum(l[mt][r]);
+            int row = r0 + mt * 16 + r * 8;
+            if (row >= Nq) continue;
+            float inv = 1.f / lsum;
+            ft_raw* orow = o + ((size_t)bh * Nq + row) * HEAD_DIM;
+#pragma unroll
+            for (int dt = 0; dt < V3_DT; ++dt)
+                *reinterpret_cast<ft_raw2*>(orow + dt * 8 + 2 * t) =
+                    ft_pack2(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
+            if (t == 0) lse[(size_t)bh * Nq + row] = m[mt][r] * scale_log2 * FT_LN2 + ft_log2(lsum) * FT_LN2;
+        }
 }
