@@ -76,6 +76,16 @@ PRODUCERS = {
                          "OUT=<folder> bash tools/gpu_triton.sh"),
     "cuda_h200.json": ("chapter 08's CUDA ladder and fast kernel against naive attention and SDPA flash",
                        "OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+    "cuda_h200_v3_first.json": ("the same run with the fast kernel's first tile shape (8 warps of 16 rows, "
+                                "64-key tiles at both head dims), quoted by the perf logs' history",
+                                "git checkout f9f88b4 && OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+    "cuda_tiles_h200.json": ("the fast kernel's forward at other tile shapes (warps, keys per tile, rows "
+                             "per warp), the measurement behind V3_TILES",
+                             "PYTHONPATH=src python3 tools/bench_cuda.py --explore-only "
+                             "--out book/data/cuda_tiles_h200.json"),
+    "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
+                                        "tile-shape change (perflog_cuda compares it with both)",
+                                        "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
                                 "OUT=<folder> BEFORE=f9f88b4 SWEEP=0 bash tools/gpu_host_path.sh"),
