@@ -97,6 +97,10 @@ def test_pattern_loads_every_match_newest_wins(tmp_path):
     assert sorted(r["N"] for r in rows) == [17, 33]
     assert next(r for r in rows if r["N"] == 17)["source"] == "bench_h200_rerun.json"
     assert all(r["device"] for r in rows)
+    # the plotting command line reads files by path with the same rule, whatever their order
+    files = [tmp_path / n for n in ("bench_h200_rerun.json", "bench_h200.json", "bench_h200_more.json")]
+    cli_rows = bench.load_rows(*files)
+    assert sorted((r["N"], r["source"]) for r in cli_rows) == sorted((r["N"], r["source"]) for r in rows)
 
 
 def test_missing_file_names_it_and_the_command(tmp_path, capsys):

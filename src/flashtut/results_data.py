@@ -301,18 +301,6 @@ def _read(path: Path) -> dict:
     return doc
 
 
-def _key(row: dict) -> tuple:
-    """What one measurement is of; a newer file's row with the same key replaces an older one.
-    Rows of a layout this module does not know (kind ``mixed``) are never merged."""
-    if row.get("kind") not in ("speed", "memory", "roofline"):
-        return ("unmerged", id(row))
-    if row.get("kind") == "roofline":
-        return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
-    return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
-            row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
-            row.get("D"), bool(row.get("causal")))
-
-
 def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
                  refresh: bool = False) -> tuple[list[dict], list[dict]]:
     """Rows and provenance of every committed file matching ``pattern_or_name``.
@@ -339,18 +327,17 @@ def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
         doc = _read(path)
         prov = dict(doc.get("provenance") or {})
         docs.append((str(prov.get("date") or ""), path, doc, prov))
-    docs.sort(key=lambda d: (d[0], d[1].name))          # oldest first: later rows replace earlier
-    by_key: dict = {}
-    provenance = []
-    for _, path, doc, prov in docs:
+    tagged, provenance = [], []
+    for date, path, doc, prov in docs:
         device = (prov.get("device") or {}).get("name") if isinstance(prov.get("device"), dict) else prov.get("device")
-        for r in doc["rows"]:
-            r = dict(r, source=path.name)
+        rows = [dict(r, source=path.name) for r in doc["rows"]]
+        for r in rows:
             r.setdefault("device", device or path.stem)
-            by_key[_key(r)] = r
+        tagged.append((date, path.name, rows))
         provenance.append(dict(prov, file=path.name, path=str(path), kind=doc.get("kind"),
                                config=doc.get("config") or {}, rows=len(doc["rows"])))
-    return list(by_key.values()), provenance
+    provenance.sort(key=lambda p: (str(p.get("date") or ""), p["file"]))
+    return _results.merge_latest(tagged), provenance
 
 
 def describe(prov: dict, width: int = 100) -> str:

@@ -56,19 +56,48 @@ def load_results(path) -> dict:
     return doc
 
 
+def measurement_key(row: dict) -> tuple:
+    """What one measurement is of: two rows with the same key measured the same thing (on the same
+    device), so a newer one replaces an older one. Rows of a layout this module does not know
+    (kind ``mixed``) are never merged."""
+    if row.get("kind") not in ("speed", "memory", "roofline"):
+        return ("unmerged", id(row))
+    if row.get("kind") == "roofline":
+        return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
+    return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
+            row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
+            row.get("D"), bool(row.get("causal")))
+
+
+def merge_latest(tagged_docs) -> list[dict]:
+    """The rows of several files, each case once: ``tagged_docs`` is ``(date, name, rows)`` per
+    file, and where two files measured the same case (:func:`measurement_key`) the row of the file
+    with the later date (then the later name) is kept."""
+    by_key: dict = {}
+    for _, _, rows in sorted(tagged_docs, key=lambda d: (d[0], d[1])):   # oldest first
+        for r in rows:
+            by_key[measurement_key(r)] = r
+    return list(by_key.values())
+
+
 def load_rows(*paths) -> list[dict]:
     """The rows of one or more results files, each tagged with ``source`` (the file name) and
-    ``device`` (the device name from the file's provenance, else the file's name)."""
-    rows = []
+    ``device`` (the device name from the file's provenance, else the file's name). A case measured
+    in several of the files appears once, from the file with the latest provenance date (the
+    rule of ``flashtut.results_data.load_results``, which the book uses)."""
+    tagged = []
     for p in paths:
         doc = load_results(p)
-        device = ((doc.get("provenance") or {}).get("device") or {}).get("name")
+        prov = doc.get("provenance") or {}
+        device = (prov.get("device") or {}).get("name")
+        rows = []
         for r in doc["rows"]:
             r = dict(r)
             r.setdefault("source", Path(p).name)
             r.setdefault("device", device or Path(p).stem)   # no provenance: name the file
             rows.append(r)
-    return rows
+        tagged.append((str(prov.get("date") or ""), Path(p).name, rows))
+    return merge_latest(tagged)
 
 
 def normalise_rows(rows: list[dict], kind: str | None = None) -> list[dict]:
