@@ -123,6 +123,17 @@ def test_book_builds_with_warnings_as_errors(book):
     assert not missing, f"pages listed in {book.toc.name} but not built: {missing}"
 
 
+def test_site_root_has_a_favicon_drawn_from_the_svg(book):
+    # the root index.html is a bare redirect: without /favicon.ico a browser logs a 404 there
+    from PIL import Image
+
+    icon = Image.open(HTML / "favicon.ico").convert("RGBA")
+    assert icon.size == (32, 32)
+    colours = {c for _, c in icon.getcolors(32 * 32)}
+    assert (0x7A, 0x7A, 0x7A, 255) in colours and (0xE8, 0xA3, 0x3D, 255) in colours  # the SVG's two fills
+    assert icon.getpixel((31, 0))[3] == 0                                              # transparent corner
+
+
 def test_mathjax_is_bundled_not_fetched_from_a_cdn(book):
     if not (HTML / "index.html").is_file():
         pytest.fail(f"no built book to inspect (log {book.log})")

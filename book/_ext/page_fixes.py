@@ -1,4 +1,4 @@
-"""Sphinx extension with two small fix-ups of the pages Jupyter Book generates.
+"""Sphinx extension with three small fix-ups of the pages Jupyter Book generates.
 
 1. Repeated inline <script> bodies are dropped. sphinx-thebe registers its configuration script
    (``const THEBE_JS_URL = ...``) on every ``env-before-read-docs`` event, which Jupyter Book's
@@ -7,8 +7,16 @@
 2. The Colab launch button is removed from pages written as MyST markdown notebooks (the errata,
    how to run): the theme links Colab to the ``.md`` file, which Colab cannot open. The chapters
    in ``notebooks/`` are ``.ipynb`` and keep their button.
+3. The site root gets a ``favicon.ico``, drawn from the book's own ``favicon.svg``. The root
+   ``index.html`` that Jupyter Book writes is a bare redirect without an icon link, so a browser
+   that opens it asks the server for ``/favicon.ico``, and depending on how fast the redirect
+   happens logs a 404 in the console (the browser test saw it once in four runs).
 """
+import re
 from pathlib import Path
+
+_SVG_TOKEN = re.compile(r'<g fill="(#[0-9a-fA-F]{6})"|<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" '
+                        r'height="([\d.]+)"')
 
 
 def _unique_inline_scripts(app, pagename, templatename, context, doctree):
@@ -38,8 +46,35 @@ def _no_colab_for_text_notebooks(app, pagename, templatename, context, doctree):
                                  if not (g.get("label") == "launch-buttons" and not g.get("buttons"))]
 
 
+def favicon_ico(svg_text: str, path: Path, size: int = 32) -> None:
+    """Rasterise the tiles of ``favicon.svg`` (rectangles in coloured groups, a 32 x 32 view box)
+    into an ICO file; the SVG stays the one drawing of the icon."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    fill, k = None, size / 32
+    for m in _SVG_TOKEN.finditer(svg_text):
+        if m.group(1):
+            fill = m.group(1)
+        elif fill:
+            x, y, w, h = (float(g) * k for g in m.groups()[1:])
+            draw.rounded_rectangle((x, y, x + w - 1, y + h - 1), radius=k, fill=fill)
+    image.save(path, format="ICO", sizes=[(size, size)])
+
+
+def _root_favicon(app, exception):
+    favicon = getattr(app.config, "html_favicon", None)
+    if exception or app.builder.format != "html" or not favicon or "://" in str(favicon):
+        return
+    svg = Path(app.srcdir, favicon)
+    if svg.suffix == ".svg" and svg.is_file():
+        favicon_ico(svg.read_text(), Path(app.outdir, "favicon.ico"))
+
+
 def setup(app):
     app.connect("html-page-context", _unique_inline_scripts, priority=900)
     # after sphinx-book-theme adds its launch buttons (priority 501)
     app.connect("html-page-context", _no_colab_for_text_notebooks, priority=600)
+    app.connect("build-finished", _root_favicon)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
