@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -79,6 +79,24 @@ class GPUSpec:
         return self.peak_tflops(dtype) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
 
 
+_A100 = GPUSpec(
+    name="A100 40GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
+    memory_gb=40, memory_type="HBM2", memory_bandwidth_gbps=1555, sm_count=108,
+    smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
+    boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
+    source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
+           "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE,
+    tf32_tensor_tflops=156)
+
+_H100 = GPUSpec(
+    name="H100 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
+    memory_gb=80, memory_type="HBM3", memory_bandwidth_gbps=3350, sm_count=132,
+    smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
+    boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
+    source="NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/); "
+           "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE,
+    tf32_tensor_tflops=494.7)
+
 GPUS: dict[str, GPUSpec] = {
     "T4": GPUSpec(
         name="T4", architecture="Turing (TU104)", compute_capability=(7, 5),
@@ -87,38 +105,15 @@ GPUS: dict[str, GPUSpec] = {
         boost_clock_mhz=1590, fp16_tensor_tflops=65, bf16_tensor_tflops=None, fp32_tflops=8.1,
         source="NVIDIA T4 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/tesla-t4/); "
                "NVIDIA Turing GPU Architecture whitepaper (2018); " + _CUDA_GUIDE),
-    "A100-40GB": GPUSpec(
-        name="A100 40GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
-        memory_gb=40, memory_type="HBM2", memory_bandwidth_gbps=1555, sm_count=108,
-        smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
-        boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
-        source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
-               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE,
-        tf32_tensor_tflops=156),
-    "A100-80GB": GPUSpec(
-        name="A100 80GB SXM", architecture="Ampere (GA100)", compute_capability=(8, 0),
-        memory_gb=80, memory_type="HBM2e", memory_bandwidth_gbps=2039, sm_count=108,
-        smem_per_sm_kib=164, smem_per_block_kib=163, l2_mib=40, registers_per_sm_kib=256,
-        boost_clock_mhz=1410, fp16_tensor_tflops=312, bf16_tensor_tflops=312, fp32_tflops=19.5,
-        source="NVIDIA A100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/a100/); "
-               "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020); " + _CUDA_GUIDE,
-        tf32_tensor_tflops=156),
-    "H100-SXM": GPUSpec(
-        name="H100 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
-        memory_gb=80, memory_type="HBM3", memory_bandwidth_gbps=3350, sm_count=132,
-        smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
-        boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
-        source="NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/); "
-               "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE,
-        tf32_tensor_tflops=494.7),
-    "H200-SXM": GPUSpec(
-        name="H200 SXM", architecture="Hopper (GH100)", compute_capability=(9, 0),
-        memory_gb=141, memory_type="HBM3e", memory_bandwidth_gbps=4800, sm_count=132,
-        smem_per_sm_kib=228, smem_per_block_kib=227, l2_mib=50, registers_per_sm_kib=256,
-        boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
+    "A100-40GB": _A100,
+    "A100-80GB": replace(_A100, name="A100 80GB SXM", memory_gb=80, memory_type="HBM2e",
+                         memory_bandwidth_gbps=2039),
+    "H100-SXM": _H100,
+    # the same GH100 compute as the H100 SXM, with more and faster memory
+    "H200-SXM": replace(
+        _H100, name="H200 SXM", memory_gb=141, memory_type="HBM3e", memory_bandwidth_gbps=4800,
         source="NVIDIA H200 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h200/), "
-               "same GH100 compute as the H100 SXM; " + _CUDA_GUIDE,
-        tf32_tensor_tflops=494.7),
+               "same GH100 compute as the H100 SXM; " + _CUDA_GUIDE),
 }
 
 

@@ -96,8 +96,7 @@ def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[st
     return builds
 
 
-#: opt-in shared memory per block of a typical GPU of each architecture (T4, A100, A10/L4, H100)
-SMEM_PER_BLOCK = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448}
+SMEM_PER_BLOCK = cc.SMEM_PER_BLOCK   # opt-in shared memory per block by architecture (compile.py)
 
 
 def runtime_builds(arch: int) -> list[tuple[str, dict]]:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..hardware import GPUS
+
 #: the folder that holds the ``.cu`` and ``.cuh`` files
 CUDA_DIR = Path(__file__).resolve().parent
 
@@ -33,6 +35,22 @@ CUDA_DIR = Path(__file__).resolve().parent
 DTYPE_DEFINES = {torch.float16: {"FT_BF16": 0}, torch.bfloat16: {"FT_BF16": 1}}
 #: head dims the kernels are built for
 HEAD_DIMS = (64, 128)
+
+
+def _smem_by_arch() -> tuple[dict, dict]:
+    # the book's reference GPUs (flashtut.hardware: T4, A100, H100/H200), plus sm_86/89 (A10, L4:
+    # 99 KB per block, 100 KB per SM, from the CUDA guide's compute-capability table)
+    per_block, per_sm = {86: 99 * 1024, 89: 99 * 1024}, {86: 100 * 1024, 89: 100 * 1024}
+    for gpu in GPUS.values():
+        arch = 10 * gpu.compute_capability[0] + gpu.compute_capability[1]
+        per_block.setdefault(arch, gpu.smem_per_block_kib * 1024)
+        per_sm.setdefault(arch, gpu.smem_per_sm_kib * 1024)
+    return dict(sorted(per_block.items())), dict(sorted(per_sm.items()))
+
+
+#: opt-in shared memory per block, and shared memory per SM, of a typical GPU of each architecture
+#: (75, 80, 86, 89, 90): lets CI build exactly the configurations those GPUs would run, without them
+SMEM_PER_BLOCK, SMEM_PER_SM = _smem_by_arch()
 
 #: options every build uses. -ftz=true (flush denormals) is what CuPy adds to every NVRTC
 #: build anyway; we state it so the CI compile sees the same thing. No --use_fast_math: the

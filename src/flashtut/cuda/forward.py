@@ -13,8 +13,8 @@ import torch
 
 from ..checks import check_causal, check_qkv, check_scale
 from . import VARIANTS
-from .compile import (DTYPE_DEFINES, HEAD_DIMS, capability, get_function, launch, max_smem_per_block,
-                      set_max_dynamic_smem)
+from .compile import (DTYPE_DEFINES, HEAD_DIMS, SMEM_PER_BLOCK, SMEM_PER_SM, capability, get_function,
+                      launch, max_smem_per_block, set_max_dynamic_smem)
 
 LOG2E = 1.4426950408889634
 
@@ -194,9 +194,8 @@ def attention_flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool) -> f
     return f / 2 if causal else f
 
 
-#: opt-in shared memory per block of the reference GPUs, by arch (T4, A100, H100/H200):
-#: lets CI build exactly the configurations those GPUs would run, without the GPUs
-REFERENCE_SMEM = {75: 64 * 1024, 80: 163 * 1024, 90: 227 * 1024}
+#: opt-in shared memory per block of a typical GPU of each architecture (``compile.SMEM_PER_BLOCK``)
+REFERENCE_SMEM = SMEM_PER_BLOCK
 
 
 def runtime_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfig]:
@@ -267,7 +266,7 @@ def shared_memory_budget(variant: str, head_dim: int, arch: int, smem_limit: int
         smem = 2 * 64 * head_dim * 2
     else:
         smem = cfg.dynamic_smem
-    per_sm = {75: 64 * 1024, 80: 164 * 1024, 90: 228 * 1024}.get(arch, limit)
+    per_sm = SMEM_PER_SM.get(arch, limit)
     return {"variant": variant, "arch": f"sm_{arch}", "head_dim": head_dim, "threads": cfg.threads,
             "block_m": cfg.block_m, "smem_bytes": smem, "blocks_per_sm_by_smem": per_sm // smem,
             "defines": cfg.define_dict}
