@@ -13,7 +13,7 @@ import torch
 import flashtut
 from flashtut.bench import cli, registry
 from flashtut.bench.accuracy import Reference
-from flashtut.bench.flops import attention_flops, tflops
+from flashtut.costs.flops import attention_flops, tflops
 from flashtut.bench.memory import peak_extra_memory
 from flashtut.bench.provenance import collect
 from flashtut.bench.registry import AUTOGRAD, Impl

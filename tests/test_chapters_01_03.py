@@ -11,7 +11,9 @@ import torch
 matplotlib.use("Agg")
 
 import flashtut  # noqa: E402
-from flashtut import hardware, memory  # noqa: E402
+from flashtut import hardware  # noqa: E402
+from flashtut.bench.memory import peak_extra_memory  # noqa: E402
+from flashtut.costs import memory  # noqa: E402
 from flashtut.exercises import ch01, ch02, ch03  # noqa: E402
 from flashtut.figures import memory_plots, roofline, softmax_plots  # noqa: E402
 
@@ -193,8 +195,8 @@ def test_trace_traffic_leaves_out_views():
 def test_peak_extra_memory_on_cpu_sees_the_score_matrix():
     q = torch.randn(1, 8, 1024, 32)
     fn = lambda: flashtut.naive_attention(q, q, q)                      # noqa: E731
-    memory.peak_extra_memory(fn, "cpu")                                 # warm-up
-    got = memory.peak_extra_memory(fn, "cpu")
+    peak_extra_memory(fn, "cpu")                                 # warm-up
+    got = peak_extra_memory(fn, "cpu")
     if got is None:
         pytest.skip("peak resident memory cannot be read on this OS")
     s = 8 * 1024 * 1024 * 4                                             # one fp32 score matrix
@@ -237,8 +239,8 @@ def test_naive_attention_peak_on_gpu():
     B, H, N, D = 1, 4, 1024, 64
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
     fn = lambda: flashtut.naive_attention(q, k, v)                      # noqa: E731
-    memory.peak_extra_memory(fn, "cuda")
-    assert memory.peak_extra_memory(fn, "cuda") == memory.naive_attention_peak_bytes(B, H, N, D, torch.float16)
+    peak_extra_memory(fn, "cuda")
+    assert peak_extra_memory(fn, "cuda") == memory.naive_attention_peak_bytes(B, H, N, D, torch.float16)
 
 
 def test_softmax_pass_table():

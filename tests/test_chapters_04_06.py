@@ -9,7 +9,7 @@ import torch
 matplotlib.use("Agg")
 
 import flashtut  # noqa: E402
-from flashtut import io_complexity as io  # noqa: E402
+from flashtut.costs import io_complexity as io  # noqa: E402
 from flashtut.exercises import ch04, ch05, ch06  # noqa: E402
 from flashtut.figures import online_softmax_plots, tiling_diagrams  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402

@@ -44,7 +44,7 @@ From Python (for notebooks)::
 from __future__ import annotations
 
 from . import registry, report
-from .flops import attention_flops, tflops
+from ..costs.flops import attention_flops, tflops
 from .memory import peak_extra_memory
 from .provenance import collect as provenance
 from .results import load_results, load_rows, save_results

@@ -8,7 +8,7 @@ import time
 import torch
 
 from . import registry
-from .flops import MODES
+from ..costs.flops import MODES
 from .provenance import collect
 from .report import format_ratio_table, memory_table, notes, ratio_table, roofline_table, speed_table
 from .results import save_results

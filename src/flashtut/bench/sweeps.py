@@ -18,7 +18,7 @@ import torch
 
 from . import registry
 from .accuracy import Reference
-from .flops import MODES, attention_flops, tflops
+from ..costs.flops import MODES, attention_flops, tflops
 from .memory import cpu_method, is_oom, peak_extra_memory, release_cached
 from .registry import AUTOGRAD, Impl
 from .timing import time_fn, timer_name

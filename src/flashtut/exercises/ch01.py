@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..hardware import GPUS, attainable_tflops
-from ..memory import SOFTMAX_FLOPS_PER_ELEMENT, matmul_traffic, naive_attention_kernels
+from ..costs.memory import SOFTMAX_FLOPS_PER_ELEMENT, matmul_traffic, naive_attention_kernels
 from .checker import CheckResult, compare, run_trials
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
@@ -96,7 +96,7 @@ def check_unfused_intensities(fn, cases: int = 30, seed: int = 0) -> CheckResult
     ``S = Q K^T``, ``P = softmax(S)`` and ``O = P V`` for one batch entry and head, with Q, K, V, O
     of ``in_bytes`` per element and S, P of ``score_bytes``, each kernel reading its inputs once
     and writing its output once, and the softmax counted at
-    ``flashtut.memory.SOFTMAX_FLOPS_PER_ELEMENT`` operations per score. Random N and D; element
+    ``flashtut.costs.memory.SOFTMAX_FLOPS_PER_ELEMENT`` operations per score. Random N and D; element
     sizes 2, 4 and 8, scores as wide as the inputs or wider."""
     gen = torch.Generator().manual_seed(seed)
     args = []

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..memory import max_seq_len, naive_attention_kernels
+from ..costs.memory import max_seq_len, naive_attention_kernels
 from ..reference import naive_attention
 from .checker import CheckResult, compare, run_trials
 

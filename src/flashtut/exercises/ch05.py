@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .. import io_complexity as io
+from ..costs import io_complexity as io
 from ..checks import accum_dtype, check_block, check_qkv, check_scale
 from ..reference import naive_attention
 from .checker import CheckResult, compare
@@ -160,7 +160,7 @@ def solution_fixed_tiled_attention(q, k, v, block_size: int = 128):
 def check_fa1_traffic(fn, trials: int = 40, seed: int = 0) -> CheckResult:
     """Check ``fn(n, d, block_m, block_n) -> elements`` (an int: elements read plus written in
     HBM by one head of the FlashAttention-1 loop order, non-causal, ``Nq = Nk = n``, ``O``, ``l``
-    and ``m`` initialised in HBM) against the count of ``flashtut.io_complexity``'s schedule,
+    and ``m`` initialised in HBM) against the count of ``flashtut.costs.io_complexity``'s schedule,
     on sizes that are and are not multiples of the blocks."""
     gen = torch.Generator().manual_seed(seed)
     for t in range(trials):

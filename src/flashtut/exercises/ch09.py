@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from ..bench.flops import attention_flops
+from ..costs.flops import attention_flops
 from ..bench.report import ratio_table
 from .checker import CheckResult
 

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..memory import MiB, KernelTraffic, attention_memory_table, max_seq_len
+from ..costs.memory import MiB, KernelTraffic, attention_memory_table, max_seq_len
 from .style import INK, PALETTE, subplots
 
 

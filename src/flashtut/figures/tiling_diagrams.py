@@ -1,5 +1,5 @@
 """Figures of chapter 05: which tiles a FlashAttention loop visits in which order, and the HBM
-traffic that follows. Both are drawn from the schedules of ``flashtut.io_complexity``, so the
+traffic that follows. Both are drawn from the schedules of ``flashtut.costs.io_complexity``, so the
 pictures show exactly what the counts in the text count."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import matplotlib.pyplot as plt
 
-from .. import io_complexity as io
+from ..costs import io_complexity as io
 from .style import INK, PALETTE, subplots
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .checks import FLOAT_DTYPES
+from ..checks import FLOAT_DTYPES
 
 MiB = 2 ** 20
 
@@ -298,21 +298,6 @@ def format_ops(rows: list[OpTraffic], min_bytes: int = 0) -> str:
     written = sum(r.bytes_written for r in rows)
     lines.append(f"| | **total ({len(rows)} operators)** | | | {read / MiB:,.1f} | {written / MiB:,.1f} |")
     return "\n".join(lines)
-
-
-# --- measuring ------------------------------------------------------------------------------------
-
-def peak_extra_memory(fn: Callable[[], object], device) -> int | None:
-    """Bytes of memory ``fn()`` needs beyond what was allocated before it ran (its output included),
-    or ``None`` when it runs out of memory.
-
-    The benchmark tool's measurement (``flashtut.bench.memory.peak_extra_memory``), so the book
-    and the benchmark measure the same way: CUDA's allocator statistics on a GPU, the process's
-    peak resident set on a CPU.
-    """
-    from .bench.memory import peak_extra_memory as measure   # deferred: loads the benchmark package
-
-    return measure(fn, device)
 
 
 # --- softmax: passes over memory -----------------------------------------------------------------
