@@ -48,7 +48,7 @@ def assert_fa_criterion(name, got, ref, torch_err, floor=1e-3):
 # ----------------------------------------------------------------------------- CPU-side checks
 
 def test_variants_are_the_ladder():
-    assert list(VARIANTS) == ["v1", "v2", "v3"]
+    assert list(VARIANTS) == ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
     assert all(isinstance(v, str) and v for v in VARIANTS.values())
 
 
@@ -154,6 +154,53 @@ def test_fast_kernel_other_tile_sizes(warps, block_n, m_tiles):
                 continue
             assert_fa_criterion(f"v3 w{warps} n{block_n} mt{m_tiles} D={D} causal={causal}", o, ref,
                                 torch_error(q, k, v, causal, None, ref))
+
+
+def _masked_attention(q, k, v, offset, scale):
+    """Attention with the mask j <= i + offset (None: none) in q's dtype the way PyTorch computes it
+    (products in the dtype, softmax in float32, P rounded to the dtype), and its lse; rows that see
+    no key give o = 0 and lse = -inf."""
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    if offset is not None:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        s = s.masked_fill(j > i + offset, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return (p.to(q.dtype) @ v).to(q.dtype), lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [name for name in VARIANTS if name in fwd.V4_STEPS])
+@pytest.mark.parametrize("D", [64, 128])
+def test_fa2_steps_take_grouped_heads_and_a_diagonal_offset(variant, D):
+    dtype = torch.bfloat16 if _bf16_ok() else torch.float16
+    for i, (B, H, group, Nq, Nk) in enumerate([(2, 4, 2, 200, 333), (1, 6, 3, 300, 150), (1, 4, 4, 77, 77)]):
+        g = torch.Generator(device="cpu").manual_seed(40 + i)
+        q = torch.randn(B, H, Nq, D, generator=g).to("cuda", dtype)
+        k, v = (torch.randn(B, H // group, Nk, D, generator=g).to("cuda", dtype) for _ in range(2))
+        kx, vx = (x.repeat_interleave(group, 1) for x in (k, v))
+        scale = D ** -0.5
+        for offset in (None, 0, Nk - Nq, -5, 40):
+            ref, ref_lse = _masked_attention(q.double(), kx.double(), vx.double(), offset, scale)
+            in_dtype, _ = _masked_attention(q, kx, vx, offset, scale)
+            o, lse = fwd.run(q, k, v, offset is not None, scale, variant, diag_offset=offset or 0)
+            name = f"{variant} D={D} {(B, H, group, Nq, Nk)} offset={offset}"
+            assert_fa_criterion(name, o, ref, (in_dtype.double() - ref).abs().max().item())
+            seen = torch.isfinite(ref_lse)
+            assert torch.isneginf(lse[~seen]).all(), f"{name}: a row with no key must have lse -inf"
+            assert (o[~seen] == 0).all(), f"{name}: a row with no key must be 0"
+            torch.testing.assert_close(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_older_steps_refuse_grouped_heads_and_offsets():
+    q = torch.randn(1, 4, 32, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 32, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="diag_offset"):
+        fwd.run(q, k, k, True, 0.125, "v3")
+    with pytest.raises(ValueError, match="diag_offset"):
+        fwd.run(q, q, q, True, 0.125, "v3", diag_offset=3)
 
 
 @pytest.mark.gpu
@@ -270,8 +317,16 @@ def test_budgets_match_the_kernels():
     b = fwd.shared_memory_budget("v3", 64, 90)
     assert b["smem_bytes"] == (2 * 16 * 4 + 2 * 2 * 64) * 64 * 2 and b["block_m"] == 128 and b["threads"] == 128
     assert fwd.shared_memory_budget("v3", 128, 75)["smem_bytes"] <= 64 * 1024
+    # steps 4 to 7: Q re-read at every k-step; two (one for step 5) K and V buffers of 64 keys
+    assert "re-read" in " ".join(fwd.register_budget("v4", 64))
+    assert sum(fwd.register_budget("v4", 128).values()) == 8 + 64 + 32 + 128 + 8
+    for variant, bufs in (("v4", 2), ("v5", 1), ("v6", 2), ("v7", 2)):
+        b = fwd.shared_memory_budget(variant, 128, 90)
+        assert b["smem_bytes"] == (128 + 2 * bufs * 64) * 128 * 2 and b["threads"] == 128
+        assert b["blocks_per_sm_by_smem"] >= 2
+        assert fwd.shared_memory_budget(variant, 128, 75)["defines"]["V4_BLOCK_N"] == 32
     with pytest.raises(ValueError, match="variant"):
-        fwd.register_budget("v7", 64)
+        fwd.register_budget("v9", 64)
 
 
 def test_chapter_figures_draw_from_the_committed_run():

@@ -15,6 +15,13 @@ VARIANTS = {
     "v2": "a warp per 16 query rows, both products on tensor cores (mma.sync), P kept in registers",
     "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping, "
           "tile shapes chosen per head dim by measurement",
+    "v4": "FlashAttention-2's tiling: 4 warps of 32 rows, Q re-read from shared memory per k-step, "
+          "two blocks per SM, no spill",
+    "v5": "FlashAttention-2's pipeline: single K and V buffers in separate cp.async groups "
+          "(V lands while S is computed, the next K while P V is)",
+    "v6": "K and V each double buffered in their own cp.async groups: each warp waits only for the "
+          "operand it needs next",
+    "v7": "the accumulator's rescale skipped when no row maximum of the warp changed",
 }
 
 #: the variant ``cuda_attention`` uses

@@ -43,6 +43,8 @@ class BackwardConfig:
     dq_block_n: int        # keys per step of the dQ kernel (its query block is 16 * warps)
     warps: int = 4         # per block, in both main kernels; each warp owns 16 rows
     dq_atomic: bool = False  # True: dK/dV kernel adds dQ into float32 with atomics, no dQ pass
+    one_barrier: bool = False  # True (2 stages): prefetch after the step's barrier, none at its end
+    dq_stage: bool = False   # True (atomic): dQ staged in shared memory, added 16 bytes at a time
 
     @property
     def row_bytes(self) -> int:      # one padded shared-memory row of 16-bit elements
@@ -53,8 +55,9 @@ class BackwardConfig:
         keys = 16 * self.warps
         kv = 2 * keys * self.row_bytes
         ds = keys * (self.dkdv_block_m + 8) * 2 if self.dq_atomic else 0
+        dq_stage = self.warps * 16 * (64 + 8) * 4 if self.dq_atomic and self.dq_stage else 0
         stage = 2 * self.dkdv_block_m * self.row_bytes + 2 * self.dkdv_block_m * 4
-        return kv + ds + self.stages * stage
+        return kv + ds + dq_stage + self.stages * stage
 
     @property
     def dq_smem(self) -> int:        # 0 in the atomic variant: there is no dQ kernel
@@ -87,6 +90,10 @@ def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[st
                  {**base, "DKDV_WARPS": cfg.warps, "DKDV_BLOCK_M": cfg.dkdv_block_m,
                   "DKDV_STAGES": cfg.stages, "DKDV_DQ_ATOMIC": int(cfg.dq_atomic)}),
     }
+    if cfg.one_barrier:
+        builds["dkdv"][2]["DKDV_ONE_BARRIER"] = 1
+    if cfg.dq_stage:
+        builds["dkdv"][2]["DKDV_DQ_STAGE"] = 1
     if cfg.dq_atomic:
         builds["dq_convert"] = ("bwd_dq_convert.cu", "attn_bwd_dq_convert", base)
     else:
@@ -108,11 +115,32 @@ def runtime_builds(arch: int) -> list[tuple[str, dict]]:
     for dtype in (DTYPES if arch >= 80 else (torch.float16,)):
         for d in HEAD_DIMS:
             cfg = pick_config(d, arch, SMEM_PER_BLOCK[arch])
-            for atomic in (False, True):
-                for source, _, defines in kernel_builds(replace(cfg, dq_atomic=atomic), dtype).values():
+            variants = [replace(cfg, dq_atomic=atomic) for atomic in (False, True)]
+            if cfg.stages == 2:   # the measured alternatives (perflog_cuda_bwd.md)
+                variants += [v for v in EXPERIMENTS.get(d, ())
+                             if max(v.dkdv_smem, v.dq_smem) <= SMEM_PER_BLOCK[arch]]
+            for v in variants:
+                for source, _, defines in kernel_builds(v, dtype).values():
                     if (source, defines) not in out:
                         out.append((source, defines))
     return out
+
+
+def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
+    """The backward's dQ strategies measured against each other (tools/cuda_ladder.py): name ->
+    config, on the sm_80+ tiles (64 queries per step, two stages)."""
+    base = BackwardConfig(head_dim, 2, 64, 64)
+    return {
+        "separate-dq": base,
+        "atomic-dq-w4": replace(base, dq_atomic=True),
+        "atomic-dq-w8": replace(base, dq_atomic=True, warps=8),
+        "atomic-dq-w8-1bar": replace(base, dq_atomic=True, warps=8, one_barrier=True),
+        "atomic-dq-w8-1bar-v4": replace(base, dq_atomic=True, warps=8, one_barrier=True, dq_stage=True),
+        "separate-dq-1bar": replace(base, one_barrier=True),
+    }
+
+
+EXPERIMENTS = {d: list(experiment_configs(d).values()) for d in HEAD_DIMS}
 
 
 def _check(q, k, v, o, lse, do, causal, scale):
@@ -173,9 +201,11 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     if not isinstance(cfg, BackwardConfig) or cfg.head_dim != D or cfg.stages not in (1, 2) \
             or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
             or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \
+            or (cfg.one_barrier and cfg.stages != 2) or (cfg.dq_stage and not cfg.dq_atomic) \
             or max(cfg.dkdv_smem, cfg.dq_smem) > smem_limit:
         raise ValueError(f"config must be a BackwardConfig with head_dim {D}, stages 1 or 2, "
-                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, and at most "
+                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, one_barrier only "
+                         f"with 2 stages, dq_stage only with dq_atomic, and at most "
                          f"{smem_limit} bytes of shared memory per kernel, got {cfg!r}")
     if cfg.dq_atomic and B * H * Nq * D >= 2**31:
         raise ValueError(f"the atomic-dQ variant indexes with 32-bit ints: B*H*Nq*D = "

@@ -31,11 +31,20 @@
 #ifndef DKDV_DQ_ATOMIC
 #define DKDV_DQ_ATOMIC 0   // 1: also add this key block's share of dQ into a float32 buffer
 #endif
+#ifndef DKDV_ONE_BARRIER
+#define DKDV_ONE_BARRIER 0 // 1 (two stages): the next stage is copied after the step's first barrier,
+#endif                     // which then also protects its buffer: no barrier at the end of a step
+#ifndef DKDV_DQ_STAGE
+#define DKDV_DQ_STAGE 0    // 1 (atomic dQ): each warp stages its dQ tile in shared memory and adds
+#endif                     // it with 16-byte red.global.add.v4.f32 (sm_90) instead of 8-byte ones
 // Blocks per SM to keep resident; it sets ptxas' register budget (65536 / (blocks * threads)).
 // As many as shared memory holds: three 55 KB blocks at D = 64 on sm_90 (168 registers), two
-// on sm_80 (A100: 164 KB per SM) and at D = 128 everywhere, one on a T4 (64 KB per SM).
+// on sm_80 (A100: 164 KB per SM) and at D = 128 everywhere, one on a T4 (64 KB per SM). Eight
+// warps (128-key blocks) take one block per SM: two would leave 128 registers per thread.
 #ifndef DKDV_MIN_BLOCKS
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 64
+#if DKDV_WARPS >= 8
+#define DKDV_MIN_BLOCKS 1
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 64
 #define DKDV_MIN_BLOCKS 3
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define DKDV_MIN_BLOCKS 2
@@ -57,6 +66,14 @@
 #else
 #define DKDV_DS_BYTES 0
 #endif
+// dQ staging (DKDV_DQ_STAGE): per warp 16 rows x 64 float32 columns, rows padded by 8 floats so
+// the accumulator's 8-byte writes (a half-warp covers 4 rows x 4 pairs) hit 32 different banks
+#define DKDV_LDS_DQ (64 + 8)
+#if DKDV_DQ_ATOMIC && DKDV_DQ_STAGE
+#define DKDV_DQ_STAGE_BYTES (DKDV_WARPS * 16 * DKDV_LDS_DQ * 4)
+#else
+#define DKDV_DQ_STAGE_BYTES 0
+#endif
 
 #if DKDV_BLOCK_M % 16 != 0
 #error "DKDV_BLOCK_M must be a multiple of 16"
@@ -67,6 +84,22 @@
 #if DKDV_DQ_ATOMIC && HEAD_DIM % 64 != 0
 #error "the atomic-dQ variant works on 64-column chunks of the head dim"
 #endif
+#if DKDV_ONE_BARRIER && DKDV_STAGES != 2
+#error "DKDV_ONE_BARRIER needs two stages"
+#endif
+
+// dQ += x at p[0..3] (16-byte aligned): one vector reduction in L2 on sm_90, four scalar ones before
+__device__ __forceinline__ void red_add4(float* p, float4 x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w) : "memory");
+#else
+    atomicAdd(p, x.x);
+    atomicAdd(p + 1, x.y);
+    atomicAdd(p + 2, x.z);
+    atomicAdd(p + 3, x.w);
+#endif
+}
 
 // dQ += v0, v1 at p[0], p[1]: one vector reduction in L2 on sm_90, two scalar ones before
 __device__ __forceinline__ void red_add2(float* p, float v0, float v1) {
@@ -78,8 +111,8 @@ __device__ __forceinline__ void red_add2(float* p, float v0, float v1) {
 #endif
 }
 
-// Dynamic shared memory of a launch: K and V tiles, the dS^T tile of the atomic variant, then
-// DKDV_STAGES stages (backward.py computes the same sum).
+// Dynamic shared memory of a launch: K and V tiles, the dS^T tile of the atomic variant, the dQ
+// staging tiles, then DKDV_STAGES stages (backward.py computes the same sum).
 
 extern "C" __global__ void __launch_bounds__(DKDV_THREADS, DKDV_MIN_BLOCKS)
 attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
@@ -107,7 +140,7 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     // shared memory: K tile, V tile, [dS^T tile], then per stage a Q tile, a dO tile, lse2, Delta
     ft_raw* t_k = reinterpret_cast<ft_raw*>(smem);
     ft_raw* t_v = t_k + DKDV_BLOCK_N * BWD_LDS;
-    unsigned char* stage0 = smem + 2 * DKDV_TILE_BYTES(DKDV_BLOCK_N) + DKDV_DS_BYTES;
+    unsigned char* stage0 = smem + 2 * DKDV_TILE_BYTES(DKDV_BLOCK_N) + DKDV_DS_BYTES + DKDV_DQ_STAGE_BYTES;
 
     // causal: query i sees key j only if j <= i, so queries below k0 see nothing of this block
     const int first_q = causal ? (k0 / DKDV_BLOCK_M) * DKDV_BLOCK_M : 0;
@@ -141,7 +174,9 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     for (int step = 0; step < n_steps; ++step) {
         const int q0 = first_q + step * DKDV_BLOCK_M;
         const int stage = DKDV_STAGES == 1 ? 0 : step % 2;
-        if (DKDV_STAGES == 1) {
+        if (DKDV_ONE_BARRIER) {
+            cp_async_wait<0>();   // this step's stage has landed (it was copied during the last step)
+        } else if (DKDV_STAGES == 1) {
             if (step > 0) { load_stage(0, q0); cp_async_commit(); }
             cp_async_wait<0>();
         } else if (step + 1 < n_steps) {
@@ -152,6 +187,11 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (DKDV_ONE_BARRIER && step + 1 < n_steps) {
+            // every warp is past the last step, so the other stage (and dS^T) is free
+            load_stage((step + 1) % 2, q0 + DKDV_BLOCK_M);
+            cp_async_commit();
+        }
 
         const ft_raw* t_q = reinterpret_cast<const ft_raw*>(stage0 + stage * DKDV_STAGE_BYTES);
         const u32 s_q = smem_addr(t_q), s_do = smem_addr(t_q + DKDV_BLOCK_M * BWD_LDS);
@@ -236,16 +276,38 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
                         mma_16x8x16(acc[2 * dn + 1], a, b[2], b[3]);
                     }
                 }
+#if DKDV_DQ_STAGE
+                // accumulator -> this warp's staging tile -> 16-byte reductions, 4 per row per lane
+                float* st = reinterpret_cast<float*>(t_ds + DKDV_BLOCK_N * DKDV_LDS_DS) + warp * 16 * DKDV_LDS_DQ;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const int col = t * 8 + 2 * (lane % 4);
+                    *reinterpret_cast<float2*>(st + (lane / 4) * DKDV_LDS_DQ + col) = make_float2(acc[t][0], acc[t][1]);
+                    *reinterpret_cast<float2*>(st + (lane / 4 + 8) * DKDV_LDS_DQ + col) = make_float2(acc[t][2], acc[t][3]);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {   // 16 rows x 16 float4: rows lane/16 + 2i, float4 lane%16
+                    const int row = lane / 16 + 2 * i, col = 4 * (lane % 16);
+                    const int qr = q0 + 16 * mt + row;
+                    if (qr < n_q)
+                        red_add4(dq_accum + (long long)qr * HEAD_DIM + c0 + col,
+                                 *reinterpret_cast<const float4*>(st + row * DKDV_LDS_DQ + col));
+                }
+                __syncwarp();   // the staging tile is read before the next chunk overwrites it
+#else
 #pragma unroll
                 for (int t = 0; t < 8; ++t) {
                     const int col = c0 + t * 8 + 2 * (lane % 4);
                     if (qa < n_q) red_add2(dq_accum + (long long)qa * HEAD_DIM + col, acc[t][0], acc[t][1]);
                     if (qb < n_q) red_add2(dq_accum + (long long)qb * HEAD_DIM + col, acc[t][2], acc[t][3]);
                 }
+#endif
             }
         }
 #endif
-        __syncthreads();   // every warp is done with this stage (and dS^T) before it is refilled
+        if (!DKDV_ONE_BARRIER)
+            __syncthreads();   // every warp is done with this stage (and dS^T) before it is refilled
     }
 
     cp_async_wait<0>();   // a block with no visible query block still has its K/V copies in flight

@@ -41,6 +41,21 @@ class LaunchConfig:
 V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)]}
 
 
+#: steps 4 to 7 are one kernel file, fwd_v4_fa2.cu, built with one more switch per step:
+#: variant -> (V4_PIPE, V4_SKIP_RESCALE); see the file's header for what each switch changes
+V4_STEPS = {"v4": (0, 0), "v5": (1, 0), "v6": (2, 0), "v7": (2, 1)}
+#: FlashAttention-2's shape at every head dim: 4 warps of 32 query rows, 64-key tiles (32-key
+#: tiles where 64 do not fit the GPU's shared memory, and before sm_80, where ptxas spills the
+#: 64-key tile at D = 128)
+V4_WARPS, V4_MT, V4_BLOCK_N = 4, 2, (64, 32)
+
+
+def v4_smem_bytes(head_dim: int, pipe: int, block_n: int = 64, elem: int = 2) -> int:
+    """Q tile (128 rows) + K and V tiles: one of each (``pipe`` 1) or two of each (0 and 2)."""
+    bufs = 1 if pipe == 1 else 2
+    return (16 * V4_MT * V4_WARPS + 2 * bufs * block_n) * head_dim * elem
+
+
 def v3_candidates(head_dim: int, arch: int):
     """(warps, block_n, m_tiles, stages) in order of preference: every measured tile shape
     double-buffered first, then single-buffered; before sm_80 there is no cp.async, so a second
@@ -96,6 +111,16 @@ def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, sm
                                     16 * mt * w, 32 * w, smem)
         raise RuntimeError(f"fwd_v3 with warps={warps}, block_n={block_n}, m_tiles={m_tiles} needs more than "
                            f"the {smem_limit} bytes of shared memory per block this GPU allows at head dim {head_dim}")
+    if variant in V4_STEPS:
+        pipe, skip = V4_STEPS[variant]
+        for bn in (V4_BLOCK_N if arch >= 80 else V4_BLOCK_N[1:]):
+            smem = v4_smem_bytes(head_dim, pipe, bn)
+            if smem <= smem_limit:
+                d = {**base, "V4_PIPE": pipe, "V4_SKIP_RESCALE": skip, "V4_BLOCK_N": bn}
+                return LaunchConfig("fwd_v4_fa2.cu", "flash_fwd_v4", tuple(sorted(d.items())),
+                                    16 * V4_MT * V4_WARPS, 32 * V4_WARPS, smem)
+        raise RuntimeError(f"fwd_v4 ({variant}) needs more than the {smem_limit} bytes of shared memory "
+                           f"per block this GPU allows at head dim {head_dim}")
     raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
 
 
@@ -173,9 +198,13 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, wa
 
 
 def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
-        block_n: int | None = None, m_tiles: int | None = None):
+        block_n: int | None = None, m_tiles: int | None = None, diag_offset: int = 0):
     """:func:`forward` without its checks, for callers that made them already (``cuda_attention``):
-    ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float."""
+    ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float.
+
+    Steps 4 to 7 also take grouped-query heads (``k``, ``v`` with ``H / kv_group`` heads, read
+    off the shapes) and ``diag_offset`` (causal: query i sees key j iff j <= i + diag_offset;
+    ``Nk - Nq`` is the bottom-right alignment); steps 1 to 3 need equal heads and offset 0."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     with torch.cuda.device(q.device):
@@ -183,8 +212,13 @@ def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | N
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        launch(fn, grid, (cfg.threads, 1, 1),
-               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal)), cfg.dynamic_smem)
+        args = (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal))
+        if variant in V4_STEPS:
+            args += (H // k.shape[1], int(diag_offset))
+        elif diag_offset or k.shape[1] != H:
+            raise ValueError(f"variant {variant!r} takes neither grouped K/V heads nor a diag_offset; "
+                             f"accepted: variants {sorted(V4_STEPS)}")
+        launch(fn, grid, (cfg.threads, 1, 1), args, cfg.dynamic_smem)
     return o, lse
 
 
@@ -240,9 +274,9 @@ def register_budget(variant: str, head_dim: int, block_n: int = 64, m_tiles: int
     ``m_tiles`` (v3): 16-row tiles per warp; every array but the K/V fragments grows with it."""
     if variant == "v1":
         return {"o row (float32)": head_dim, "m, l": 2}
-    if variant in ("v2", "v3"):
-        mt = m_tiles if variant == "v3" else 1
-        q = ({"Q fragments (2 x 16-bit each)": mt * head_dim // 16 * 4} if mt * head_dim <= 128
+    if variant in ("v2", "v3") or variant in V4_STEPS:
+        mt = {"v2": 1, "v3": m_tiles}.get(variant, V4_MT)
+        q = ({"Q fragments (2 x 16-bit each)": mt * head_dim // 16 * 4} if mt * head_dim <= 128 and variant not in V4_STEPS
              else {"Q fragments of one k-step (re-read from shared memory)": mt * 4})
         return {
             **q,

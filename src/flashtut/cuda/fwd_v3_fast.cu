@@ -17,7 +17,7 @@
 // fragment read from shared memory then feeds two MMAs instead of one, at the price of twice the
 // accumulator registers; Q's fragments are then re-read from shared memory at each tile when
 // keeping them would not fit the register file.
-#include "ft_mma.cuh"
+#include "ft_swizzle.cuh"
 
 #ifndef V3_WARPS
 #define V3_WARPS 8  // 16 query rows per warp: V3_BLOCK_M = 128
@@ -37,29 +37,16 @@
 #define V3_ROWS (16 * V3_MT)  // query rows per warp
 #define V3_BLOCK_M (V3_ROWS * V3_WARPS)
 #define V3_THREADS (32 * V3_WARPS)
-#define V3_CHUNKS (HEAD_DIM / 8)  // 16-byte chunks per row
 #define V3_NT (V3_BLOCK_N / 8)
 #define V3_DT (HEAD_DIM / 8)
 #define V3_KQ (HEAD_DIM / 16)
 #define V3_KP (V3_BLOCK_N / 16)
 #define V3_Q_IN_REGS (V3_MT * HEAD_DIM <= 128)  // Q fragments: 32 registers per 16 rows at D = 128
 
-// element offset of (row, col) in a swizzled [rows][HEAD_DIM] tile; col is a multiple of 8
-// wherever a whole chunk is addressed (cp.async, ldmatrix)
-__device__ __forceinline__ int swz(int row, int col) {
-    return row * HEAD_DIM + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
-}
-
-// rows [r0, r0 + rows) of a (N, HEAD_DIM) matrix into a swizzled tile; rows >= N become zeros
+// rows [r0, r0 + ROWS) of a (N, HEAD_DIM) matrix into a swizzled tile (ft_swizzle.cuh)
 template <int ROWS>
 __device__ __forceinline__ void load_tile(ft_raw* tile, const ft_raw* src, int r0, int N) {
-#pragma unroll
-    for (int i = threadIdx.x; i < ROWS * V3_CHUNKS; i += V3_THREADS) {
-        int r = i / V3_CHUNKS, c = (i % V3_CHUNKS) * 8;
-        bool ok = r0 + r < N;
-        const ft_raw* g = src + (size_t)(ok ? r0 + r : 0) * HEAD_DIM + c;
-        cp_async_16(tile + swz(r, c), g, ok);
-    }
+    load_tile_swz<ROWS, V3_THREADS>(tile, src, r0, N);
 }
 
 // grid (ceil(Nq / V3_BLOCK_M), B*H), block V3_THREADS, dynamic shared memory
