@@ -60,6 +60,7 @@ def test_bad_inputs_raise_documented_errors():
         flashtut.cuda_attention(q[0], q, q)
     with pytest.raises(ValueError, match="variant"):
         fwd.forward(q, q, q, variant="v9")
+    assert [fwd.padded_dim(d) for d in (8, 32, 64, 72, 96, 128, 256)] == [64, 64, 64, 128, 128, 128, 256]
     with pytest.raises(ValueError, match="warps"):
         fwd.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
     with pytest.raises(ValueError, match="block_n"):
@@ -201,6 +202,67 @@ def test_older_steps_refuse_grouped_heads_and_offsets():
         fwd.run(q, k, k, True, 0.125, "v3")
     with pytest.raises(ValueError, match="diag_offset"):
         fwd.run(q, q, q, True, 0.125, "v3", diag_offset=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [8, 32, 40, 80, 96, 120])
+def test_cuda_attention_pads_other_head_dims(D):
+    dtype = torch.bfloat16 if _bf16_ok() else torch.float16
+    q, k, v = rand_qkv(2, 3, 201, 333, D, dtype, seed=D)
+    do = torch.randn_like(q)
+    for causal in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = flashtut.cuda_attention(*leaves, causal=causal)
+        assert o.shape == q.shape and o.dtype == dtype
+        o.backward(do)
+        ref_leaves = [x.double().requires_grad_() for x in (q, k, v)]
+        ref = flashtut.naive_attention(*ref_leaves, causal=causal)
+        ref.backward(do.double())
+        assert_fa_criterion(f"D={D} causal={causal} o", o, ref.detach(), torch_error(q, k, v, causal, None, ref))
+        # the yardstick: PyTorch attention in the input dtype (products and P in it), by autograd
+        low = [x.clone().requires_grad_() for x in (q, k, v)]
+        sc = (low[0] @ low[1].transpose(-1, -2)) * D ** -0.5
+        if causal:
+            sc = sc.masked_fill(flashtut.causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+        (torch.softmax(sc.float(), -1).to(dtype) @ low[2]).backward(do)
+        for name, mine, want, lp in zip("qkv", leaves, ref_leaves, low):
+            assert mine.grad.shape == mine.shape
+            assert_fa_criterion(f"D={D} causal={causal} d{name}", mine.grad, want.grad,
+                                (lp.grad.double() - want.grad).abs().max().item())
+
+
+@pytest.mark.gpu
+def test_head_dim_256_forward_and_a_clear_backward_error():
+    dtype = torch.bfloat16 if _bf16_ok() else torch.float16
+    q, k, v = rand_qkv(1, 2, 300, 177, 256, dtype, seed=9)
+    for causal in (False, True):
+        ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
+        try:
+            o = flashtut.cuda_attention(q, k, v, causal=causal)
+        except RuntimeError as exc:   # a GPU whose shared memory cannot hold the D = 256 tiles
+            assert "shared memory" in str(exc)
+            return
+        assert_fa_criterion(f"D=256 causal={causal}", o, ref, torch_error(q, k, v, causal, None, ref))
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="head dim D = 256"):
+        flashtut.cuda_attention(leaf, k, v).sum().backward()
+    with pytest.raises(ValueError, match="multiple of 8"):
+        fwd.forward(q, k, v, variant="v5")
+
+
+@pytest.mark.gpu
+def test_default_backward_is_close_run_to_run_and_deterministic_is_exact():
+    q, k, v = rand_qkv(2, 4, 1000, 1000, 128, torch.float16, seed=21)
+    do = torch.randn_like(q)
+    grads = {}
+    for det in (False, True):
+        for rep in range(2):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            flashtut.cuda_attention(*leaves, causal=True, deterministic=det).backward(do)
+            grads[det, rep] = [x.grad for x in leaves]
+    assert all(torch.equal(a, b) for a, b in zip(grads[True, 0], grads[True, 1]))
+    for a, b in zip(grads[False, 0], grads[True, 0]):   # atomics reorder float32 sums: rounding only
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-2)
 
 
 @pytest.mark.gpu

@@ -42,6 +42,20 @@ def test_pick_config_fits_the_gpu(arch, limit, D, expect):
     assert max(cfg.dkdv_smem, cfg.dq_smem) <= limit
 
 
+def test_atomic_dq_is_the_default_from_sm80_and_deterministic_takes_the_dq_pass():
+    for arch, limit in ((90, 232448), (80, 166912)):
+        for D in (64, 128):
+            fast = cb.pick_config(D, arch, limit)
+            assert fast.dq_atomic and fast.warps == 8 and fast.one_barrier and fast.dkdv_smem <= limit
+            assert not cb.pick_config(D, arch, limit, deterministic=True).dq_atomic
+    # the staged 16-byte reductions at D = 128 need 191 KB: an H200 yes, an A100 (163 KB) no
+    assert cb.pick_config(128, 90, 232448).dq_stage and not cb.pick_config(128, 80, 166912).dq_stage
+    assert not cb.pick_config(128, 75, 65536).dq_atomic      # a T4 keeps the separate pass
+    cfg = cb.BackwardConfig(128, 2, 64, 64, warps=8, dq_atomic=True, one_barrier=True, dq_stage=True)
+    # K, V (128 keys) + dS^T (128 x 72) + 8 warps' dQ staging (16 x 72 floats) + two stages
+    assert cfg.dkdv_smem == 2 * 128 * 272 + 128 * 72 * 2 + 8 * 16 * 72 * 4 + 2 * (2 * 64 * 272 + 2 * 64 * 4)
+
+
 def test_config_smem_arithmetic():
     # D = 128: a padded row is 136 halves = 272 bytes; K and V tiles of 64 rows, then two stages
     # of Q and dO tiles plus 64 floats each of lse2 and Delta
@@ -122,10 +136,10 @@ def test_needs_a_cuda_device(gen):
 
 
 # ---------------------------------------------------------------- GPU
-def _default_config(D):
+def _default_config(D, deterministic=False):
     major, minor = torch.cuda.get_device_capability()
     from flashtut.cuda.compile import max_smem_per_block
-    return cb.pick_config(D, 10 * major + minor, max_smem_per_block())
+    return cb.pick_config(D, 10 * major + minor, max_smem_per_block(), deterministic)
 
 
 def _reference_grads(q, k, v, do, causal, scale, dtype):
@@ -212,13 +226,12 @@ def _check_against_references(q, k, v, do, causal, scale, yardstick="lowp", **kw
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Nq, Nk", [(1000, 1000), (777, 1000), (1000, 777)])
-@pytest.mark.parametrize("dq_atomic", [False, True], ids=["dq-pass", "dq-atomic"])
-def test_backward_matches_references(gen, dtype, D, causal, Nq, Nk, dq_atomic):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "default"])
+def test_backward_matches_references(gen, dtype, D, causal, Nq, Nk, deterministic):
     if dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("bfloat16 needs sm_80")
     q, k, v, do = _inputs(gen, 2, 3, Nq, Nk, D, dtype, "cuda")
-    cfg = dataclasses.replace(_default_config(D), dq_atomic=dq_atomic)
-    _check_against_references(q, k, v, do, causal, None, config=cfg)
+    _check_against_references(q, k, v, do, causal, None, deterministic=deterministic)
 
 
 @pytest.mark.gpu
@@ -248,8 +261,10 @@ def test_backward_large_logits_custom_scale(gen, D):
     cb.BackwardConfig(64, 2, 64, 64, warps=2),
     cb.BackwardConfig(128, 1, 32, 32, dq_atomic=True),
     cb.BackwardConfig(64, 2, 48, 32, warps=2, dq_atomic=True),   # 3 query tiles over 2 warps
+    *(c for d in (64, 128) for c in cb.experiment_configs(d).values()),   # the measured alternatives
 ], ids=lambda c: f"D{c.head_dim}-st{c.stages}-m{c.dkdv_block_m}-n{c.dq_block_n}-w{c.warps}"
-                 + ("-atomic" if c.dq_atomic else ""))
+                 + ("-atomic" if c.dq_atomic else "") + ("-1bar" if c.one_barrier else "")
+                 + ("-v4" if c.dq_stage else ""))
 def test_backward_other_tile_configs(gen, cfg):
     from flashtut.cuda.compile import max_smem_per_block
     if max(cfg.dkdv_smem, cfg.dq_smem) > max_smem_per_block():
@@ -265,8 +280,9 @@ def test_backward_is_deterministic(gen):
     # on shared memory would show up here too)
     q, k, v, do = _inputs(gen, 2, 4, 1500, 1500, 128, torch.bfloat16, "cuda")
     o, lse = flashtut.tiled_attention(q, k, v, causal=True, return_lse=True)
-    cfg = dataclasses.replace(_default_config(128), dq_atomic=False)
+    cfg = _default_config(128, deterministic=True)
+    assert not cfg.dq_atomic
     first = cb.backward(q, k, v, o, lse, do, causal=True, config=cfg)
     for _ in range(3):
-        again = cb.backward(q, k, v, o, lse, do, causal=True, config=cfg)
+        again = cb.backward(q, k, v, o, lse, do, causal=True, deterministic=True)
         assert all(torch.equal(a, b) for a, b in zip(first, again))

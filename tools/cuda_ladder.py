@@ -142,6 +142,9 @@ def warm_cache():
             for s in STEPS:
                 c = cf.launch_config(s, dtype, D, arch, cc.max_smem_per_block())
                 builds.add((c.source, c.kernel, c.defines))
+            if D == 64:   # the fast forward at D = 256 (step 3 only), for the tests
+                c = cf.launch_config("v3", dtype, 256, arch, cc.max_smem_per_block())
+                builds.add((c.source, c.kernel, c.defines))
             for cfg in cb.experiment_configs(D).values():
                 for src, kern, defs in cb.kernel_builds(cfg, dtype).values():
                     builds.add((src, kern, tuple(sorted(defs.items()))))
@@ -152,7 +155,7 @@ def warm_cache():
           f"{max(secs):.1f} s)", flush=True)
 
 
-def bench(log, Ns, Ds, bwd_configs=True):
+def bench(log, Ns, Ds, bwd_configs=True, fwd=True):
     rows = []
     for D in Ds:
         H = 2048 // D
@@ -168,7 +171,7 @@ def bench(log, Ns, Ds, bwd_configs=True):
                     impls = {"sdpa-flash": lambda: sdpa_flash(q, k, v, causal)}
                     for s in STEPS:
                         impls[f"cuda-{s}"] = (lambda s: lambda: run(q, k, v, causal, 1 / math.sqrt(D), s)[0])(s)
-                    for name, fn in impls.items():
+                    for name, fn in (impls if fwd else {}).items():
                         row = dict(impl=name, **base)
                         try:
                             row["fwd_err_vs_flash"] = float((fn().float() - ref).abs().max())
@@ -265,6 +268,15 @@ def ncu_launches():
     torch.cuda.synchronize()
 
 
+def ncu_bwd_launches():
+    """One backward with the separate dQ pass and one with the default atomic dQ (N = 4096, D = 128)."""
+    q, k, v, do = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(4))
+    o, lse = run(q, k, v, False, 128 ** -0.5, "v5")
+    for det in (True, False):
+        cb.backward(q, k, v, o, lse, do, False, 128 ** -0.5, deterministic=det)
+    torch.cuda.synchronize()
+
+
 def sanitizer_launches():
     """One small launch of each new step: odd lengths, causal both alignments, grouped heads."""
     for D in (64, 128):
@@ -289,9 +301,16 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--ncu-launch", action="store_true")
     ap.add_argument("--sanitizer-launch", action="store_true")
+    ap.add_argument("--ncu-bwd-launch", action="store_true")
+    ap.add_argument("--bwd-only", action="store_true", help="backward checks and timings only")
+    ap.add_argument("--warm-only", action="store_true", help="compile every build into CuPy's cache")
     a = ap.parse_args()
+    if a.warm_only:
+        return warm_cache()
     if a.ncu_launch:
         return ncu_launches()
+    if a.ncu_bwd_launch:
+        return ncu_bwd_launches()
     if a.sanitizer_launch:
         return sanitizer_launches()
     t0 = time.time()
@@ -317,13 +336,15 @@ def main():
             with open(a.out, "w") as f:
                 json.dump(out, f, indent=1)
 
-    save(first_calls(log))
+    if not a.bwd_only:
+        save(first_calls(log))
     warm_cache()
-    save(check(log))
+    if not a.bwd_only:
+        save(check(log))
     save(check_bwd(log))
     Ns = (4096,) if a.quick else (4096, 16384)
     for D in (128, 64):
-        save(bench(log, Ns, (D,), not a.no_bwd))
+        save(bench(log, Ns, (D,), not a.no_bwd, fwd=not a.bwd_only))
     rows = out["rows"]
     # the short table: forward TFLOP/s and ratio to SDPA flash
     fw = [r for r in rows if r.get("impl", "").startswith(("cuda-v", "sdpa-flash")) and "fwd_tflops" in r]

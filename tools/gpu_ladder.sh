@@ -50,14 +50,13 @@ def get(r, h):
     try: return float(r[col[h]].replace(",", ""))
     except (KeyError, ValueError): return float("nan")
 for name, r in zip(names, data):
-    stalls = sorted(((get(r, h), h) for h in head if "issue_stalled" in h and h.endswith("per_warp_active.pct")
-                     and "not_issued" not in h), reverse=True)[:4]
+    stalls = sorted(((get(r, h), h) for h in head if "issue_stalled" in h and h.endswith("per_issue_active.ratio")), reverse=True)[:4]
     conf = [(h, r[col[h]]) for h in head if "bank_conflicts" in h and "shared" in h and h.endswith(".sum")]
     print(f"{name:10s} tensor {get(r, 'sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'):.1f}% "
           f"occupancy {get(r, 'sm__warps_active.avg.pct_of_peak_sustained_active'):.1f}% "
           f"regs {r[col['launch__registers_per_thread']] if 'launch__registers_per_thread' in col else '?'} "
           f"dur {get(r, 'gpu__time_duration.sum'):.0f}")
-    print("   stalls:", ", ".join(f"{h.split('issue_stalled_')[1].split('_per')[0]} {v:.1f}" for v, h in stalls))
+    print("   stalls per issue:", ", ".join(f"{h.split('issue_stalled_')[1].split('_per')[0]} {v:.2f}" for v, h in stalls))
     print("   bank conflicts:", ", ".join(f"{h}={v}" for h, v in conf))
 PY
   cat "$OUT/ncu_summary.txt"

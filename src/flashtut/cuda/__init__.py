@@ -24,7 +24,14 @@ VARIANTS = {
     "v7": "the accumulator's rescale skipped when no row maximum of the warp changed",
 }
 
-#: the variant ``cuda_attention`` uses
-FAST_VARIANT = "v3"
+#: the variant ``cuda_attention`` uses, per (padded) head dim, from sm_80 (measured on an H200,
+#: book/perflog_cuda.md, "Steps 4 to 7"); before sm_80 (a T4) step 3 everywhere
+FAST_VARIANTS = {64: "v3", 128: "v5", 256: "v3"}
 
-__all__ = ["VARIANTS", "FAST_VARIANT"]
+
+def fast_variant(head_dim: int, arch: int) -> str:
+    """The forward ``cuda_attention`` runs at this padded head dim on a GPU of ``arch`` (75, 90 ...)."""
+    return FAST_VARIANTS.get(head_dim, "v3") if arch >= 80 else "v3"
+
+
+__all__ = ["VARIANTS", "FAST_VARIANTS", "fast_variant"]

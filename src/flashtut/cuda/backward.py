@@ -3,11 +3,13 @@
 1. ``bwd_preprocess.cu``: ``Delta = rowsum(dO * O)`` and ``lse2 = lse * log2(e)`` per query row;
 2. ``bwd_dkdv.cu``: one thread block per key block; ``dK`` and ``dV`` accumulate in registers
    while the block walks the query blocks, recomputing ``P`` from ``Q``, ``K`` and ``lse2``;
-3. ``bwd_dq.cu``: one thread block per query block; ``dQ`` in a separate pass that recomputes
-   ``S`` and ``dP`` once more. The alternative, ``BackwardConfig(dq_atomic=True)``, has the
-   dK/dV kernel add ``dQ`` into a float32 buffer with atomics instead (then
-   ``bwd_dq_convert.cu`` scales and converts it); ``bwd_dq.cu``'s header comment and
-   ``book/perflog_cuda_bwd.md`` weigh the two.
+3. dQ, two ways. The default from sm_80 (``BackwardConfig(dq_atomic=True)``, chosen by
+   :func:`pick_config`): the dK/dV kernel also adds ``dQ += dS K`` into a float32 buffer with
+   vector reductions (``red.global.add``), then ``bwd_dq_convert.cu`` scales and converts it:
+   five matrix products per tile pair, as FlashAttention-2. ``deterministic=True`` (and a T4):
+   ``bwd_dq.cu``, one thread block per query block, ``dQ`` in a separate pass that recomputes
+   ``S`` and ``dP`` once more (seven products, no atomics, the same bits every run);
+   ``bwd_dq.cu``'s header comment and ``book/perflog_cuda_bwd.md`` weigh the two.
 
 Tile sizes follow the GPU's shared memory: 64 x 64 tiles double-buffered with ``cp.async`` on
 sm_80 and newer, single-buffered (and 32-row query/key steps at D = 128) within a T4's 64 KB.
@@ -67,9 +69,27 @@ class BackwardConfig:
         return qdo + self.stages * 2 * self.dq_block_n * self.row_bytes
 
 
-def pick_config(head_dim: int, arch: int, smem_limit: int) -> BackwardConfig:
-    """The largest tiles that fit ``smem_limit`` bytes per block on compute capability ``arch``
-    (e.g. 90): D = 128 needs 103 KB on an H200 (two blocks per SM), 51 KB on a T4 (64 KB max)."""
+def atomic_candidates(head_dim: int) -> list[BackwardConfig]:
+    """The atomic-dQ configurations in order of preference, as measured on an H200
+    (book/perflog_cuda_bwd.md, "dQ by atomics, made cheap"): 128-key blocks of 8 warps with one
+    barrier per step; at D = 128 also dQ staged in shared memory and added 16 bytes at a time."""
+    base = BackwardConfig(head_dim, 2, 64, 64, dq_atomic=True)
+    w8 = replace(base, warps=8, one_barrier=True)
+    return ([replace(w8, dq_stage=True)] if head_dim >= 128 else []) + [w8, base]
+
+
+def pick_config(head_dim: int, arch: int, smem_limit: int, deterministic: bool = False) -> BackwardConfig:
+    """The backward's configuration for compute capability ``arch`` (e.g. 90) with ``smem_limit``
+    bytes of shared memory per block.
+
+    From sm_80, unless ``deterministic``: dQ added with float32 atomics by the dK/dV kernel (five
+    matrix products per tile pair instead of seven), the first of :func:`atomic_candidates` that
+    fits. Otherwise (and on a T4): the separate dQ pass, deterministic, with the largest tiles that
+    fit: D = 128 needs 103 KB on an H200 (two blocks per SM), 51 KB on a T4 (64 KB max)."""
+    if not deterministic and arch >= 80:
+        for cfg in atomic_candidates(head_dim):
+            if cfg.dkdv_smem <= smem_limit:
+                return cfg
     stages = 2 if arch >= 80 else 1            # no cp.async before sm_80: nothing to overlap
     for block in (64, 32, 16):
         for st in sorted({stages, 1}, reverse=True):
@@ -107,18 +127,20 @@ SMEM_PER_BLOCK = cc.SMEM_PER_BLOCK   # opt-in shared memory per block by archite
 
 
 def runtime_builds(arch: int) -> list[tuple[str, dict]]:
-    """Every (source, defines) the backward compiles on an sm_``arch`` GPU with the default tiles,
-    for both dQ strategies: the CI compile test (tests/test_cuda_compile.py) builds exactly these."""
+    """Every (source, defines) the backward compiles on an sm_``arch`` GPU: the default and the
+    deterministic configuration, the atomic variant of the latter, and from sm_80 the measured
+    alternatives (:func:`experiment_configs`); the CI compile test (tests/test_cuda_compile.py)
+    builds exactly these."""
     if arch not in SMEM_PER_BLOCK:
         raise ValueError(f"arch must be one of {sorted(SMEM_PER_BLOCK)}, got {arch!r}")
     out: list[tuple[str, dict]] = []
+    limit = SMEM_PER_BLOCK[arch]
     for dtype in (DTYPES if arch >= 80 else (torch.float16,)):
         for d in HEAD_DIMS:
-            cfg = pick_config(d, arch, SMEM_PER_BLOCK[arch])
-            variants = [replace(cfg, dq_atomic=atomic) for atomic in (False, True)]
-            if cfg.stages == 2:   # the measured alternatives (perflog_cuda_bwd.md)
-                variants += [v for v in EXPERIMENTS.get(d, ())
-                             if max(v.dkdv_smem, v.dq_smem) <= SMEM_PER_BLOCK[arch]]
+            det = pick_config(d, arch, limit, deterministic=True)
+            variants = [det, replace(det, dq_atomic=True), pick_config(d, arch, limit)]
+            if arch >= 80:
+                variants += [v for v in experiment_configs(d).values() if max(v.dkdv_smem, v.dq_smem) <= limit]
             for v in variants:
                 for source, _, defines in kernel_builds(v, dtype).values():
                     if (source, defines) not in out:
@@ -137,10 +159,12 @@ def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
         "atomic-dq-w8-1bar": replace(base, dq_atomic=True, warps=8, one_barrier=True),
         "atomic-dq-w8-1bar-v4": replace(base, dq_atomic=True, warps=8, one_barrier=True, dq_stage=True),
         "separate-dq-1bar": replace(base, one_barrier=True),
+        # 128 queries per step: half the barriers and dK/dV loop trips (fits at D = 64 only)
+        "atomic-dq-w8-1bar-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True),
+        "atomic-dq-w8-1bar-v4-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True,
+                                             dq_stage=True),
     }
 
-
-EXPERIMENTS = {d: list(experiment_configs(d).values()) for d in HEAD_DIMS}
 
 
 def _check(q, k, v, o, lse, do, causal, scale):
@@ -172,7 +196,7 @@ def _ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, *,
-             out=None, config: BackwardConfig | None = None):
+             out=None, config: BackwardConfig | None = None, deterministic: bool = False):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
 
     ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
@@ -181,7 +205,10 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
     prove every element is written). ``config``: tile sizes (default :func:`pick_config` for this
-    GPU), to compare configurations or run a T4's on a bigger GPU. Outputs are in the input dtype.
+    GPU), to compare configurations or run a T4's on a bigger GPU. ``deterministic``: the separate
+    dQ pass instead of atomics (bit-identical results run to run; about 20% slower on an H200, see
+    book/perflog_cuda_bwd.md); inputs too large for the atomic variant's 32-bit indexing take it
+    too. Outputs are in the input dtype.
     """
     B, H, Nq, Nk, D, causal, scale, arch = _check(q, k, v, o, lse, do, causal, scale)
     q, k, v, o, do = (_ready(t) for t in (q, k, v, o, do))
@@ -197,7 +224,9 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
                                  f"{tuple(ref.shape)}, dtype {ref.dtype} on {ref.device}")
 
     smem_limit = cc.max_smem_per_block(q.device)
-    cfg = pick_config(D, arch, smem_limit) if config is None else config
+    cfg = pick_config(D, arch, smem_limit, deterministic) if config is None else config
+    if config is None and cfg.dq_atomic and B * H * Nq * D >= 2**31:
+        cfg = pick_config(D, arch, smem_limit, deterministic=True)
     if not isinstance(cfg, BackwardConfig) or cfg.head_dim != D or cfg.stages not in (1, 2) \
             or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
             or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \

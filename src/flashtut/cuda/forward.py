@@ -38,7 +38,27 @@ class LaunchConfig:
 #: first, as measured on an H200 (book/data/cuda_tiles_h200.json, book/perflog_cuda.md): at D = 128
 #: 8 warps of 16 rows with 128-key tiles; at D = 64, 4 warps of 32 rows, so that every K and V
 #: fragment read from shared memory feeds two MMAs
-V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)]}
+V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)],
+            256: [(8, 64, 1), (4, 64, 1)]}
+
+#: head dims the kernels are built for; every other multiple of 8 up to 128 is zero-padded to
+#: the next of these (zero columns of Q and K add nothing to a score, zero columns of V give
+#: output columns that are cut off again), so it costs the larger dim's time
+BUILT_DIMS = (64, 128)
+#: built for step 3 only (the forward), from sm_80 (on a T4 the 256-wide accumulators spill and
+#: the tiles barely fit its 64 KB)
+V3_ONLY_DIMS = (256,)
+
+
+def padded_dim(head_dim: int) -> int:
+    """The built head dim that ``head_dim`` runs at: 64 up to 64, 128 up to 128, else itself."""
+    return next((d for d in BUILT_DIMS if head_dim <= d), head_dim)
+
+
+def pad_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``t`` with zero columns appended up to ``head_dim`` (itself when it has that many)."""
+    extra = head_dim - t.shape[-1]
+    return t if extra == 0 else torch.nn.functional.pad(t, (0, extra))
 
 
 #: steps 4 to 7 are one kernel file, fwd_v4_fa2.cu, built with one more switch per step:
@@ -145,18 +165,25 @@ def check_gpu_support(x: torch.Tensor, what: str) -> int:
     return major * 10 + minor
 
 
-def check_cuda_inputs(q, k, v):
-    """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``."""
+def check_cuda_inputs(q, k, v, variant: str | None = None):
+    """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``. Head dims: every
+    multiple of 8 up to 128 (padded, see :func:`padded_dim`), and 256 for step 3 (``variant``
+    ``"v3"``, or None: the fast forward)."""
     B, H, Nq, Nk, D = check_qkv(q, k, v)
     # what is missing from the environment is said first (a CPU-only reader learns that a GPU is
     # needed before being told about head dims)
-    check_gpu_support(q, "the CUDA forward kernels")
+    arch = check_gpu_support(q, "the CUDA forward kernels")
     if q.dtype not in DTYPE_DEFINES:
         raise ValueError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the CUDA kernels accept "
                          f"float16 or bfloat16")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels; accepted: "
-                         f"{', '.join(map(str, HEAD_DIMS))}")
+    if not ((D % 8 == 0 and 8 <= D <= max(BUILT_DIMS)) or (D in V3_ONLY_DIMS and variant in (None, "v3"))):
+        extra = f", or {', '.join(map(str, V3_ONLY_DIMS))} (forward, step v3)"
+        raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels"
+                         f"{'' if variant is None else f' (variant {variant!r})'}; accepted: a multiple "
+                         f"of 8 from 8 to {max(BUILT_DIMS)}{extra}")
+    if D in V3_ONLY_DIMS and arch < 80:
+        raise ValueError(f"head dim D = {D} needs sm_80 or newer for the CUDA kernels (this GPU is sm_{arch}); "
+                         f"accepted here: a multiple of 8 from 8 to {max(BUILT_DIMS)}")
     if B * H > 65535:
         raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
     return B, H, Nq, Nk, D
@@ -179,9 +206,12 @@ def forward(q, k, v, causal: bool = False, scale: float | None = None, variant: 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     causal = check_causal(causal)
-    D = check_cuda_inputs(q, k, v)[-1]
+    D = check_cuda_inputs(q, k, v, variant)[-1]
     scale = check_scale(scale, D)
-    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n, m_tiles)
+    pd = padded_dim(D)
+    o, lse = run(*(prepare(pad_head_dim(x, pd)) for x in (q, k, v)), causal, scale, variant, warps,
+                 block_n, m_tiles)
+    return (o if pd == D else o[..., :D].contiguous()), lse
 
 
 @functools.lru_cache(maxsize=None)
@@ -237,7 +267,8 @@ def runtime_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfi
     limit = REFERENCE_SMEM.get(arch, 48 * 1024) if smem_limit is None else smem_limit
     dtypes = [torch.float16] + ([torch.bfloat16] if arch >= 80 else [])
     return [launch_config(variant, dt, d, arch, limit)
-            for variant in VARIANTS for dt in dtypes for d in HEAD_DIMS]
+            for variant in VARIANTS for dt in dtypes
+            for d in HEAD_DIMS + (V3_ONLY_DIMS if variant == "v3" and arch >= 80 else ())]
 
 
 def time_ms(fn) -> float:
