@@ -268,6 +268,40 @@ def ncu_launches():
     torch.cuda.synchronize()
 
 
+def loader_ab(log, before_path):
+    """Step 3 with its tile loader before and after the straight-line rewrite (ft_swizzle.cuh), in
+    one process: the file as it was is read from ``before_path`` and built with the same defines."""
+    from flashtut.cuda import forward as cf
+    before = open(before_path).read()
+    arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
+    rows = []
+    for D in (128, 64):
+        H, dtype = 2048 // D, torch.float16
+        cfg = cf.launch_config("v3", dtype, D, arch, cc.max_smem_per_block())
+        fn = cc.get_function(before, cfg.kernel, cfg.define_dict)
+        cc.set_max_dynamic_smem(fn, cfg.dynamic_smem)
+        for N in (4096, 16384):
+            B = 16384 // N
+            q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+            for causal in (False, True):
+                flops = attention_flops(B, H, N, N, D, causal)
+
+                def old():
+                    o = torch.empty_like(q)
+                    lse = torch.empty((B, H, N), device="cuda", dtype=torch.float32)
+                    cc.launch(fn, (math.ceil(N / cfg.block_m), B * H, 1), (cfg.threads, 1, 1),
+                              (q, k, v, o, lse, N, N, D ** -0.5 * 1.4426950408889634, int(causal)), cfg.dynamic_smem)
+                    return o
+                new = lambda: run(q, k, v, causal, D ** -0.5, "v3")[0]
+                assert float((old().float() - new().float()).abs().max()) == 0.0, "loaders disagree"
+                for name, f in (("cuda-v3-loader-before", old), ("cuda-v3", new)):
+                    ms = time_ms(f)
+                    rows.append(dict(impl=name, D=D, N=N, B=B, H=H, dtype="float16", causal=causal, fwd_ms=ms,
+                                     fwd_tflops=round(flops / ms / 1e9, 2)))
+                log(rows[-2:])
+    return rows
+
+
 def ncu_bwd_launches():
     """One backward with the separate dQ pass and one with the default atomic dQ (N = 4096, D = 128)."""
     q, k, v, do = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(4))
@@ -302,6 +336,7 @@ def main():
     ap.add_argument("--ncu-launch", action="store_true")
     ap.add_argument("--sanitizer-launch", action="store_true")
     ap.add_argument("--ncu-bwd-launch", action="store_true")
+    ap.add_argument("--loader-ab", metavar="BEFORE.cu", help="also time step 3 with the loader of BEFORE.cu")
     ap.add_argument("--bwd-only", action="store_true", help="backward checks and timings only")
     ap.add_argument("--warm-only", action="store_true", help="compile every build into CuPy's cache")
     a = ap.parse_args()
@@ -345,6 +380,11 @@ def main():
     Ns = (4096,) if a.quick else (4096, 16384)
     for D in (128, 64):
         save(bench(log, Ns, (D,), not a.no_bwd, fwd=not a.bwd_only))
+    if a.loader_ab:
+        try:
+            save(loader_ab(log, a.loader_ab))
+        except Exception as exc:  # the other phases are saved already
+            print(f"loader A/B failed: {type(exc).__name__}: {exc}", flush=True)
     rows = out["rows"]
     # the short table: forward TFLOP/s and ratio to SDPA flash
     fw = [r for r in rows if r.get("impl", "").startswith(("cuda-v", "sdpa-flash")) and "fwd_tflops" in r]

@@ -18,7 +18,9 @@ timeout ${T_BENCH:-55} python3 -m flashtut.bench run --impl cuda,sdpa-flash -D 1
     --dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 --warmup-ms 5 \
     --rep-ms 40 --no-progress --out "$OUT/bench_protocol.json" > "$OUT/bench.log" 2>&1
 echo "bench exit $?"
-timeout ${T_BWD:-40} python3 tools/cuda_ladder.py --bwd-only --out "$OUT/ladder_bwd.json" > "$OUT/ladder_bwd.log" 2>&1
+# LOADER_AB=<file>: step 3's .cu from before the loader rewrite (git show 5e5e80a~1:src/flashtut/cuda/fwd_v3_fast.cu)
+timeout ${T_BWD:-55} python3 tools/cuda_ladder.py --bwd-only ${LOADER_AB:+--loader-ab $LOADER_AB} \
+    --out "$OUT/ladder_bwd.json" > "$OUT/ladder_bwd.log" 2>&1
 echo "ladder bwd exit $?"
 timeout ${T_RACE:-25} compute-sanitizer --tool racecheck --print-limit 20 python3 tools/cuda_ladder.py \
     --sanitizer-launch > "$OUT/racecheck.log" 2>&1
