@@ -161,7 +161,7 @@ def _masked_attention(q, k, v, offset, scale):
     """Attention with the mask j <= i + offset (None: none) in q's dtype the way PyTorch computes it
     (products in the dtype, softmax in float32, P rounded to the dtype), and its lse; rows that see
     no key give o = 0 and lse = -inf."""
-    s = (q @ k.transpose(-1, -2)).float() * scale
+    s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale
     if offset is not None:
         i = torch.arange(q.shape[2], device=q.device)[:, None]
         j = torch.arange(k.shape[2], device=q.device)[None, :]
@@ -311,9 +311,10 @@ def test_autograd_matches_reference(dtype, causal, D):
 
 @pytest.mark.gpu
 def test_gpu_errors():
-    q = torch.randn(1, 2, 5, 96, device="cuda", dtype=torch.float16)
-    with pytest.raises(ValueError, match="head dim"):
-        flashtut.cuda_attention(q, q, q)
+    for D in (100, 136):   # not a multiple of 8; above 128 and not 256
+        q = torch.randn(1, 2, 5, D, device="cuda", dtype=torch.float16)
+        with pytest.raises(ValueError, match="head dim"):
+            flashtut.cuda_attention(q, q, q)
     q = torch.randn(1, 2, 5, 64, device="cuda", dtype=torch.float32)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         flashtut.cuda_attention(q, q, q)

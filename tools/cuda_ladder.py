@@ -247,6 +247,8 @@ def check_bwd(log):
                     scale = D ** -0.5
                     o, lse = run(q, k, v, causal, scale, "v3")
                     for name, cfg in cb.experiment_configs(D).items():
+                        if max(cfg.dkdv_smem, cfg.dq_smem) > cc.max_smem_per_block():
+                            continue
                         got = cb.backward(q, k, v, o, lse, do, causal, scale, config=cfg)
                         errs = [float((x.double() - r).abs().max()) for x, r in zip(got, ref[0])]
                         ok = all(math.isfinite(e) and e <= 2 * t + 1e-3 for e, t in zip(errs, terr))

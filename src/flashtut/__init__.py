@@ -44,14 +44,15 @@ def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
     return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale)
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
+def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
+    ``deterministic=True``: dQ in a separate pass instead of float32 atomics (the same bits every run).
     """
     attention = _load_kernel_module("cuda.attention", "cupy",
                                     "pip install cupy-cuda12x (CUDA 12 drivers, e.g. Colab) or cupy-cuda13x")
-    return attention.cuda_attention(q, k, v, causal=causal, scale=scale)
+    return attention.cuda_attention(q, k, v, causal=causal, scale=scale, deterministic=deterministic)
 
 
 __all__ = [

@@ -83,6 +83,16 @@ PRODUCERS = {
                              "per warp), the measurement behind V3_TILES",
                              "PYTHONPATH=src python3 tools/bench_cuda.py --explore-only "
                              "--out book/data/cuda_tiles_h200.json"),
+    "cuda_ladder_h200.json": ("the CUDA forward ladder's steps 3-7 and the backward's dQ strategies against SDPA "
+                              "flash, first-call compile times and correctness checks (perflog_cuda, perflog_cuda_bwd)",
+                              "OUT=<folder> bash tools/gpu_ladder.sh"),
+    "cuda_ladder_ncu_h200.json": ("Nsight Compute on one launch of each forward step, SDPA flash and each backward "
+                                  "strategy (perflog_cuda, perflog_cuda_bwd)",
+                                  "OUT=<folder> bash tools/gpu_ladder.sh"),
+    "cuda_protocol_h200.json": ("cuda_attention against SDPA flash at the protocol's N 4096 and 16384 after issue 13",
+                                "python -m flashtut.bench run --impl cuda,sdpa-flash -D 128,64 -N 4096,16384 "
+                                "--dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "
+                                "--warmup-ms 5 --rep-ms 40 --no-progress --out book/data/cuda_protocol_h200.json"),
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
                                         "tile-shape change (perflog_cuda compares it with both)",
                                         "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
