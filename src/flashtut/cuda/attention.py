@@ -58,7 +58,7 @@ def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None, *,
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward, which
     adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of
     dQ may differ between runs); ``deterministic=True`` takes the separate dQ pass instead
-    (bit-identical every run, about 20% slower on an H200).
+    (bit-identical every run; on an H200 the backward takes 14% (D = 64) to 26% (D = 128) longer).
     """
     causal = check_causal(causal)
     D = check_cuda_inputs(q, k, v)[-1]

@@ -206,7 +206,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
     prove every element is written). ``config``: tile sizes (default :func:`pick_config` for this
     GPU), to compare configurations or run a T4's on a bigger GPU. ``deterministic``: the separate
-    dQ pass instead of atomics (bit-identical results run to run; about 20% slower on an H200, see
+    dQ pass instead of atomics (bit-identical results run to run; 14 to 26% slower on an H200, see
     book/perflog_cuda_bwd.md); inputs too large for the atomic variant's 32-bit indexing take it
     too. Outputs are in the input dtype.
     """
