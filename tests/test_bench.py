@@ -564,14 +564,14 @@ def test_plot_on_files_that_are_not_results(content, why, tmp_path):
 def test_presets_carry_their_implementations(tmp_path, capsys):
     out = tmp_path / "ladder.json"
     rc = cli.main(["run", "--preset", "cuda-ladder", "-N", "33", "-D", "16", "--hidden", "16", "--tokens", "33",
-                   *FAST, "--out", str(out)])
+                   "--dtype", "float32", *FAST, "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     rows = load_results(out)["rows"]
     impls = {r["impl"] for r in rows}
-    assert {"naive", "cuda", "sdpa-flash"} <= impls and {r["mode"] for r in rows} == {"fwd"}
+    assert {"naive", "cuda", "sdpa-flash"} <= impls and {r["mode"] for r in rows} == {"fwd", "bwd"}
     assert all(r["status"] == "ok" for r in rows if r["impl"] == "naive")
     assert all(r["status"] == "unavailable" and r["reason"] for r in rows if r["impl"] != "naive")
-    for name in ("triton-autotune", "triton-sweep", "cuda-fast", "cuda-tiles"):
+    for name in ("triton-autotune", "triton-sweep", "cuda-tiles"):
         assert name in cli.PRESETS and cli.PRESETS[name]["impls"]
 
 

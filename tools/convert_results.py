@@ -27,7 +27,7 @@ CONVERTED_BY = "python tools/convert_results.py"
 
 def _iso(date: str | None) -> str | None:
     """'2026-11-29 12:58 UTC' -> '2026-11-29T12:58:00+00:00' (the harness's date format)."""
-    if not date or "T" in date:
+    if not date or not date.endswith(" UTC"):
         return date
     parsed = datetime.datetime.strptime(date.replace(" UTC", ""), "%Y-%m-%d %H:%M")
     return parsed.replace(tzinfo=datetime.timezone.utc).isoformat(timespec="seconds")

@@ -46,7 +46,10 @@ REPO_DATA_DIR = "book/data"
 #: a GPU from the repository root; book/data/README.md repeats these (a test keeps them in step).
 #: Specific names come first: ``producer()`` answers with the first entry that matches. The
 #: H200 files were measured with ``FLASHTUT_TRITON_AUTOTUNE=0`` (Triton's first configuration;
-#: tools/gpu_final.sh sets it), which the files' provenance does not record, so it is written here.
+#: tools/gpu_check.sh sets it), which the files' provenance does not record, so it is written here.
+#: Files measured before the harness had a preset for them (the kernel chapters' runs, the host
+#: time) were converted to this format once by ``python tools/convert_results.py``; their
+#: provenance keeps the command that measured them, and the command here measures them again.
 _SWEEP = ("FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --preset protocol --warmup-ms 5 "
           "--rep-ms 25")
 _IMPLS = "naive,tiled,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda,cuda-ladder"
@@ -74,24 +77,30 @@ PRODUCERS = {
                            "--out book/data/h200_roofline.json"),
     "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
                                "project's H200 anchor file", None),
-    # the kernel chapters' own runs, in their scripts' layouts (rows with fwd_tflops/bwd_tflops)
-    "triton_h200.json": ("chapter 07's Triton kernels against SDPA flash: speed, accuracy, autotuning",
-                         "OUT=<folder> bash tools/gpu_triton.sh"),
+    # the kernel chapters' own runs
+    "triton_h200.json": ("chapter 07's Triton kernels against SDPA flash, autotuned: speed, errors and the "
+                         "configurations the autotuner picked (the committed run, from the retired script, "
+                         "also holds every configuration's time per shape, which a re-run does not record)",
+                         "python -m flashtut.bench run --preset triton-autotune --warmup-ms 25 --rep-ms 150 "
+                         "--out book/data/triton_h200.json"),
+    "triton_h200_sweep.json": ("chapter 07's speed against N: Triton, SDPA flash and naive attention, "
+                               "D 128, float16, autotuned",
+                               "python -m flashtut.bench run --preset triton-sweep --warmup-ms 10 --rep-ms 60 "
+                               "--out book/data/triton_h200_sweep.json"),
     "cuda_h200.json": ("chapter 08's CUDA ladder and fast kernel against naive attention and SDPA flash",
-                       "OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+                       "python -m flashtut.bench run --preset cuda-ladder --out book/data/cuda_h200.json"),
     "cuda_h200_v3_first.json": ("the same run with the fast kernel's first tile shape (8 warps of 16 rows, "
                                 "64-key tiles at both head dims), quoted by the perf logs' history",
                                 "git checkout f9f88b4 && OUT=<folder> bash tools/gpu_cuda.sh --quick"),
     "cuda_tiles_h200.json": ("the fast kernel's forward at other tile shapes (warps, keys per tile, rows "
                              "per warp), the measurement behind V3_TILES",
-                             "PYTHONPATH=src python3 tools/bench_cuda.py --explore-only "
-                             "--out book/data/cuda_tiles_h200.json"),
+                             "python -m flashtut.bench run --preset cuda-tiles --out book/data/cuda_tiles_h200.json"),
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
                                         "tile-shape change (perflog_cuda compares it with both)",
                                         "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
-                                "OUT=<folder> BEFORE=f9f88b4 SWEEP=0 bash tools/gpu_host_path.sh"),
+                                "python -m flashtut.bench host --label after --out book/data/host_overhead_h200.json"),
 }
 
 # --- the repository (its _config.yml names it; flashtut.colab writes it into notebooks) ---------

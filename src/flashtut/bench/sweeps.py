@@ -101,14 +101,10 @@ PRESETS = {
         seqlens=(512, 1024, 2048, 4096, 8192, 16384), dtypes=("float16",), causal=(False, True),
         modes=("fwd", "bwd")),
     "cuda-ladder": dict(
-        what="chapter 08's ladder: naive, every CUDA forward step, the fast kernel and SDPA flash, forward, "
-             "N 4096, D 128 and 64, float16",
+        what="chapter 08: naive attention, every CUDA forward step (forward only), the fast kernel and SDPA "
+             "flash, forward and backward, N 4096 and 16384, D 128 and 64, float16 and bfloat16",
         impls=("naive", "cuda-ladder", "cuda", "sdpa-flash"), tokens=16384, hidden=2048, head_dims=(128, 64),
-        seqlens=(4096,), dtypes=("float16",), causal=(False, True), modes=("fwd",)),
-    "cuda-fast": dict(
-        what="chapter 08's fast kernel against SDPA flash, forward and backward, N 4096 and 16384, both dtypes",
-        impls=("cuda", "sdpa-flash"), tokens=16384, hidden=2048, head_dims=(128, 64), seqlens=(4096, 16384),
-        dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
+        seqlens=(4096, 16384), dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
     "cuda-tiles": dict(
         what="the fast CUDA forward at other tile shapes (registry.TILE_CHOICES), float16, N 4096 and 16384",
         impls=("cuda-tiles", "cuda"), tokens=16384, hidden=2048, head_dims=(128, 64), seqlens=(4096, 16384),
