@@ -8,8 +8,8 @@ Public functions (``flashtut.triton_attention`` calls the first):
 * ``triton_backward(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``
 
 The kernels live in ``flashtut.triton.forward`` and ``flashtut.triton.backward``, their search
-space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once per
-(GPU generation, dtype, head dim, causal, length class); under the Triton interpreter
+space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once
+per (GPU generation, dtype, head dim, causal, length class); under the Triton interpreter
 (``TRITON_INTERPRET=1`` set before the first ``import triton``) they run on CPU tensors with
 one tiny fixed configuration.
 """
@@ -129,13 +129,13 @@ def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
     space = configs.search_space(kernel, capability, fp32, block_d)
     key = (kernel, gen, fp32, tuple(space))   # one autotuner per distinct search space
     if key not in _TUNED:
-        configs = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
-                                 num_warps=c.num_warps, num_stages=c.num_stages) for c in space]
+        candidates = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                                    num_warps=c.num_warps, num_stages=c.num_stages) for c in space]
 
         def bench(fn, quantiles):  # shorter than the default 25 ms + 100 ms per config
             return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
 
-        _TUNED[key] = triton.autotune(configs=configs, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+        _TUNED[key] = triton.autotune(configs=candidates, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
                                       do_bench=bench)(jit_fn)
     return _TUNED[key]
 
