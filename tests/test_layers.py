@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "flashtut"
 
 #: layer name -> the module prefixes it holds, bottom up
 LAYERS = (
-    ("core", ("flashtut.checks", "flashtut.softmax", "flashtut.reference", "flashtut.tiled",
+    ("core", ("flashtut.version", "flashtut.checks", "flashtut.softmax", "flashtut.reference", "flashtut.tiled",
               "flashtut.decode", "flashtut.constants", "flashtut.devices")),
     ("hardware facts", ("flashtut.hardware",)),
     ("cost models", ("flashtut.costs",)),
@@ -128,7 +128,7 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("source, expected", [
     ("from ..checks import x\ndef f():\n    from ..bench import sweeps\n",
-     {"flashtut.checks", "flashtut.bench", "flashtut.bench.sweeps"}),
+     {"flashtut.checks", "flashtut.bench.sweeps"}),
     ("import flashtut.cuda.compile as cc\n", {"flashtut.cuda.compile"}),
     ("from .. import triton_attention\n", {"flashtut"}),
     ("import triton\nfrom .style import INK\n", {"flashtut.figures.style"}),
