@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..checks import FLOAT_DTYPES
+from .flops import attention_flops
 from .traffic import Traffic
 
 MiB = 2 ** 20
@@ -188,7 +189,7 @@ def fused_attention_kernel(B: int, H: int, N: int, D: int, dtype: torch.dtype = 
     Nk = N if Nk is None else Nk
     _check_dims(B=B, H=H, N=N, D=D, Nk=Nk)
     bh = B * H
-    flops = 4 * bh * N * Nk * D + SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk
+    flops = int(attention_flops(B, H, N, Nk, D)) + SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk
     read = tensor_bytes((bh, N, D), dtype) + 2 * tensor_bytes((bh, Nk, D), dtype)
     return Traffic("fused attention", flops, read, tensor_bytes((bh, N, D), dtype))
 
