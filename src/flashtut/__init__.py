@@ -16,7 +16,7 @@ from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_s
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import merge_attention_states, split_kv_attention
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def _load_kernel_module(module: str, package: str, how: str):
