@@ -189,7 +189,7 @@ def _triton_available(device, dtype, D):
 
 
 def _triton_fwd(q, k, v, causal, scale):
-    from .. import triton_attention
+    from ..triton.attention import triton_attention
     return triton_attention(q, k, v, causal=causal, scale=scale)
 
 
@@ -211,7 +211,7 @@ def _cuda_available(module: str):
 
 
 def _cuda_fwd(q, k, v, causal, scale):
-    from .. import cuda_attention
+    from ..cuda.attention import cuda_attention
     return cuda_attention(q, k, v, causal=causal, scale=scale)
 
 
