@@ -368,7 +368,7 @@ def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
     """Rows and provenance of every committed file matching ``pattern_or_name``.
 
     Returns ``(rows, provenance_list)``. Rows are in ``flashtut.bench``'s layout (so
-    ``flashtut.bench.plot`` draws them), each tagged with ``source`` (its file's name) and
+    ``flashtut.figures.bench_plots`` draws them), each tagged with ``source`` (its file's name) and
     ``device`` (the GPU's name from the file's provenance, else the file's stem). When several
     files measure the same thing, the one with the latest provenance date wins. Each provenance
     entry is the file's ``provenance`` block plus ``file``, ``path``, ``kind``, ``config`` and

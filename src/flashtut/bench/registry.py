@@ -180,10 +180,10 @@ def _triton_available(device, dtype, D):
         if major < 8:
             return False, f"the Triton kernels need a GPU of sm_80 or newer (this one is sm_{major}x)"
     reason = (_import_reason("triton", "install it with pip install triton (Linux)")
-              or _import_reason("flashtut.triton_kernels", "see the Triton chapter's set-up"))
+              or _import_reason("flashtut.triton.attention", "see the Triton chapter's set-up"))
     if reason:
         return False, reason
-    kernels = importlib.import_module("flashtut.triton_kernels")
+    kernels = importlib.import_module("flashtut.triton.attention")
     interpreting = getattr(kernels, "interpreting", None)
     if device.type == "cpu" and callable(interpreting) and not interpreting():
         return False, ("triton was imported before TRITON_INTERPRET=1 was set, so its kernels are built "
@@ -192,7 +192,7 @@ def _triton_available(device, dtype, D):
 
 
 def _triton_fwd(q, k, v, causal, scale):
-    from .. import triton_attention
+    from ..triton.attention import triton_attention
     return triton_attention(q, k, v, causal=causal, scale=scale)
 
 
@@ -214,14 +214,14 @@ def _cuda_available(module: str):
 
 
 def _cuda_fwd(q, k, v, causal, scale):
-    from .. import cuda_attention
+    from ..cuda.attention import cuda_attention
     return cuda_attention(q, k, v, causal=causal, scale=scale)
 
 
 def _ladder_fwd(variant: str):
     def fwd(q, k, v, causal, scale):
-        from ..cuda import forward
-        return forward.forward(q, k, v, causal=causal, scale=scale, variant=variant)
+        from ..cuda.attention import cuda_forward
+        return cuda_forward(q, k, v, causal=causal, scale=scale, variant=variant)
     return fwd
 
 
@@ -262,11 +262,11 @@ def tile_name(warps: int, block_n: int, m_tiles: int) -> str:
 
 def _tile_impl(name: str, warps: int, block_n: int, m_tiles: int) -> Impl:
     def fwd(q, k, v, causal, scale):
-        from ..cuda import forward
-        return forward.forward(q, k, v, causal=causal, scale=scale, variant="v3", warps=warps,
-                               block_n=block_n, m_tiles=m_tiles)
+        from ..cuda.attention import cuda_forward
+        return cuda_forward(q, k, v, causal=causal, scale=scale, variant="v3", warps=warps,
+                            block_n=block_n, m_tiles=m_tiles)
 
-    cuda_ok = _cuda_available("flashtut.cuda.forward")
+    cuda_ok = _cuda_available("flashtut.cuda.attention")
 
     def available(device, dtype, D):
         if (warps, block_n, m_tiles) not in TILE_CHOICES.get(D, ()):
@@ -280,14 +280,11 @@ def _tile_impl(name: str, warps: int, block_n: int, m_tiles: int) -> Impl:
 def triton_tuning() -> dict:
     """The configuration Triton's autotuner picked for each key so far (empty when the Triton
     kernels were not imported, or autotuning is off): recorded with a run's results."""
-    for module in ("flashtut.triton.attention", "flashtut.triton_kernels"):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        best = getattr(mod, "best_configs", None)
-        return best() if callable(best) else {}
-    return {}
+    try:
+        mod = importlib.import_module("flashtut.triton.attention")
+    except ImportError:
+        return {}
+    return mod.best_configs()
 
 
 # ------------------------------------------------------------------------------ the ladder
@@ -305,7 +302,7 @@ def ladder_variants() -> tuple[dict[str, str], str | None]:
 
 def _ladder_impl(variant: str, description: str) -> Impl:
     return Impl(f"cuda-{variant}", f"CUDA forward ladder step {variant}: {description} (forward only)",
-                _ladder_fwd(variant), None, available=_cuda_available("flashtut.cuda.forward"),
+                _ladder_fwd(variant), None, available=_cuda_available("flashtut.cuda.attention"),
                 group="cuda-ladder")
 
 
