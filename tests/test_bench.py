@@ -609,3 +609,49 @@ def test_provenance_is_hostname_free():
     host = socket.gethostname()
     if len(host) > 4:
         assert host not in json.dumps(prov)
+
+
+# ---------------------------------------------------------------------------------- tools/ and make
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tools_hold_no_second_harness_and_share_one_common_script():
+    tools = os.path.join(ROOT, "tools")
+    scripts = sorted(os.listdir(tools))
+    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "run_notebooks_plain.py",
+                                                             "sanitizer_launches.py"]
+    shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
+    assert "gpu_check.sh" in shells
+    for name in shells:
+        text = open(os.path.join(tools, name)).read()
+        assert "gpu_common.sh" in text, f"{name} does not source tools/gpu_common.sh"
+    check = open(os.path.join(tools, "gpu_check.sh")).read()
+    for stage in ("tests", "sanitizer", "protocol"):
+        assert f"want {stage}" in check and f"T_{stage.upper()}" in check, stage
+    assert "pytest" in open(os.path.join(tools, "gpu_common.sh")).read()
+    assert "memcheck" in check and "racecheck" in check and "sanitizer_launches.py" in open(
+        os.path.join(tools, "gpu_common.sh")).read()
+
+
+def test_every_phony_make_target_has_a_rule():
+    text = open(os.path.join(ROOT, "Makefile")).read()
+    phony = next(line for line in text.splitlines() if line.startswith(".PHONY:")).split(":", 1)[1].split()
+    for target in phony:
+        lines = text.splitlines()
+        i = next((i for i, line in enumerate(lines) if line.startswith(f"{target}:")), None)
+        assert i is not None, f"make {target}: no rule"
+        has_prerequisites = lines[i].split(":", 1)[1].strip() != ""
+        has_recipe = i + 1 < len(lines) and lines[i + 1].startswith("\t")
+        assert has_prerequisites or has_recipe, f"make {target}: a target with nothing to do"
+
+
+def test_the_data_readme_names_only_scripts_that_exist():
+    import re
+
+    readme = open(os.path.join(ROOT, "book", "data", "README.md")).read()
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+        for line in block.strip().splitlines():
+            if line.startswith("git checkout"):       # a past commit's own scripts
+                continue
+            for script in re.findall(r"tools/[\w.]+", line):
+                assert os.path.exists(os.path.join(ROOT, script)), f"{line}: {script} does not exist"
