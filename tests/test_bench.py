@@ -655,3 +655,10 @@ def test_the_data_readme_names_only_scripts_that_exist():
                 continue
             for script in re.findall(r"tools/[\w.]+", line):
                 assert os.path.exists(os.path.join(ROOT, script)), f"{line}: {script} does not exist"
+
+
+def test_the_measuring_cli_and_its_tables_load_no_matplotlib():
+    code = ("import sys, flashtut.bench.cli, flashtut.bench.report, flashtut.results_data; "
+            "print('matplotlib' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
