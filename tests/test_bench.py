@@ -111,6 +111,8 @@ def test_run_writes_checked_rows_with_provenance(tmp_path, capsys):
     (["roofline", "--warmup-ms", "inf"], "expected a positive finite number, got 'inf'"),
     (["roofline", "--copy-mib", "0"], "expected a positive integer, got 0"),
     (["host", "--calls", "-3"], "expected a positive integer, got -3"),
+    (["run", "-N", str(2**40)], "expected a positive integer up to 2**31 - 1"),
+    (["memory", "--n-max", str(10**20)], "expected a positive integer up to 2**31 - 1"),
     (["run", "--heads", "2", "--hidden", "64"], "not allowed with argument"),
     (["memory", "--n-min", "64", "--n-max", "32"], "--n-min (64) must not exceed --n-max (32)"),
     (["roofline", "--dtype", "int4"], "unknown matmul dtype 'int4'"),

@@ -35,6 +35,7 @@ EXAMPLES = """examples:
 MAX_BUDGET_MS = 60_000.0
 MAX_SEED = 2**63 - 1
 MAX_THREADS = 4096
+MAX_INT = 2**31 - 1            # sizes, counts: beyond it no tensor dimension or loop is meaningful
 
 
 # ------------------------------------------------------------------------------- parsing
@@ -45,6 +46,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**31 - 1, got {value}")
     return value
 
 

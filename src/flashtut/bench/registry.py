@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -280,11 +281,8 @@ def _tile_impl(name: str, warps: int, block_n: int, m_tiles: int) -> Impl:
 def triton_tuning() -> dict:
     """The configuration Triton's autotuner picked for each key so far (empty when the Triton
     kernels were not imported, or autotuning is off): recorded with a run's results."""
-    try:
-        mod = importlib.import_module("flashtut.triton.attention")
-    except ImportError:
-        return {}
-    return mod.best_configs()
+    mod = sys.modules.get("flashtut.triton.attention")   # not imported: the kernels never ran
+    return mod.best_configs() if mod is not None else {}
 
 
 # ------------------------------------------------------------------------------ the ladder
