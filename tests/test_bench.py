@@ -664,3 +664,13 @@ def test_the_measuring_cli_and_its_tables_load_no_matplotlib():
             "print('matplotlib' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+
+
+def test_plot_of_rows_that_cannot_be_drawn_says_why(tmp_path, capsys):
+    from flashtut.figures.__main__ import main as figures_main
+
+    failed = {"kind": "speed", "impl": "naive", "mode": "fwd", "dtype": "float32", "B": 1, "H": 1, "N": 64,
+              "Nq": 64, "Nk": 64, "D": 16, "causal": False, "status": "failed", "tflops": 0.1, "ms": 1.0}
+    src = save_results(tmp_path / "f.json", "speed", [failed], collect("cpu", ["run"]))
+    assert figures_main(["plot", str(src), "--out-dir", str(tmp_path / "out")]) == 1
+    assert "nothing written: no successful fwd speed rows with D=16" in capsys.readouterr().err

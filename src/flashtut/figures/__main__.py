@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from .bench_plots import all_figures
 
-    figures, table = all_figures(rows, args.baseline)
+    try:
+        figures, table = all_figures(rows, args.baseline)
+    except ValueError as e:             # rows that load but cannot be drawn together: say why
+        print(f"nothing written: {e}", file=sys.stderr)
+        return 1
     if not figures and table is None:
         print("nothing to draw: no successful rows in " + ", ".join(args.files), file=sys.stderr)
         return 1
