@@ -1,5 +1,6 @@
 """One small launch of every CUDA kernel (each forward ladder step, the fast kernel at its default
-and its 32-rows-per-warp tile shapes, the backward), for compute-sanitizer:
+and its 32-rows-per-warp tile shapes, steps 4 to 7 with grouped K/V heads and both causal
+alignments, the backward with atomic dQ and with the deterministic dQ pass), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 tools/sanitizer_launches.py
     compute-sanitizer --tool racecheck python3 tools/sanitizer_launches.py
@@ -9,17 +10,24 @@ Odd lengths (77 queries, 131 keys) so that every masked tail is exercised.
 import torch
 
 import flashtut
-from flashtut.cuda.forward import forward
+from flashtut.cuda.attention import _forward
+from flashtut.cuda.attention import cuda_forward as forward
+from flashtut.cuda.configs import V4_STEPS
 
 for D in (64, 128):
     q, k, v = (torch.randn(1, 2, 77, D, device="cuda", dtype=torch.float16) for _ in range(3))
     k2, v2 = (torch.randn(1, 2, 131, D, device="cuda", dtype=torch.float16) for _ in range(2))
-    for variant in ("v1", "v2", "v3"):
+    for variant in ("v1", "v2", "v3", *V4_STEPS):
         for causal in (False, True):
             forward(q, k2, v2, causal=causal, variant=variant)
     for causal in (False, True):
         forward(q, k2, v2, causal=causal, warps=4, block_n=64, m_tiles=2)
+    kv1 = k2[:, :1].contiguous(), v2[:, :1].contiguous()      # one K/V head for two query heads
+    for variant in V4_STEPS:
+        for offset in (131 - 77, -20):                        # bottom-right; rows that see no key
+            _forward(q, *kv1, True, D ** -0.5, variant, diag_offset=offset)
     q.requires_grad_(); k2.requires_grad_(); v2.requires_grad_()
-    flashtut.cuda_attention(q, k2, v2, causal=True).sum().backward()
+    for deterministic in (False, True):
+        flashtut.cuda_attention(q, k2, v2, causal=True, deterministic=deterministic).sum().backward()
 torch.cuda.synchronize()
 print("sanitizer launches done")

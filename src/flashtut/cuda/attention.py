@@ -1,41 +1,270 @@
-"""``cuda_attention``: the fast CUDA forward and the CUDA backward behind one autograd Function.
+"""The CUDA kernels on torch tensors: input checks, launches, and the autograd entry point.
 
-The forward saves only ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats); the
-backward (``flashtut.cuda.backward``) recomputes the probabilities from them instead of
-storing the Nq x Nk matrix.
+* ``cuda_forward(q, k, v, causal, scale, variant="v3")`` runs any step of the forward ladder
+  (``flashtut.cuda.VARIANTS``) and returns ``(o, lse)``; head dims other than 64 and 128 (any
+  multiple of 8 up to 128) are zero-padded to the next of them, and step 3 also runs D = 256;
+* ``cuda_backward(q, k, v, o, lse, do, causal, scale)`` runs the backward with recomputation:
+  ``bwd_preprocess.cu`` (``Delta = rowsum(dO * O)`` and ``lse2 = lse * log2(e)`` per query row),
+  ``bwd_dkdv.cu`` (one thread block per key block; ``dK`` and ``dV`` accumulate in registers
+  while it walks the query blocks, recomputing ``P`` from ``Q``, ``K`` and ``lse2``), then
+  ``bwd_dq.cu`` (one thread block per query block: ``dQ`` in a separate pass that recomputes
+  ``S`` and ``dP`` once more): seven matrix products per tile pair, no atomics, the same bits
+  every run; ``deterministic=True`` (and a T4) take it. The default from sm_80,
+  ``BackwardConfig(dq_atomic=True)`` as ``configs.pick_config`` chooses it, has the dK/dV kernel
+  add ``dQ += dS K`` into a float32 buffer with vector reductions instead (then
+  ``bwd_dq_convert.cu`` scales and converts it): five products, as FlashAttention-2;
+  ``book/perflog_cuda_bwd.md`` weighs the two;
+* ``cuda_attention(q, k, v, causal, scale, deterministic=False)``: the fast forward
+  (``configs.fast_variant``) and the backward behind one autograd Function, which saves only
+  ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats).
+
+Every entry point goes through :func:`prepare_inputs`: the arguments first, then the machine.
+Tile sizes and launch shapes come from ``flashtut.cuda.configs``.
 """
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
-from ..checks import check_causal, check_scale
-from . import fast_variant
-from .compile import capability
-from .forward import check_cuda_inputs, pad_head_dim, padded_dim, prepare, run
+from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..constants import LOG2E
+from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
+from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V3_ONLY_DIMS, V4_STEPS, VARIANTS,
+                      BackwardConfig, fast_variant, kernel_builds, launch_config, padded_dim, pick_config)
 
 
-def _backward_module():
-    try:
-        from . import backward
-    except ImportError as exc:
-        raise RuntimeError("the CUDA backward kernel (flashtut.cuda.backward) is not available in this "
-                           f"installation: {exc}") from exc
-    return backward
+class Prepared(NamedTuple):
+    """Checked inputs, ready for the kernels: tensors contiguous with a 16-byte aligned start."""
+    tensors: tuple          # (q, k, v), or (q, k, v, o, do) for the backward
+    lse: torch.Tensor | None  # float32, contiguous (backward only)
+    shape: tuple            # (B, H, Nq, Nk, D)
+    causal: bool
+    scale: float
+    arch: int               # the GPU's compute capability as an int: 75, 80, 90 ...
 
+
+def _ready(t: torch.Tensor) -> torch.Tensor:
+    # cp.async and the vector loads move 16 bytes at a time
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _check_gpu(x: torch.Tensor, what: str) -> int:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA GPU and torch sees none; run on a GPU machine "
+                           "(Colab: Runtime > Change runtime type > GPU), or use "
+                           "flashtut.tiled_attention on the CPU")
+    if not x.is_cuda:
+        raise ValueError(f"the tensors must be CUDA tensors for {what}, got device {x.device}; "
+                         f"accepted: a cuda device (move them with .cuda())")
+    major, minor = capability(x.device)
+    if major < 7 or (major == 7 and minor < 5):
+        raise RuntimeError(f"{what} needs sm_75 or newer (tensor-core mma and ldmatrix); "
+                           f"this GPU is sm_{major}{minor}")
+    if x.dtype == torch.bfloat16 and major < 8:
+        raise RuntimeError(f"bfloat16 needs sm_80 or newer (A100, L4, H100 ...); this GPU is "
+                           f"sm_{major}{minor} (a T4 is sm_75): use float16")
+    return major * 10 + minor
+
+
+def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=None,
+                   what: str = "the CUDA kernels", variant: str | None = None) -> Prepared:
+    """The checks every CUDA entry point shares, in one order: every argument first (TypeError
+    for a non-tensor, ValueError naming the argument), then the machine (RuntimeError: no GPU,
+    a GPU older than sm_75, bfloat16 before sm_80). Pass ``o``, ``lse`` and ``do`` for the
+    backward. Returns the tensors contiguous and 16-byte aligned, ``causal`` as a bool, the
+    scale as a float and the GPU's architecture. Head dims: the forward takes every multiple of 8
+    up to 128 (padded, see ``configs.padded_dim``) and 256 for step 3 (``variant`` ``"v3"`` or
+    None, the fast forward, from sm_80); the backward 64 and 128."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES,
+                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)")
+    causal = check_causal(causal)
+    scale = check_scale(scale, D)
+    backward = o is not None or lse is not None or do is not None
+    if backward and D not in HEAD_DIMS:
+        raise ValueError(f"head dim D = {D} is not built for the CUDA backward; accepted: "
+                         f"{', '.join(map(str, HEAD_DIMS))} (cuda_attention pads other multiples of 8 up to 128)")
+    if not ((D % 8 == 0 and 8 <= D <= max(HEAD_DIMS)) or (D in V3_ONLY_DIMS and variant in (None, "v3"))):
+        raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels"
+                         f"{'' if variant is None else f' (variant {variant!r})'}; accepted: a multiple of 8 "
+                         f"from 8 to {max(HEAD_DIMS)}, or {', '.join(map(str, V3_ONLY_DIMS))} (forward, step v3)")
+    if B * H > 65535:
+        raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
+    if backward:
+        check_like("o", o, q)
+        check_like("do", do, q)
+        for name, t in (("o", o), ("do", do)):
+            if t.dtype != q.dtype:
+                raise ValueError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        check_lse(lse, B, H, Nq, q.device)
+    arch = _check_gpu(q, what)
+    if D in V3_ONLY_DIMS and arch < 80:
+        raise ValueError(f"head dim D = {D} needs sm_80 or newer for the CUDA kernels (this GPU is sm_{arch}); "
+                         f"accepted here: a multiple of 8 from 8 to {max(HEAD_DIMS)}")
+    tensors = (q, k, v, o, do) if backward else (q, k, v)
+    return Prepared(tuple(_ready(t) for t in tensors),
+                    lse.to(torch.float32).contiguous() if backward else None,
+                    (B, H, Nq, Nk, D), causal, scale, arch)
+
+
+# -- forward ----------------------------------------------------------------------------------
+
+def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "v3", *,
+                 warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
+    """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
+    ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. CUDA float16 tensors,
+    bfloat16 from sm_80, D any multiple of 8 up to 128 (zero-padded to 64 or 128 inside), or 256
+    for step v3. ``warps``, ``block_n`` and ``m_tiles`` override the fast kernel's tile sizes (see
+    ``flashtut.cuda.configs.launch_config``), for experiments."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    p = prepare_inputs(q, k, v, causal, scale, what="the CUDA forward kernels", variant=variant)
+    D = p.shape[-1]
+    pd = padded_dim(D)
+    o, lse = _forward(*(pad_head_dim(t, pd) for t in p.tensors), p.causal, p.scale, variant, warps,
+                      block_n, m_tiles)
+    return (o if pd == D else o[..., :D].contiguous()), lse
+
+
+def pad_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``t`` with zero columns appended up to ``head_dim`` (itself when it has that many)."""
+    extra = head_dim - t.shape[-1]
+    return t if extra == 0 else _ready(torch.nn.functional.pad(t, (0, extra)))
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, warps, block_n, m_tiles):
+    # the launch configuration and the compiled kernel of one (step, dtype, D, GPU): worked out on
+    # the first call and reused, so a call costs the launch and not the planning
+    major, minor = capability(device_index)
+    cfg = launch_config(variant, dtype, head_dim, 10 * major + minor, max_smem_per_block(device_index),
+                        warps=warps, block_n=block_n, m_tiles=m_tiles)
+    fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
+    if cfg.dynamic_smem:
+        set_max_dynamic_smem(fn, cfg.dynamic_smem)
+    return cfg, fn
+
+
+def _forward(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
+             block_n: int | None = None, m_tiles: int | None = None, diag_offset: int = 0):
+    # inputs already through prepare_inputs. Steps 4 to 7 also take grouped-query heads (k, v
+    # with H / kv_group heads, read off the shapes) and diag_offset (causal: query i sees key j
+    # iff j <= i + diag_offset; Nk - Nq is the bottom-right alignment); steps 1 to 3 need equal
+    # heads and offset 0
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    with torch.cuda.device(q.device):
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, warps, block_n, m_tiles)
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
+        args = (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal))
+        if variant in V4_STEPS:
+            args += (H // k.shape[1], int(diag_offset))
+        elif diag_offset or k.shape[1] != H:
+            raise ValueError(f"variant {variant!r} takes neither grouped K/V heads nor a diag_offset; "
+                             f"accepted: variants {sorted(V4_STEPS)}")
+        launch(fn, grid, (cfg.threads, 1, 1), args, cfg.dynamic_smem)
+    return o, lse
+
+
+# -- backward ---------------------------------------------------------------------------------
+
+def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, *,
+                  out=None, config: BackwardConfig | None = None, deterministic: bool = False):
+    """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
+
+    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
+    sm_80), D in {64, 128}; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
+    log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
+    nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
+    contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
+    prove every element is written). ``config``: tile sizes (default ``configs.pick_config`` for
+    this GPU), to compare configurations or run a T4's on a bigger GPU. ``deterministic``: the
+    separate dQ pass instead of atomics (bit-identical results run to run; 14 to 26% slower on an
+    H200, see book/perflog_cuda_bwd.md); inputs too large for the atomic variant's 32-bit indexing
+    take it too. Outputs are in the input dtype.
+    """
+    p = prepare_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, what="the CUDA backward")
+    q, k, v, o, do = p.tensors
+    lse, (B, H, Nq, Nk, D), causal, scale = p.lse, p.shape, p.causal, p.scale
+    if out is None:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:
+        dq, dk, dv = out
+        for name, t, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if not (isinstance(t, torch.Tensor) and t.shape == ref.shape and t.dtype == ref.dtype
+                    and t.device == ref.device and t.is_contiguous() and t.data_ptr() % 16 == 0):
+                raise ValueError(f"out {name} must be a contiguous, 16-byte aligned tensor of shape "
+                                 f"{tuple(ref.shape)}, dtype {ref.dtype} on {ref.device}")
+
+    smem_limit = max_smem_per_block(q.device)
+    cfg = pick_config(D, p.arch, smem_limit, deterministic) if config is None else config
+    if config is None and cfg.dq_atomic and B * H * Nq * D >= 2**31:
+        cfg = pick_config(D, p.arch, smem_limit, deterministic=True)
+    if not isinstance(cfg, BackwardConfig) or cfg.head_dim != D or cfg.stages not in (1, 2) \
+            or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
+            or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \
+            or (cfg.one_barrier and cfg.stages != 2) or (cfg.dq_stage and not cfg.dq_atomic) \
+            or max(cfg.dkdv_smem, cfg.dq_smem) > smem_limit:
+        raise ValueError(f"config must be a BackwardConfig with head_dim {D}, stages 1 or 2, "
+                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, one_barrier only "
+                         f"with 2 stages, dq_stage only with dq_atomic, and at most "
+                         f"{smem_limit} bytes of shared memory per kernel, got {cfg!r}")
+    if cfg.dq_atomic and B * H * Nq * D >= 2**31:
+        raise ValueError(f"the atomic-dQ variant indexes with 32-bit ints: B*H*Nq*D = "
+                         f"{B * H * Nq * D}; accepted: below 2**31")
+    threads = 32 * cfg.warps
+    with torch.cuda.device(q.device):   # builds for, and launches on, q's GPU
+        fns = {step: get_function(src, kernel, defines)
+               for step, (src, kernel, defines) in kernel_builds(cfg, q.dtype).items()}
+        delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        lse2 = torch.empty_like(delta)
+        rows = B * H * Nq
+        launch(fns["preprocess"], (math.ceil(rows / PRE_WARPS),), (32 * PRE_WARPS,),
+               (o, do, lse, delta, lse2, rows))
+
+        scale_log2 = scale * LOG2E
+        # the atomic variant adds into a zeroed float32 buffer; the other passes a null pointer
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.dq_atomic \
+            else np.uint64(0)
+        set_max_dynamic_smem(fns["dkdv"], cfg.dkdv_smem)
+        launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
+               (q, k, v, do, lse2, delta, dk, dv, Nq, Nk, scale, scale_log2, int(causal), dq_acc),
+               shared_mem=cfg.dkdv_smem)
+
+        if cfg.dq_atomic:
+            n = dq_acc.numel()
+            launch(fns["dq_convert"], (math.ceil(n / (4 * CONVERT_THREADS)),), (CONVERT_THREADS,),
+                   (dq_acc, dq, scale, n))
+        else:
+            set_max_dynamic_smem(fns["dq"], cfg.dq_smem)
+            launch(fns["dq"], (math.ceil(Nq / (16 * cfg.warps)), B * H), (threads,),
+                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal)),
+                   shared_mem=cfg.dq_smem)
+    return dq, dk, dv
+
+
+# -- autograd ---------------------------------------------------------------------------------
 
 class CudaAttention(torch.autograd.Function):
-    """Autograd wrapper: ``forward`` runs the fast forward (:func:`flashtut.cuda.fast_variant`),
-    ``backward`` the CUDA backward. Head dims that are not built are zero-padded on the way in and
-    cut on the way out; what is saved is the padded tensors."""
+    """Autograd wrapper: ``forward`` runs the fast forward (``configs.fast_variant``), ``backward``
+    the CUDA backward. Head dims that are not built are zero-padded on the way in and cut on the
+    way out; what is saved is the padded tensors."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float, deterministic: bool):
         D = q.shape[-1]
         pd = padded_dim(D)
-        if pd != D:
-            q, k, v = (prepare(pad_head_dim(x, pd)) for x in (q, k, v))
+        q, k, v = (pad_head_dim(t, pd) for t in (q, k, v))
         major, minor = capability(q.device)
-        o, lse = run(q, k, v, causal, scale, fast_variant(pd, 10 * major + minor))  # checked in cuda_attention
+        o, lse = _forward(q, k, v, causal, scale, fast_variant(pd, 10 * major + minor))  # checked in cuda_attention
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = causal, scale, deterministic, D
         return o if pd == D else o[..., :D].contiguous()
@@ -44,23 +273,21 @@ class CudaAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         D = ctx.head_dim
-        dq, dk, dv = _backward_module().backward(q, k, v, o, lse, prepare(pad_head_dim(do, q.shape[-1])),
-                                                 ctx.causal, ctx.scale, deterministic=ctx.deterministic)
+        dq, dk, dv = cuda_backward(q, k, v, o, lse, pad_head_dim(do, q.shape[-1]), ctx.causal, ctx.scale,
+                                   deterministic=ctx.deterministic)
         if q.shape[-1] != D:
             dq, dk, dv = (g[..., :D] for g in (dq, dk, dv))
         return dq, dk, dv, None, None, None
 
 
 def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False):
-    """Fused CUDA attention (see API.md); CUDA float16 tensors, bfloat16 from sm_80; D any multiple
-    of 8 up to 128 (padded to 64 or 128 inside), or 256 (forward only).
+    """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
+    128 (padded to 64 or 128 inside), or 256 (forward only, sm_80 and newer).
 
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward, which
     adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of
     dQ may differ between runs); ``deterministic=True`` takes the separate dQ pass instead
     (bit-identical every run; on an H200 the backward takes 14% (D = 64) to 26% (D = 128) longer).
     """
-    causal = check_causal(causal)
-    D = check_cuda_inputs(q, k, v)[-1]
-    scale = check_scale(scale, D)
-    return CudaAttention.apply(prepare(q), prepare(k), prepare(v), causal, scale, bool(deterministic))
+    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention")
+    return CudaAttention.apply(*p.tensors, p.causal, p.scale, bool(deterministic))

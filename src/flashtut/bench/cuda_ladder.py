@@ -1,8 +1,9 @@
 """The CUDA forward ladder's steps 3 to 7 (issue 13) on one GPU, in one process: correctness on odd
 shapes, first-call (NVRTC) compile time, forward TFLOP/s against SDPA flash at the protocol shapes,
-and the backward's dQ strategies against SDPA flash. Run by tools/gpu_ladder.sh; writes one JSON.
+and the backward's dQ strategies against SDPA flash. Run by tools/gpu_ladder.sh; writes one JSON
+(``book/data/cuda_ladder_h200.json``).
 
-    PYTHONPATH=src python3 tools/cuda_ladder.py --out ladder.json [--check-only] [--ncu-launch]
+    python -m flashtut.bench.cuda_ladder --out ladder.json [--bwd-only] [--quick]
 
 Protocol: 16384 tokens (B = 16384 / N), H * D = 2048, N = 4096 and 16384, fp16 and bf16, causal and
 not; forward FLOPs 4 B H N^2 D (halved when causal), backward 2.5x; median of
@@ -13,10 +14,8 @@ criterion, max |out - fp64 reference| <= 2 x PyTorch's own error in the input dt
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import sys
 import time
 
@@ -24,10 +23,22 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import flashtut
-from flashtut.cuda import backward as cb
-from flashtut.cuda import compile as cc
-from flashtut.cuda.forward import attention_flops, run, time_ms
+from ..costs.flops import attention_flops
+from ..cuda import attention as ca
+from ..cuda import compile as cc
+from ..cuda import configs as cfgs
+from .provenance import collect
+from .results import save_results
+from .timing import time_fn
+
+
+def time_ms(fn) -> float:
+    return time_fn(fn, "cuda")
+
+
+def run(q, k, v, causal, scale, variant, diag_offset=0):
+    """One forward of ladder step ``variant`` on prepared inputs: ``(o, lse)``."""
+    return ca._forward(q, k, v, causal, scale, variant, diag_offset=diag_offset)
 
 STEPS = ("v3", "v4", "v5", "v6", "v7")
 NEW = ("v4", "v5", "v6", "v7")
@@ -123,7 +134,7 @@ def first_calls(log):
 
 
 def _warm_one(build):
-    from flashtut.cuda import compile as cc_
+    from ..cuda import compile as cc_
     t0 = time.perf_counter()
     cc_.get_function(build[0], build[1], dict(build[2]))
     return time.perf_counter() - t0
@@ -134,19 +145,18 @@ def warm_cache():
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
 
-    from flashtut.cuda import forward as cf
     arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
     builds = set()
     for dtype in (torch.float16, torch.bfloat16):
         for D in (64, 128):
             for s in STEPS:
-                c = cf.launch_config(s, dtype, D, arch, cc.max_smem_per_block())
+                c = cfgs.launch_config(s, dtype, D, arch, cc.max_smem_per_block())
                 builds.add((c.source, c.kernel, c.defines))
             if D == 64:   # the fast forward at D = 256 (step 3 only), for the tests
-                c = cf.launch_config("v3", dtype, 256, arch, cc.max_smem_per_block())
+                c = cfgs.launch_config("v3", dtype, 256, arch, cc.max_smem_per_block())
                 builds.add((c.source, c.kernel, c.defines))
-            for cfg in cb.experiment_configs(D).values():
-                for src, kern, defs in cb.kernel_builds(cfg, dtype).values():
+            for cfg in cfgs.experiment_configs(D).values():
+                for src, kern, defs in cfgs.kernel_builds(cfg, dtype).values():
                     builds.add((src, kern, tuple(sorted(defs.items()))))
     t0 = time.time()
     with ProcessPoolExecutor(12, mp_context=mp.get_context("spawn")) as ex:
@@ -208,16 +218,16 @@ def bench_bwd(q, k, v, causal, flops, base):
     ms = time_ms(flash_bwd)
     rows.append(dict(impl="sdpa-flash-bwd", **base, bwd_ms=ms, bwd_tflops=round(2.5 * flops / ms / 1e9, 2)))
     o, lse = run(q, k, v, causal, scale, "v3")
-    for name, cfg in cb.experiment_configs(q.shape[-1]).items():
+    for name, cfg in cfgs.experiment_configs(q.shape[-1]).items():
         row = dict(impl=f"cuda-bwd-{name}", **base)
         try:
             if max(cfg.dkdv_smem, cfg.dq_smem) > cc.max_smem_per_block():
                 raise RuntimeError("does not fit shared memory")
-            got = cb.backward(q, k, v, o, lse, do, causal, scale, config=cfg)
+            got = ca.cuda_backward(q, k, v, o, lse, do, causal, scale, config=cfg)
             row["grad_err_vs_flash"] = max(float((a.float() - b).abs().max()) for a, b in zip(got, want))
             if not row["grad_err_vs_flash"] < 0.05:
                 raise RuntimeError(f"wrong gradients, {row['grad_err_vs_flash']:.3g} from SDPA flash")
-            ms = time_ms(lambda: cb.backward(q, k, v, o, lse, do, causal, scale, config=cfg))
+            ms = time_ms(lambda: ca.cuda_backward(q, k, v, o, lse, do, causal, scale, config=cfg))
             row["bwd_ms"], row["bwd_tflops"] = ms, round(2.5 * flops / ms / 1e9, 2)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -246,10 +256,10 @@ def check_bwd(log):
                     terr = [float((b - a).abs().max()) for a, b in zip(*ref)]
                     scale = D ** -0.5
                     o, lse = run(q, k, v, causal, scale, "v3")
-                    for name, cfg in cb.experiment_configs(D).items():
+                    for name, cfg in cfgs.experiment_configs(D).items():
                         if max(cfg.dkdv_smem, cfg.dq_smem) > cc.max_smem_per_block():
                             continue
-                        got = cb.backward(q, k, v, o, lse, do, causal, scale, config=cfg)
+                        got = ca.cuda_backward(q, k, v, o, lse, do, causal, scale, config=cfg)
                         errs = [float((x.double() - r).abs().max()) for x, r in zip(got, ref[0])]
                         ok = all(math.isfinite(e) and e <= 2 * t + 1e-3 for e, t in zip(errs, terr))
                         row = dict(check=f"bwd-{name}", D=D, dtype=str(dtype)[6:], shape=[B, H, Nq, Nk],
@@ -273,13 +283,12 @@ def ncu_launches():
 def loader_ab(log, before_path):
     """Step 3 with its tile loader before and after the straight-line rewrite (ft_swizzle.cuh), in
     one process: the file as it was is read from ``before_path`` and built with the same defines."""
-    from flashtut.cuda import forward as cf
     before = open(before_path).read()
     arch = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
     rows = []
     for D in (128, 64):
         H, dtype = 2048 // D, torch.float16
-        cfg = cf.launch_config("v3", dtype, D, arch, cc.max_smem_per_block())
+        cfg = cfgs.launch_config("v3", dtype, D, arch, cc.max_smem_per_block())
         fn = cc.get_function(before, cfg.kernel, cfg.define_dict)
         cc.set_max_dynamic_smem(fn, cfg.dynamic_smem)
         for N in (4096, 16384):
@@ -309,7 +318,7 @@ def ncu_bwd_launches():
     q, k, v, do = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(4))
     o, lse = run(q, k, v, False, 128 ** -0.5, "v5")
     for det in (True, False):
-        cb.backward(q, k, v, o, lse, do, False, 128 ** -0.5, deterministic=det)
+        ca.cuda_backward(q, k, v, o, lse, do, False, 128 ** -0.5, deterministic=det)
     torch.cuda.synchronize()
 
 
@@ -323,11 +332,50 @@ def sanitizer_launches():
                 run(q, k, v, causal, D ** -0.5, s, diag_offset=off)
         k, v = k[:, :1].repeat(1, 4, 1, 1).contiguous(), v[:, :1].repeat(1, 4, 1, 1).contiguous()
         o, lse = run(q, k, v, True, D ** -0.5, "v3")
-        for cfg in cb.experiment_configs(D).values():
+        for cfg in cfgs.experiment_configs(D).values():
             if max(cfg.dkdv_smem, cfg.dq_smem) <= cc.max_smem_per_block():
-                cb.backward(q, k, v, o, lse, torch.randn_like(q), True, D ** -0.5, config=cfg)
+                ca.cuda_backward(q, k, v, o, lse, torch.randn_like(q), True, D ** -0.5, config=cfg)
     torch.cuda.synchronize()
     print("sanitizer launches done")
+
+
+def schema_rows(rows):
+    """This module's rows -> (speed rows of the one results format, first-call seconds by
+    "step/dtype/D", check summaries per (check, D, dtype))."""
+    speed, first, summ = [], {}, {}
+    for r in rows:
+        if "first_call" in r:
+            first[f"{r['first_call']}/{r['dtype']}/{r['D']}"] = round(r["seconds"], 3)
+        elif "check" in r:
+            key = (r["check"], r["D"], r["dtype"])
+            c = summ.setdefault(key, dict(check=r["check"], D=r["D"], dtype=r["dtype"], cases=0, passed=0,
+                                          worst_err_over_torch_err=0.0, failed=[]))
+            errs = r["err"] if isinstance(r["err"], list) else [r["err"]]
+            terrs = r["torch_err"] if isinstance(r["torch_err"], list) else [r["torch_err"]]
+            c["cases"] += 1
+            c["passed"] += bool(r["ok"])
+            c["worst_err_over_torch_err"] = round(max([c["worst_err_over_torch_err"]] +
+                                                      [e / max(t, 1e-12) for e, t in zip(errs, terrs)]), 3)
+            if not r["ok"]:
+                c["failed"].append({k: r.get(k) for k in ("shape", "causal", "mask", "err", "torch_err")})
+        else:
+            mode = "bwd" if "bwd" in r["impl"] else "fwd"
+            row = dict(kind="speed", impl=r["impl"].replace("-bwd", "") if r["impl"] == "sdpa-flash-bwd" else r["impl"],
+                       mode=mode, dtype=r["dtype"], B=r["B"], H=r["H"], N=r["N"], Nq=r["N"], Nk=r["N"], D=r["D"],
+                       causal=r["causal"], ms=r.get(f"{mode}_ms"), tflops=r.get(f"{mode}_tflops"),
+                       status="error" if "error" in r else "ok", reason=r.get("error"),
+                       err_vs_sdpa_flash=r.get("fwd_err_vs_flash", r.get("grad_err_vs_flash")))
+            if "config" in r:
+                row["config"] = r["config"]
+            speed.append(row)
+    return speed, first, list(summ.values())
+
+
+def legacy_row(r):
+    """A speed row back in this module's table layout (impl, fwd_tflops or bwd_tflops)."""
+    impl = "sdpa-flash-bwd" if (r["impl"] == "sdpa-flash" and r["mode"] == "bwd") else r["impl"]
+    return dict(impl=impl, D=r["D"], N=r["N"], dtype=r["dtype"], causal=r["causal"],
+                **({f"{r['mode']}_tflops": r["tflops"]} if r.get("tflops") is not None else {}))
 
 
 def main():
@@ -352,42 +400,24 @@ def main():
         return sanitizer_launches()
     t0 = time.time()
     log = lambda r: print(json.dumps(r), flush=True)
-    import cupy
-    out = {
-        "what": "CUDA forward ladder steps 3-7 and backward dQ strategies vs SDPA flash (issue 13). "
-                "fwd_tflops = 4 B H N^2 D / time (halved when causal), bwd 2.5x; median of triton.testing.do_bench; "
-                "check rows: max |out - fp64 reference| vs PyTorch's own error in the input dtype.",
-        "device": torch.cuda.get_device_name(),
-        "capability": "sm_%d%d" % torch.cuda.get_device_capability(),
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__,
-                     "python": platform.python_version(), "triton": __import__("triton").__version__},
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "PYTHONPATH=src python3 " + " ".join(sys.argv),
-        "rows": [],
-    }
+    prov = collect("cuda", sys.argv[1:])
+    prov["command"] = "python -m flashtut.bench.cuda_ladder " + " ".join(sys.argv[1:])
+    prov["what"] = ("CUDA forward ladder steps 3-7 and the backward's dQ strategies against SDPA flash in one "
+                    "process (issue 13): speed rows per the protocol (fwd 4 B H N^2 D, halved when causal; bwd "
+                    "2.5x), median of triton.testing.do_bench, each output checked against SDPA flash first; "
+                    "first_call_seconds: NVRTC compile + load + launch on a fresh machine; checks: the "
+                    "FlashAttention criterion on odd shapes per (step, D, dtype)")
+    out = {"rows": []}
 
     def save(rows):  # after every phase: a run cut short keeps what it measured
-        out["rows"] += rows
-        out["seconds"] = round(time.time() - t0, 1)
+        speed, first, checks = schema_rows(rows)
+        out["rows"] += speed
+        prov.setdefault("first_call_seconds", {}).update(first)
+        prov.setdefault("checks", []).extend(checks)
+        prov["seconds"] = round(time.time() - t0, 1)
         if a.out:
-            with open(a.out, "w") as f:
-                json.dump(out, f, indent=1)
-
-    if not a.bwd_only:
-        save(first_calls(log))
-    warm_cache()
-    if not a.bwd_only:
-        save(check(log))
-    save(check_bwd(log))
-    Ns = (4096,) if a.quick else (4096, 16384)
-    for D in (128, 64):
-        save(bench(log, Ns, (D,), not a.no_bwd, fwd=not a.bwd_only))
-    if a.loader_ab:
-        try:
-            save(loader_ab(log, a.loader_ab))
-        except Exception as exc:  # the other phases are saved already
-            print(f"loader A/B failed: {type(exc).__name__}: {exc}", flush=True)
-    rows = out["rows"]
+            save_results(a.out, "speed", out["rows"], prov)
+    rows = [legacy_row(r) for r in out["rows"]]
     # the short table: forward TFLOP/s and ratio to SDPA flash
     fw = [r for r in rows if r.get("impl", "").startswith(("cuda-v", "sdpa-flash")) and "fwd_tflops" in r]
     print("D     N dtype    causal  flash " + " ".join(f"{s:>11s}" for s in STEPS))
