@@ -11,7 +11,8 @@ Layers, bottom up (each uses only the ones below it):
 from __future__ import annotations
 
 from .checks import accum_dtype
-from .reference import attention_lse, causal_mask, naive_attention
+from .checks import check_varlen
+from .reference import attention_lse, causal_mask, naive_attention, naive_varlen_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import merge_attention_states, split_kv_attention
@@ -32,19 +33,46 @@ def _load_kernel_module(module: str, package: str, how: str):
         raise
 
 
-def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
+_TRITON_HOW = "pip install triton (Linux with a CUDA GPU of sm_80 or newer)"
+
+
+def triton_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused Triton attention, forward and backward (``flashtut.triton_kernels``).
 
     Returns ``o``; ``o.backward()`` runs the Triton backward, which recomputes the
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
+    ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window.
     """
-    triton_kernels = _load_kernel_module("triton_kernels", "triton",
-                                         "pip install triton (Linux with a CUDA GPU of sm_80 or newer)")
-    return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale)
+    triton_kernels = _load_kernel_module("triton_kernels", "triton", _TRITON_HOW)
+    return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
+VARLEN_BACKENDS = ("naive", "triton")
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: float | None = None,
+                     window: int | None = None, backend: str = "triton"):
+    """Attention over a batch of sequences of different lengths packed without padding.
+
+    ``q`` is ``(total_q, H, D)``, ``k``/``v`` ``(total_k, Hkv, D)``; ``cu_seqlens_q``/``_k`` are
+    int32 ``[0, len_0, len_0 + len_1, ..., total]``. Sequence ``b`` (rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]``) attends only within itself, with ``causal`` and
+    ``window`` applied per sequence. Returns ``(total_q, H, D)``. ``backend``: ``"naive"`` (the
+    reference, one sequence at a time, autograd) or ``"triton"`` (one fused launch for the whole
+    batch, forward and backward).
+    """
+    if backend not in VARLEN_BACKENDS:
+        raise ValueError(f"backend must be one of {VARLEN_BACKENDS}, got {backend!r}")
+    bounds_q, bounds_k, mask, scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    if backend == "naive":
+        return naive_varlen_attention(q, k, v, bounds_q, bounds_k, mask[0] or False, scale, mask[1])
+    triton_kernels = _load_kernel_module("triton_kernels", "triton", _TRITON_HOW)
+    return triton_kernels.varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
+
+
+def cuda_attention(q, k, v, causal=False, scale: float | None = None):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
@@ -59,5 +87,5 @@ __all__ = [
     "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
     "tiled_attention", "tiled_attention_backward",
     "split_kv_attention", "merge_attention_states",
-    "triton_attention", "cuda_attention",
+    "triton_attention", "cuda_attention", "varlen_attention",
 ]

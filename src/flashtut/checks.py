@@ -167,3 +167,44 @@ def check_lse(lse, B: int, H: int, Nq: int, device) -> torch.Tensor:
         raise ValueError(f"lse must be on {device} like q, got {lse.device}")
     check_float_dtype("lse", lse, (torch.float32, torch.float64), "float32 or float64")
     return lse
+
+
+def check_cu_seqlens(name: str, cu, total: int, device) -> list[int]:
+    """``cu_seqlens``: int32, ``[0, ..., total]``, non-decreasing. Returns it as a list."""
+    check_tensor(name, cu)
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} must have dtype int32, got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D tensor of length batch + 1 >= 2, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+    vals = cu.tolist()
+    if vals[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {vals[0]}")
+    if any(b < a for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name} must be non-decreasing (running totals of lengths), got {vals}")
+    if vals[-1] != total:
+        raise ValueError(f"{name} must end at the number of packed rows, {total}, got {vals[-1]}")
+    return vals
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
+    """Checks of ``varlen_attention``'s arguments; returns ``(bounds_q, bounds_k, mask, scale)``
+    with the ``cu_seqlens`` as lists and ``mask = (alignment, window)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+        if t.dim() != 3:
+            rows = "total_q" if name == "q" else "total_k"
+            raise ValueError(f"{name} must be a 3-D packed tensor ({rows}, heads, D), got shape {tuple(t.shape)}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of rows total_k, got k: {k.shape[0]}, v: {v.shape[0]}")
+    # the head, dtype, device and D checks of the dense layout, on a (1, heads, rows, D) view
+    _, _, _, _, D = check_qkv(*(t.permute(1, 0, 2)[None] for t in (q, k, v)), gqa=True)
+    cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    ck = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
+                         f"got {len(cq) - 1} and {len(ck) - 1}")
+    mask = check_mask(causal, window)
+    scale = check_scale(scale, D)
+    return cq, ck, mask, scale

@@ -92,3 +92,21 @@ def attention_lse(q, k, causal=False, scale: float | None = None,
     """
     s, _ = _masked_scores(q, k, causal, scale, window)
     return torch.logsumexp(s, dim=-1).flatten(1, 2)
+
+
+def naive_varlen_attention(q, k, v, bounds_q, bounds_k, causal=False, scale=None, window=None):
+    """Packed-batch attention by the reference, one sequence at a time (autograd works through it).
+
+    ``q`` is ``(total_q, H, D)``, ``k``/``v`` ``(total_k, Hkv, D)``; ``bounds_q``/``bounds_k`` are
+    the ``cu_seqlens`` as lists. Sequence ``b`` attends only within itself.
+    """
+    outs = []
+    for (q0, q1), (k0, k1) in zip(zip(bounds_q, bounds_q[1:]), zip(bounds_k, bounds_k[1:])):
+        if q1 == q0:
+            continue
+        if k1 == k0:                     # no key at all: every row sees nothing, output 0
+            outs.append(torch.zeros_like(q[q0:q1]) + 0 * q[q0:q1])
+            continue
+        seq = [t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1])]   # (1, H, n, D)
+        outs.append(naive_attention(*seq, causal=causal, scale=scale, window=window)[0].transpose(0, 1))
+    return torch.cat(outs, dim=0)
