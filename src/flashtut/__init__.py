@@ -10,6 +10,8 @@ Layers, bottom up (each uses only the ones below it):
 """
 from __future__ import annotations
 
+import sys
+
 from .checks import accum_dtype
 from .checks import check_varlen
 from .reference import attention_lse, causal_mask, naive_attention, naive_varlen_attention
@@ -25,6 +27,9 @@ def _load_kernel_module(module: str, package: str, how: str):
     that says how to install it (``import flashtut`` itself never needs triton or cupy)."""
     import importlib
 
+    loaded = sys.modules.get(f"{__name__}.{module}")
+    if loaded is not None:               # a look-up that torch.compile traces without a graph break
+        return loaded
     try:
         return importlib.import_module(f"{__name__}.{module}")
     except ModuleNotFoundError as exc:
@@ -44,6 +49,9 @@ def triton_attention(q, k, v, causal=False, scale: float | None = None, window: 
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
     ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window.
+    A PyTorch custom operator: ``torch.compile(model, fullgraph=True)`` compiles a model calling
+    it without graph breaks once the kernel module is loaded (any eager call, or
+    ``import flashtut.triton_kernels``, before the first compiled call).
     """
     triton_kernels = _load_kernel_module("triton_kernels", "triton", _TRITON_HOW)
     return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
