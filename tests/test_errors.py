@@ -86,8 +86,10 @@ def test_scale_of_wrong_type(fn):
 
 @pytest.mark.parametrize("fn", fwd_fns())
 def test_causal_of_wrong_type(fn):
-    with pytest.raises(TypeError, match="causal must be a bool, got str"):
+    with pytest.raises(ValueError, match="causal must be False, True, 'top-left' or 'bottom-right', got 'yes'"):
         fn(*qkv(), causal="yes")
+    with pytest.raises(TypeError, match="causal must be a bool, 'top-left' or 'bottom-right', got int"):
+        fn(*qkv(), causal=2)
 
 
 @pytest.mark.parametrize("name", ["block_m", "block_n"])

@@ -123,7 +123,7 @@ def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa
             f"q, k and v must be on one device, got q: {q.device}, k: {k.device}, v: {v.device}")
     B, H, Nq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"batch dims must match: q has B = {B}, k has {k.shape[0]}, v has {v.shape[0]}")
+        raise ValueError(f"batch and head dims must match: q has batch B = {B}, k has {k.shape[0]}, v has {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
         raise ValueError(f"k and v must have the same number of heads, got k: {k.shape[1]}, v: {v.shape[1]}")
     Hkv = k.shape[1]
