@@ -42,7 +42,7 @@ def test_mismatches(fn):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="batch and head dims must match"):
         fn(q, k[:1], v[:1])
-    with pytest.raises(ValueError, match="batch and head dims must match"):
+    with pytest.raises(ValueError, match="heads: q has H = 2 heads and k, v have Hkv = 3"):
         fn(q[:, :2], k, v)
     with pytest.raises(ValueError, match="head dim D must match: q has D = 8, k has 4"):
         fn(q, k[..., :4], v)
