@@ -54,22 +54,13 @@ def _expand_heads(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
-def tiled_attention(q, k, v, causal=False, scale: float | None = None,
-                    block_m: int = 64, block_n: int = 64, return_lse: bool = False,
-                    window: int | None = None):
-    """FlashAttention-2 forward in PyTorch loops. Returns ``o`` or ``(o, lse)``.
-
-    ``lse`` is the natural-log log-sum-exp of each row's scaled, masked scores,
-    ``(B, H, Nq)``, float32 (float64 for float64 inputs); ``-inf`` for a row that sees no key,
-    whose output is 0. ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (grouped-query).
-    """
-    B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    alignment, window = check_mask(causal, window)
-    scale = check_scale(scale, D)
-    block_m = check_block("block_m", block_m)
-    block_n = check_block("block_n", block_n)
+def attention_loops(q, k, v, alignment, off: int, window, scale: float, block_m: int, block_n: int):
+    """The forward loops of :func:`tiled_attention` on checked arguments, for any diagonal offset
+    ``off`` (query ``i`` sees key ``j <= i + off`` when ``alignment`` is not None): split-KV
+    decoding hands each chunk of the cache its own offset. Returns ``(o, lse)``."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
     group = H // k.shape[1]
-    off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Nq), dtype=acc_t, device=q.device)
@@ -100,6 +91,25 @@ def tiled_attention(q, k, v, causal=False, scale: float | None = None,
         seen = l > 0                                       # rows that saw no key: o = 0, lse = -inf
         o[:, :, q0:q1] = (acc / torch.where(seen, l, torch.ones_like(l))[..., None]).to(q.dtype)
         lse[:, :, q0:q1] = torch.where(seen, m + torch.log(l), torch.full_like(l, float("-inf")))
+    return o, lse
+
+
+def tiled_attention(q, k, v, causal=False, scale: float | None = None,
+                    block_m: int = 64, block_n: int = 64, return_lse: bool = False,
+                    window: int | None = None):
+    """FlashAttention-2 forward in PyTorch loops. Returns ``o`` or ``(o, lse)``.
+
+    ``lse`` is the natural-log log-sum-exp of each row's scaled, masked scores,
+    ``(B, H, Nq)``, float32 (float64 for float64 inputs); ``-inf`` for a row that sees no key,
+    whose output is 0. ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (grouped-query).
+    """
+    B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
+    alignment, window = check_mask(causal, window)
+    scale = check_scale(scale, D)
+    block_m = check_block("block_m", block_m)
+    block_n = check_block("block_n", block_n)
+    o, lse = attention_loops(q, k, v, alignment, diag_offset(alignment, Nq, Nk), window, scale,
+                             block_m, block_n)
     return (o, lse) if return_lse else o
 
 
