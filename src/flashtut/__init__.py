@@ -80,14 +80,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: f
     return triton_kernels.varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
 
 
-def cuda_attention(q, k, v, causal=False, scale: float | None = None):
+def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
     """
     attention = _load_kernel_module("cuda.attention", "cupy",
                                     "pip install cupy-cuda12x (CUDA 12 drivers, e.g. Colab) or cupy-cuda13x")
-    return attention.cuda_attention(q, k, v, causal=causal, scale=scale)
+    return attention.cuda_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
 __all__ = [

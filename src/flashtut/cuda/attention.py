@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_causal, check_scale
+from ..checks import check_mask, check_scale
 from . import FAST_VARIANT
-from .forward import check_cuda_inputs, prepare, run
+from .forward import check_cuda_inputs, check_mask_support, prepare, run
 
 
 def _backward_module():
@@ -26,8 +26,10 @@ class CudaAttention(torch.autograd.Function):
     """Autograd wrapper: ``forward`` runs ``fwd_v3_fast.cu``, ``backward`` the CUDA backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float):
-        o, lse = run(q, k, v, causal, scale, FAST_VARIANT)     # checked once, in cuda_attention
+    def forward(ctx, q, k, v, causal, scale: float):
+        # checked once, in cuda_attention; causal is "top-left", "bottom-right" or False here
+        kv_group, off, is_causal = check_mask_support(q, k, causal, None)
+        o, lse = run(q, k, v, is_causal, scale, FAST_VARIANT, kv_group=kv_group, diag_offset=off)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -39,12 +41,16 @@ class CudaAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """Fused CUDA attention (see API.md); CUDA float16 tensors, bfloat16 from sm_80, D in {64, 128}.
+def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
+    """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80, D in {64, 128}.
 
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward.
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
+    ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is not supported here (a
+    ``ValueError``; the Triton kernels have it).
     """
-    causal = check_causal(causal)
+    alignment = check_mask(causal, window)[0] or False     # argument errors before the GPU check
     D = check_cuda_inputs(q, k, v)[-1]
+    check_mask_support(q, k, causal, window)
     scale = check_scale(scale, D)
-    return CudaAttention.apply(prepare(q), prepare(k), prepare(v), causal, scale)
+    return CudaAttention.apply(prepare(q), prepare(k), prepare(v), alignment, scale)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..checks import check_like, check_lse, check_qkv, check_scale
 from . import compile as cc
-from .forward import check_gpu_support
+from .forward import check_gpu_support, check_mask_support
 
 #: head dims the kernels are built for
 HEAD_DIMS = (64, 128)
@@ -117,14 +117,14 @@ def runtime_builds(arch: int) -> list[tuple[str, dict]]:
 
 def _check(q, k, v, o, lse, do, causal, scale):
     dtype_names = "float16 or bfloat16 (the CUDA kernels' element types)"
-    B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES, dtype_names=dtype_names)
+    B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES, dtype_names=dtype_names, gqa=True)
     check_like("o", o, q)
     check_like("do", do, q)
     for name, t in (("o", o), ("do", do)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
     check_lse(lse, B, H, Nq, q.device)
-    causal = check_causal(causal)
+    kv_group, off, causal = check_mask_support(q, k, causal, None)
     scale = check_scale(scale, D)
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim D = {D} is not built for the CUDA backward; accepted: "
@@ -132,7 +132,7 @@ def _check(q, k, v, o, lse, do, causal, scale):
     if B * H > 65535:
         raise ValueError(f"B * H = {B * H} exceeds the grid's y limit; accepted: at most 65535")
     arch = check_gpu_support(q, "the CUDA backward")
-    return B, H, Nq, Nk, D, causal, scale, arch
+    return B, H, Nq, Nk, D, (causal, kv_group, off), scale, arch
 
 
 def _ready(t: torch.Tensor) -> torch.Tensor:
@@ -143,19 +143,21 @@ def _ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, *,
+def backward(q, k, v, o, lse, do, causal=False, scale: float | None = None, *,
              out=None, config: BackwardConfig | None = None):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
 
-    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
-    sm_80), D in {64, 128}; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
+    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0`` (``dk``, ``dv``
+    sum their group's gradients), CUDA, float16 or bfloat16 (bf16 from sm_80), D in {64, 128};
+    ``causal``: ``False``, ``True``/``"top-left"`` or ``"bottom-right"``; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
     log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
     nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
     prove every element is written). ``config``: tile sizes (default :func:`pick_config` for this
     GPU), to compare configurations or run a T4's on a bigger GPU. Outputs are in the input dtype.
     """
-    B, H, Nq, Nk, D, causal, scale, arch = _check(q, k, v, o, lse, do, causal, scale)
+    B, H, Nq, Nk, D, (causal, kv_group, off), scale, arch = _check(q, k, v, o, lse, do, causal, scale)
+    Hkv = H // kv_group
     q, k, v, o, do = (_ready(t) for t in (q, k, v, o, do))
     lse = lse.to(torch.float32).contiguous()
     if out is None:
@@ -195,9 +197,15 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.dq_atomic \
             else np.uint64(0)
         cc.set_max_dynamic_smem(fns["dkdv"], cfg.dkdv_smem)
+        # grouped-query heads: each query head writes its share of dK/dV, summed below in float32
+        dk_h, dv_h = (dk, dv) if kv_group == 1 else \
+            (torch.empty((B, H, Nk, D), dtype=q.dtype, device=q.device) for _ in range(2))
         cc.launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
-                  (q, k, v, do, lse2, delta, dk, dv, Nq, Nk, scale, scale_log2, int(causal), dq_acc),
-                  shared_mem=cfg.dkdv_smem)
+                  (q, k, v, do, lse2, delta, dk_h, dv_h, Nq, Nk, scale, scale_log2, int(causal), dq_acc,
+                   kv_group, off), shared_mem=cfg.dkdv_smem)
+        if kv_group > 1:
+            for share, total in ((dk_h, dk), (dv_h, dv)):
+                total.copy_(share.view(B, Hkv, kv_group, Nk, D).sum(2, dtype=torch.float32))
 
         if cfg.dq_atomic:
             n = dq_acc.numel()
@@ -206,6 +214,6 @@ def backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = No
         else:
             cc.set_max_dynamic_smem(fns["dq"], cfg.dq_smem)
             cc.launch(fns["dq"], (math.ceil(Nq / (16 * cfg.warps)), B * H), (threads,),
-                      (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal)),
-                      shared_mem=cfg.dq_smem)
+                      (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal),
+                       kv_group, off), shared_mem=cfg.dq_smem)
     return dq, dk, dv

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_causal, check_qkv, check_scale
+from ..checks import check_mask, check_qkv, check_scale, diag_offset
 from . import VARIANTS
 from .compile import (DTYPE_DEFINES, HEAD_DIMS, SMEM_PER_BLOCK, SMEM_PER_SM, capability, get_function,
                       launch, max_smem_per_block, set_max_dynamic_smem)
@@ -121,8 +121,9 @@ def check_gpu_support(x: torch.Tensor, what: str) -> int:
 
 
 def check_cuda_inputs(q, k, v):
-    """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``."""
-    B, H, Nq, Nk, D = check_qkv(q, k, v)
+    """The checks every CUDA kernel entry shares; returns ``(B, H, Nq, Nk, D)``. ``k`` and ``v``
+    may have fewer heads than ``q`` (grouped-query: ``H % Hkv == 0``)."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     # what is missing from the environment is said first (a CPU-only reader learns that a GPU is
     # needed before being told about head dims)
     check_gpu_support(q, "the CUDA forward kernels")
@@ -145,18 +146,39 @@ def prepare(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "v3", *,
+#: the ladder step that takes grouped-query heads and the bottom-right alignment
+REAL_MODEL_VARIANTS = ("v3",)
+
+
+def check_mask_support(q, k, causal, window, variant: str = "v3"):
+    """``(kv_group, diag_offset, causal)`` for the kernels: ``causal`` as an int, the query heads
+    per K/V head and the diagonal offset (query ``i`` sees key ``j <= i + diag_offset``)."""
+    alignment, window = check_mask(causal, window)
+    if window is not None:
+        raise ValueError(f"window={window} is not supported by the CUDA kernels; accepted: None "
+                         "(flashtut.triton_attention and tiled_attention take windows)")
+    kv_group = q.shape[1] // k.shape[1]
+    off = diag_offset(alignment, q.shape[2], k.shape[2])
+    if (kv_group != 1 or off != 0) and variant not in REAL_MODEL_VARIANTS:
+        raise ValueError(f"variant {variant!r} takes k and v with q's heads and top-left causal only; "
+                         f"accepted for grouped-query heads or causal='bottom-right': {REAL_MODEL_VARIANTS}")
+    return kv_group, off, alignment is not None
+
+
+def forward(q, k, v, causal=False, scale: float | None = None, variant: str = "v3", *,
             warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
     """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
     ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. ``warps``, ``block_n``
     and ``m_tiles`` override the fast kernel's tile sizes (see :func:`launch_config`), for
-    experiments."""
+    experiments. The fast step (``v3``) also takes grouped-query heads and
+    ``causal="bottom-right"``."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-    causal = check_causal(causal)
     D = check_cuda_inputs(q, k, v)[-1]
+    kv_group, off, causal = check_mask_support(q, k, causal, None, variant)
     scale = check_scale(scale, D)
-    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n, m_tiles)
+    return run(prepare(q), prepare(k), prepare(v), causal, scale, variant, warps, block_n, m_tiles,
+               kv_group=kv_group, diag_offset=off)
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,9 +195,11 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, wa
 
 
 def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
-        block_n: int | None = None, m_tiles: int | None = None):
+        block_n: int | None = None, m_tiles: int | None = None, *, kv_group: int = 1,
+        diag_offset: int = 0):
     """:func:`forward` without its checks, for callers that made them already (``cuda_attention``):
-    ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float."""
+    ``q, k, v`` checked and :func:`prepare`-d, ``causal`` a bool, ``scale`` a float; ``kv_group``
+    and ``diag_offset`` as :func:`check_mask_support` returns them (``v3`` only)."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     with torch.cuda.device(q.device):
@@ -183,8 +207,10 @@ def run(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | N
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        launch(fn, grid, (cfg.threads, 1, 1),
-               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal)), cfg.dynamic_smem)
+        args = (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal))
+        if variant in REAL_MODEL_VARIANTS:
+            args += (kv_group, diag_offset)
+        launch(fn, grid, (cfg.threads, 1, 1), args, cfg.dynamic_smem)
     return o, lse
 
 
