@@ -13,7 +13,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import flashtut
 from flashtut import tiled
@@ -391,19 +390,16 @@ def test_custom_operator_passes_torch_opcheck():
 # ------------------------------------------------------------------------ GPU tests ----
 
 def _lowp_torch_error(q, k, v, do, causal, window, ref):
-    """PyTorch attention in the inputs' precision (SDPA with an explicit mask, enable_gqa)."""
-    Nq, Nk = q.shape[2], k.shape[2]
-    mask = None
-    if causal:
-        off = Nk - Nq if causal == "bottom-right" else 0
-        mask = ~flashtut.causal_mask(Nq, Nk, q.device, diag_offset=off, window=window)
+    """The yardstick: PyTorch attention with every operation in the inputs' precision (fp16/bf16
+    matmuls, probabilities rounded before P @ V, gradients by autograd in that precision)."""
+    from flashtut.bench.accuracy import lowp_attention
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+    o = lowp_attention(qq, kk, vv, causal=causal, window=window)
     grads = torch.autograd.grad(o, (qq, kk, vv), do)
     return [_err(a, b) for a, b in zip((o, *grads), ref)]
 
 
-# no row without keys here: SDPA returns NaN for such rows, so it cannot serve as the yardstick
+# no row without keys here: the low-precision yardstick's softmax is NaN on such rows
 GPU_CASES = [
     (1000, 1000, 8, 2, True, None),
     (700, 1123, 8, 1, "bottom-right", None),
@@ -490,3 +486,62 @@ def test_gpu_64bit_row_offsets():
     assert float(dk[:, :, :-400].abs().max()) == 0.0 and float(dk[:, :, -300:].abs().max()) > 0
     del k, v, dk, dv
     torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------- CUDA kernels (GPU) ----
+
+CUDA_CASES = [   # (Nq, Nk, H, Hkv, causal): odd sizes, Nq != Nk both ways, Hkv in {1, 2, H}
+    (333, 517, 4, 1, False),
+    (517, 333, 4, 2, True),
+    (300, 701, 6, 2, "bottom-right"),
+    (257, 257, 4, 4, "bottom-right"),
+    (129, 1000, 8, 1, "bottom-right"),
+    (700, 700, 8, 2, "top-left"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=["q{}k{}H{}kv{}-{}".format(*c) for c in CUDA_CASES])
+def test_gpu_cuda_grouped_query_and_alignments(case, D, dtype):
+    Nq, Nk, H, Hkv, causal = case
+    gen = torch.Generator().manual_seed(Nq * 3 + D)
+    q, k, v = _qkv(gen, 2, H, Hkv, Nq, Nk, D, dtype=dtype, device="cuda")
+    do = _rand(gen, 2, H, Nq, D, dtype=dtype, device="cuda")
+    ref = _grads64(q.float(), k.float(), v.float(), do.float(), causal, None)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    o = flashtut.cuda_attention(qq, kk, vv, causal=causal)
+    grads = torch.autograd.grad(o, (qq, kk, vv), do)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    ours = [_err(a, b) for a, b in zip((o, *grads), ref)]
+    theirs = _lowp_torch_error(q, k, v, do, causal, None, ref)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), ours, theirs):
+        assert math.isfinite(a) and a <= 2 * b + 1e-3, f"{name}: ours {a:.3e} vs torch {b:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("atomic", [False, True], ids=["dq-pass", "dq-atomic"])
+def test_gpu_cuda_rows_without_keys_and_lse(atomic):
+    from dataclasses import replace
+
+    from flashtut.cuda import backward as cb
+    from flashtut.cuda import forward as cf
+    gen = torch.Generator().manual_seed(31)
+    q, k, v = _qkv(gen, 1, 4, 2, 300, 123, 64, dtype=torch.float16, device="cuda")
+    do = _rand(gen, 1, 4, 300, 64, dtype=torch.float16, device="cuda")
+    o, lse = cf.forward(q, k, v, causal="bottom-right")
+    want_lse = flashtut.attention_lse(q.float(), k.float(), causal="bottom-right")
+    assert (o[..., :177, :] == 0).all() and torch.isneginf(lse[..., :177]).all()
+    assert _err(lse[..., 177:], want_lse[..., 177:]) < 2e-2
+    cfg = replace(cb.pick_config(64, 90 if torch.cuda.get_device_capability()[0] >= 9 else 80,
+                                 48 * 1024), dq_atomic=atomic)
+    dq, dk, dv = cb.backward(q, k, v, o, lse, do, causal="bottom-right", config=cfg)
+    ref = _grads64(q.float(), k.float(), v.float(), do.float(), "bottom-right", None)
+    assert (dq[..., :177, :] == 0).all()
+    for got, want in zip((dq, dk, dv), ref[1:]):
+        assert torch.isfinite(got).all() and _err(got, want) < 5e-2 * max(1.0, float(want.abs().max()))
+    with pytest.raises(ValueError, match="window=8 is not supported by the CUDA kernels"):
+        flashtut.cuda_attention(q, k, v, causal=True, window=8)
+    with pytest.raises(ValueError, match="variant 'v1' takes k and v with q's heads"):
+        cf.forward(q, k, v, variant="v1")

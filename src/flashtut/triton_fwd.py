@@ -33,9 +33,11 @@ def seq_bounds(CU, b, n, VARLEN: tl.constexpr):
     if VARLEN:
         start = tl.load(CU + b)
         length = tl.load(CU + b + 1) - start
-        return start.to(tl.int64), length
+        start = start.to(tl.int64)
     else:
-        return tl.zeros([], dtype=tl.int64), n
+        start = (n * 0).to(tl.int64)
+        length = n
+    return start, length
 
 
 @triton.jit
