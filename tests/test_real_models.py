@@ -16,7 +16,7 @@ import torch
 
 import flashtut
 from flashtut import tiled
-from flashtut import triton_kernels as tk
+from flashtut.triton import attention as tk
 
 CPU = not torch.cuda.is_available()
 ALIGNMENTS = [False, True, "top-left", "bottom-right"]
@@ -525,18 +525,18 @@ def test_gpu_cuda_grouped_query_and_alignments(case, D, dtype):
 def test_gpu_cuda_rows_without_keys_and_lse(atomic):
     from dataclasses import replace
 
-    from flashtut.cuda import backward as cb
-    from flashtut.cuda import forward as cf
+    from flashtut.cuda import attention as ca
+    from flashtut.cuda import configs as cc
     gen = torch.Generator().manual_seed(31)
     q, k, v = _qkv(gen, 1, 4, 2, 300, 123, 64, dtype=torch.float16, device="cuda")
     do = _rand(gen, 1, 4, 300, 64, dtype=torch.float16, device="cuda")
-    o, lse = cf.forward(q, k, v, causal="bottom-right")
+    o, lse = ca.cuda_forward(q, k, v, causal="bottom-right")
     want_lse = flashtut.attention_lse(q.float(), k.float(), causal="bottom-right")
     assert (o[..., :177, :] == 0).all() and torch.isneginf(lse[..., :177]).all()
     assert _err(lse[..., 177:], want_lse[..., 177:]) < 2e-2
-    cfg = replace(cb.pick_config(64, 90 if torch.cuda.get_device_capability()[0] >= 9 else 80,
+    cfg = replace(cc.pick_config(64, 90 if torch.cuda.get_device_capability()[0] >= 9 else 80,
                                  48 * 1024), dq_atomic=atomic)
-    dq, dk, dv = cb.backward(q, k, v, o, lse, do, causal="bottom-right", config=cfg)
+    dq, dk, dv = ca.cuda_backward(q, k, v, o, lse, do, causal="bottom-right", config=cfg)
     ref = _grads64(q.float(), k.float(), v.float(), do.float(), "bottom-right", None)
     assert (dq[..., :177, :] == 0).all()
     for got, want in zip((dq, dk, dv), ref[1:]):
@@ -544,4 +544,4 @@ def test_gpu_cuda_rows_without_keys_and_lse(atomic):
     with pytest.raises(ValueError, match="window=8 is not supported by the CUDA kernels"):
         flashtut.cuda_attention(q, k, v, causal=True, window=8)
     with pytest.raises(ValueError, match="variant 'v1' takes k and v with q's heads"):
-        cf.forward(q, k, v, variant="v1")
+        ca.cuda_forward(q, k, v, variant="v1")

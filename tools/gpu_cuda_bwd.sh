@@ -7,12 +7,12 @@
 # BENCH_N (sequence lengths timed), BENCH_D (head dims timed), BENCH_SWEEP=0 (no tile sweep),
 # PYTEST_K (a pytest -k selection), T_PYTEST, T_BENCH, T_SAN (per-step time limits, seconds).
 set -u -o pipefail
-export OUT=${OUT:-/tmp/gpu_cuda_bwd}
-mkdir -p "$OUT"
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+export OUT=${OUT:-/tmp/gpu_cuda_bwd}
+LOG="$OUT/gpu.txt"
+. tools/gpu_common.sh
+machine_info
+cat "$LOG"
 
 # 1. registers / spills of the builds the H200 runs (sm_90, both head dims, both dtypes)
 [ "${SKIP_PTXAS:-0}" = 1 ] || for d in 64 128; do for bf in 0 1; do for f in bwd_dkdv bwd_dq; do
@@ -30,7 +30,8 @@ import dataclasses, json, math, os
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from flashtut.cuda.backward import BackwardConfig, backward, pick_config
+from flashtut.cuda.attention import cuda_backward as backward
+from flashtut.cuda.configs import BackwardConfig, pick_config
 from flashtut.cuda.compile import max_smem_per_block
 
 torch.manual_seed(0)
@@ -151,7 +152,8 @@ EOF
 # 4. out-of-bounds and shared-memory races on one small causal case with ragged tails
 cat > /tmp/bwd_small.py <<'EOF'
 import torch, flashtut
-from flashtut.cuda.backward import BackwardConfig, backward
+from flashtut.cuda.attention import cuda_backward as backward
+from flashtut.cuda.configs import BackwardConfig
 for D in (64, 128):
     q, k, v, do = (torch.randn(1, 2, n, D, device="cuda", dtype=torch.float16) for n in (150, 97, 97, 150))
     o, lse = flashtut.tiled_attention(q, k, v, causal=True, return_lse=True)

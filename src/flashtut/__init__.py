@@ -4,7 +4,7 @@ Layers, bottom up (each uses only the ones below it):
 
 1. ``softmax``, ``reference``: the softmax family and naive attention (float64-capable references)
 2. ``tiled``: the FlashAttention algorithm as readable PyTorch loops, forward and backward
-3. ``triton_kernels``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
+3. ``triton``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
    neither triton nor cupy)
 4. ``bench``, ``figures``, ``exercises``: measuring, plotting and checking tools for the book
 """
@@ -19,7 +19,7 @@ from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_s
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import merge_attention_states, split_kv_attention
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def _load_kernel_module(module: str, package: str, how: str):
@@ -42,7 +42,7 @@ _TRITON_HOW = "pip install triton (Linux with a CUDA GPU of sm_80 or newer)"
 
 
 def triton_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
-    """Fused Triton attention, forward and backward (``flashtut.triton_kernels``).
+    """Fused Triton attention, forward and backward (``flashtut.triton``).
 
     Returns ``o``; ``o.backward()`` runs the Triton backward, which recomputes the
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
@@ -51,10 +51,10 @@ def triton_attention(q, k, v, causal=False, scale: float | None = None, window: 
     ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window.
     A PyTorch custom operator: ``torch.compile(model, fullgraph=True)`` compiles a model calling
     it without graph breaks once the kernel module is loaded (any eager call, or
-    ``import flashtut.triton_kernels``, before the first compiled call).
+    ``import flashtut.triton.attention``, before the first compiled call).
     """
-    triton_kernels = _load_kernel_module("triton_kernels", "triton", _TRITON_HOW)
-    return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
+    attention = _load_kernel_module("triton.attention", "triton", _TRITON_HOW)
+    return attention.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
 VARLEN_BACKENDS = ("naive", "triton")
@@ -76,8 +76,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: f
     bounds_q, bounds_k, mask, scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
     if backend == "naive":
         return naive_varlen_attention(q, k, v, bounds_q, bounds_k, mask[0] or False, scale, mask[1])
-    triton_kernels = _load_kernel_module("triton_kernels", "triton", _TRITON_HOW)
-    return triton_kernels.varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
+    attention = _load_kernel_module("triton.attention", "triton", _TRITON_HOW)
+    return attention.varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
 
 
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):

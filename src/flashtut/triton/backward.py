@@ -31,7 +31,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_fwd import key_range, seq_bounds, visible
+from ..constants import LOG2E
+from .forward import key_range, seq_bounds, visible
+
+# @triton.jit code reads module globals only when they are tl.constexpr
+LOG2E_C = tl.constexpr(LOG2E)
 
 
 @triton.jit
@@ -102,7 +106,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
             do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             lse = tl.load(lse_base + rows, mask=row_ok, other=0.0)
             # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
-            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
             if PAD_D:
@@ -111,7 +115,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
             else:
                 q = tl.load(q_ptrs)
                 do = tl.load(do_ptrs)
-            lse2 = tl.load(lse_base + rows) * 1.4426950408889634
+            lse2 = tl.load(lse_base + rows) * LOG2E_C
             delta = tl.load(delta_base + rows)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)              # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                 # P^T, already normalised
@@ -265,7 +269,7 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
     l_base = b * stride_lb + h * stride_lh + q_start
     lse = tl.load(LSE + l_base + offs_m, mask=row_ok, other=0.0)
     # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
     delta = tl.load(DELTA + l_base + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + h_kv * stride_kh + k_start * stride_kn
     v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn

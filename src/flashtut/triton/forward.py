@@ -26,6 +26,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..constants import LN2, LOG2E
+
+# @triton.jit code reads module globals only when they are tl.constexpr
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
+
 
 @triton.jit
 def seq_bounds(CU, b, n, VARLEN: tl.constexpr):
@@ -180,7 +186,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     acc = acc / l_safe[:, None]                                     # normalise once, at the end
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2_C, float("-inf"))
     row_ok = offs_m < n_q
     tl.store(LSE + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=row_ok)
     o_ptrs = (O + b * stride_ob + h * stride_oh + (q_start + offs_m[:, None]) * stride_on
