@@ -545,3 +545,50 @@ def test_gpu_cuda_rows_without_keys_and_lse(atomic):
         flashtut.cuda_attention(q, k, v, causal=True, window=8)
     with pytest.raises(ValueError, match="variant 'v1' takes k and v with q's heads"):
         ca.cuda_forward(q, k, v, variant="v1")
+
+
+# ------------------------------------------------------------------ benchmark preset ----
+
+@pytest.mark.parametrize("Nq, Nk, causal, window", [
+    (37, 53, False, None), (53, 37, True, None), (37, 53, "bottom-right", None),
+    (53, 37, "bottom-right", None), (64, 64, True, 16), (20, 70, "bottom-right", 9), (70, 20, True, 5)])
+def test_visible_flops_count_exactly_the_visible_keys(Nq, Nk, causal, window):
+    from flashtut.costs.flops import attention_flops, visible_attention_flops, visible_pairs
+    off = Nk - Nq if causal == "bottom-right" else 0
+    hidden = flashtut.causal_mask(Nq, Nk, diag_offset=off, window=window) if causal else torch.zeros(Nq, Nk, dtype=bool)
+    assert visible_pairs(Nq, Nk, causal, window) == int((~hidden).sum())
+    assert visible_attention_flops(2, 3, Nq, Nk, 16, causal, window, "bwd") == \
+        2.5 * 4 * 2 * 3 * 16 * int((~hidden).sum())
+    if not causal:
+        assert visible_attention_flops(2, 3, Nq, Nk, 16) == attention_flops(2, 3, Nq, Nk, 16)
+
+
+@pytest.mark.skipif(not CPU, reason="the CPU run of the preset's machinery (Triton interpreter)")
+def test_real_models_preset_checks_and_records_every_row(monkeypatch):
+    from flashtut.bench import real_models
+    from flashtut.bench.results import check_row
+    calls = []
+
+    def once(fn, device, warmup_ms=0, rep_ms=0, grad_to_none=None):      # one call, not a timing loop
+        fn()
+        calls.append(1)
+        return 2.0
+    monkeypatch.setattr(real_models, "time_fn", once)
+    rows = real_models.run_real_models("cpu", small=True)
+    assert len(rows) == 2 * (2 + 2 + 3) and len(calls) == len(rows)
+    assert all(r["status"] == "ok" and check_row(r) is None for r in rows), [r["reason"] for r in rows]
+    win = [r for r in rows if r["group"] == "window" and r["mode"] == "fwd"]
+    # the windowed Triton row is credited its visible keys only, SDPA (no window) the full causal work
+    assert win[0]["window"] == 12 and win[1]["window"] is None and win[0]["flops"] < win[1]["flops"]
+    packed = [r for r in rows if r["group"] == "varlen"]
+    assert {r["layout"] for r in packed} == {"packed", "padded"}
+    assert len({r["flops"] for r in packed if r["mode"] == "fwd"}) == 1      # the real tokens' FLOPs
+    assert all("x sdpa" in line for line in real_models.summary(rows))
+
+
+def test_real_models_cli_needs_a_gpu_or_small():
+    from flashtut.bench.cli import main
+    if not CPU:
+        pytest.skip("on a GPU the full run is allowed")
+    with pytest.raises(SystemExit):
+        main(["real-models", "--device", "cpu"])
