@@ -13,8 +13,7 @@ from __future__ import annotations
 import sys
 
 from .checks import accum_dtype
-from .checks import check_varlen
-from .reference import attention_lse, causal_mask, naive_attention, naive_varlen_attention
+from .reference import attention_lse, causal_mask, naive_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import merge_attention_states, split_kv_attention
@@ -57,27 +56,21 @@ def triton_attention(q, k, v, causal=False, scale: float | None = None, window: 
     return attention.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
-VARLEN_BACKENDS = ("naive", "triton")
-
-
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: float | None = None,
                      window: int | None = None, backend: str = "triton"):
-    """Attention over a batch of sequences of different lengths packed without padding.
+    """Attention over a batch of sequences of different lengths packed without padding
+    (``flashtut.triton.attention.varlen_attention``).
 
     ``q`` is ``(total_q, H, D)``, ``k``/``v`` ``(total_k, Hkv, D)``; ``cu_seqlens_q``/``_k`` are
     int32 ``[0, len_0, len_0 + len_1, ..., total]``. Sequence ``b`` (rows
     ``cu_seqlens[b]:cu_seqlens[b + 1]``) attends only within itself, with ``causal`` and
     ``window`` applied per sequence. Returns ``(total_q, H, D)``. ``backend``: ``"naive"`` (the
-    reference, one sequence at a time, autograd) or ``"triton"`` (one fused launch for the whole
-    batch, forward and backward).
+    reference, one sequence at a time, autograd; needs only PyTorch) or ``"triton"`` (one fused
+    launch for the whole batch, forward and backward).
     """
-    if backend not in VARLEN_BACKENDS:
-        raise ValueError(f"backend must be one of {VARLEN_BACKENDS}, got {backend!r}")
-    bounds_q, bounds_k, mask, scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
-    if backend == "naive":
-        return naive_varlen_attention(q, k, v, bounds_q, bounds_k, mask[0] or False, scale, mask[1])
     attention = _load_kernel_module("triton.attention", "triton", _TRITON_HOW)
-    return attention.varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
+    return attention.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                                      window=window, backend=backend)
 
 
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):

@@ -58,7 +58,7 @@ def _sdpa(device):
 
 
 def _triton(q, k, v, causal, window):
-    from .. import triton_attention
+    from ..triton.attention import triton_attention
     return triton_attention(q, k, v, causal=causal, window=window)
 
 
@@ -174,7 +174,7 @@ def _dense_rows(case, device, dtype, gen, sdpa_name, sdpa, warmup_ms, rep_ms, se
 
 
 def _varlen_rows(case, device, dtype, gen, sdpa_name, sdpa, warmup_ms, rep_ms, seed):
-    from .. import varlen_attention
+    from ..triton.attention import varlen_attention
 
     lens, H, Hkv, D, causal = case["lens"], case["H"], case["Hkv"], case["D"], case["causal"]
     total, n_max = sum(lens), max(lens)

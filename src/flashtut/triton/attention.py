@@ -27,8 +27,9 @@ import os
 
 import torch
 
-from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor
+from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor, check_varlen
 from ..constants import LOG2E
+from ..reference import naive_varlen_attention
 from . import configs
 from .configs import TileConfig
 
@@ -411,8 +412,23 @@ class TritonVarlenAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+VARLEN_BACKENDS = ("naive", "triton")
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: float | None = None,
+                     window: int | None = None, backend: str = "triton"):
+    """Packed batches (``flashtut.varlen_attention``): ``backend="naive"`` runs the reference one
+    sequence at a time (PyTorch only, autograd), ``"triton"`` one fused launch for the batch."""
+    if backend not in VARLEN_BACKENDS:
+        raise ValueError(f"backend must be one of {VARLEN_BACKENDS}, got {backend!r}")
+    bounds_q, bounds_k, mask, scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    if backend == "naive":
+        return naive_varlen_attention(q, k, v, bounds_q, bounds_k, mask[0] or False, scale, mask[1])
+    return varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
+
+
 def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale):
-    """The Triton path of ``flashtut.varlen_attention`` (arguments already checked)."""
+    """The Triton path of :func:`varlen_attention` (arguments already checked)."""
     if q.dtype not in KERNEL_DTYPES:
         raise ValueError(
             f"q, k and v have dtype {str(q.dtype).replace('torch.', '')}; the Triton kernels accept "
@@ -432,4 +448,4 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
            "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
-           "varlen_triton"]
+           "varlen_attention", "varlen_triton"]
