@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline")
+KINDS = ("speed", "memory", "roofline", "model")
 
 
 def _clean(x):

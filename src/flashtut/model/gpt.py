@@ -53,7 +53,7 @@ class GPTConfig:
 
 
 class RMSNorm(nn.Module):
-    """``x / rms(x) * weight``, computed in float32 whatever the autocast dtype."""
+    """``x / rms(x) * weight``, computed in float32 (float64 for float64) whatever the autocast dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -61,23 +61,27 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        xw = x.to(wide)
+        y = xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(wide)).to(x.dtype)
 
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0):
     """``(cos, sin)`` of the rotary angles ``position * base^(-2i / head_dim)``, shaped
     ``(..., 1, head_dim // 2)`` to broadcast over the heads of a ``(..., N, heads, head_dim)`` tensor."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.to(torch.float32)[..., None] * inv_freq
+    # float64: position * frequency keeps its digits at long contexts; apply_rotary narrows it
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq
     return torch.cos(angles)[..., None, :], torch.sin(angles)[..., None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair ``(x_i, x_{i + D/2})`` of every head by its position's angle. The score
     of a rotated query and key then depends on their positions only through their difference."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    x1, x2 = x.to(wide).chunk(2, dim=-1)
+    cos, sin = cos.to(wide), sin.to(wide)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
@@ -220,7 +224,8 @@ class GPT(nn.Module):
         logits = F.linear(self.norm(x), self.embed.weight)      # tied: the embedding matrix, transposed
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1),
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))   # float32 at least
+            loss = F.cross_entropy(wide.view(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return logits, loss
 

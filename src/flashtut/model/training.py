@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
@@ -74,16 +73,4 @@ def evaluate(model: GPT, batches, dtype: torch.dtype | None = None) -> float:
     return total / max(1, len(batches))
 
 
-def timed(fn, device) -> tuple:
-    """``(result, seconds)`` of one call, synchronising the GPU before and after."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - t0
-
-
-__all__ = ["train", "evaluate", "make_optimizer", "autocast", "autocast_dtype", "timed"]
+__all__ = ["train", "evaluate", "make_optimizer", "autocast", "autocast_dtype"]
