@@ -16,26 +16,39 @@ KV cache), :func:`attend_packed` (sequences of different lengths packed into one
 and :func:`attend_split_kv` (decoding against a KV cache through the split-KV algorithm of chapter 10).
 
 Until flashtut's own functions take grouped-query heads, ``causal="bottom-right"``, ``window=`` and
-``varlen_attention`` (``REAL_MODEL_API`` below says whether this copy does), the fallbacks here
+``varlen_attention`` (``REAL_MODEL_API`` and :func:`packed_path` say whether this copy does), the fallbacks here
 expand the key/value heads with ``repeat_interleave`` and run packed batches one sequence at a time.
 Those fallbacks go away once the API is there; nothing outside this module changes.
 """
 from __future__ import annotations
 
+import inspect
+import sys
+
 import torch
 import torch.nn.functional as F
 
-import flashtut
 from .. import decode
+from ..cuda.attention import cuda_attention
+from ..reference import naive_attention
+from ..tiled import tiled_attention
+from ..triton.attention import triton_attention
 
 BACKENDS = ("naive", "sdpa", "tiled", "triton", "cuda")
 
-#: whether this flashtut has the real-model attention API (grouped-query heads, both causal
-#: alignments, windows, packed batches) in its own functions
-REAL_MODEL_API = hasattr(flashtut, "varlen_attention")
+_FLASHTUT = {"naive": naive_attention, "tiled": tiled_attention, "triton": triton_attention,
+             "cuda": cuda_attention}
 
-_FLASHTUT = {"naive": "naive_attention", "tiled": "tiled_attention", "triton": "triton_attention",
-             "cuda": "cuda_attention"}
+#: whether this flashtut's attention functions take grouped-query heads, ``causal="bottom-right"``
+#: and ``window=`` (the "attention for real models" API); without it the fallbacks below run
+REAL_MODEL_API = "window" in inspect.signature(naive_attention).parameters
+
+
+def _varlen_attention():
+    """``flashtut.varlen_attention``, or None where this copy has none. The public function sits in
+    the package's facade (``flashtut/__init__.py``), which no layer imports; it is looked up
+    there when called. If it moves into a module of its own, import it from that module here."""
+    return getattr(sys.modules.get("flashtut"), "varlen_attention", None)
 
 
 def check_backend(backend):
@@ -85,7 +98,7 @@ def _old_api_causal(n_q: int, n_k: int, backend: str):
     if n_q == 1:
         return False
     raise RuntimeError(f"backend {backend!r} needs causal='bottom-right' for {n_q} new queries against "
-                       f"{n_k} cached keys, which this flashtut's {_FLASHTUT[backend]} lacks; use "
+                       f"{n_k} cached keys, which this flashtut's {_FLASHTUT[backend].__name__} lacks; use "
                        "backend 'sdpa', or one query at a time")
 
 
@@ -102,15 +115,18 @@ def attend(q, k, v, backend, window: int | None = None, scale: float | None = No
         k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
         return backend(q, k, v) if window is None else backend(q, k, v, window=window)
     if backend == "sdpa":
+        # without a mask SDPA may take its flash kernel (the only fused one with enable_gqa)
         if window is None and n_q == n_k:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        if window is None and n_q == 1:         # one new token sees the whole cache
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
         mask = visible_keys(n_q, n_k, window, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    fn = getattr(flashtut, _FLASHTUT[backend])
+    fn = _FLASHTUT[backend]
     if REAL_MODEL_API:
         return fn(q, k, v, causal="bottom-right", scale=scale, window=window)
     if window is not None:
-        raise RuntimeError(f"this flashtut's {_FLASHTUT[backend]} has no window= argument; "
+        raise RuntimeError(f"this flashtut's {_FLASHTUT[backend].__name__} has no window= argument; "
                            "use backend 'sdpa' for a sliding window")
     causal = _old_api_causal(n_q, n_k, backend)
     return fn(q, expand_kv_heads(k, H), expand_kv_heads(v, H), causal=causal, scale=scale)
@@ -119,7 +135,7 @@ def attend(q, k, v, backend, window: int | None = None, scale: float | None = No
 def packed_path(backend) -> str:
     """How :func:`attend_packed` runs ``backend``: ``"varlen_attention"`` (one fused call over
     the packed batch) or ``"per-sequence"`` (one attention call per sequence)."""
-    if REAL_MODEL_API and backend in ("naive", "triton"):
+    if _varlen_attention() is not None and backend in ("naive", "triton"):
         return "varlen_attention"
     return "per-sequence"
 
@@ -131,8 +147,8 @@ def attend_packed(q, k, v, cu_seqlens: torch.Tensor, backend, window: int | None
     (int32, starting at 0). Returns ``(total, H, D)``."""
     backend = check_backend(backend)
     if packed_path(backend) == "varlen_attention":
-        return flashtut.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=True, scale=scale,
-                                         window=window, backend=backend)
+        return _varlen_attention()(q, k, v, cu_seqlens, cu_seqlens, causal=True, scale=scale,
+                                   window=window, backend=backend)
     bounds = cu_seqlens.tolist()
     out = [attend(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None], v[s:e].transpose(0, 1)[None],
                   backend, window=window, scale=scale)[0].transpose(0, 1)

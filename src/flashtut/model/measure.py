@@ -32,6 +32,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -217,8 +218,11 @@ def measure_packed(config, backend, tokens, device, dtype, n_sequences, longest,
     return rows
 
 
-def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generation", "packed"), **overrides):
-    """Measure the sections of ``preset`` on ``device``; returns ``(rows, config)``."""
+def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generation", "packed"), on_section=None,
+        **overrides):
+    """Measure the sections of ``preset`` on ``device``; returns ``(rows, meta)``. ``on_section(rows,
+    meta)`` is called after each section with everything so far (the CLI saves the file each time,
+    so a run cut short keeps what it measured)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     p = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
@@ -228,21 +232,26 @@ def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generati
     backends = [b for b in p["backends"].split(",") if b]
     tokens = load_corpus().tokens()
     torch.manual_seed(0)
-    rows = []
-    if "loss" in sections:
-        rows += measure_loss(config, backends, tokens, device, dtype, p["steps"], p["batch"], p["context"],
-                             p["lr"], p["eval_batches"])
-    if "scaling" in sections:
-        rows += measure_scaling(config, backends, device, dtype, p["contexts"], p["step_tokens"])
-    if "generation" in sections:
-        gen_backends = [b for b in backends if b != "naive"] or backends
-        rows += measure_generation(config, gen_backends, tokens, device, dtype, p["prompts"], p["new_tokens"])
-    if "packed" in sections:
-        rows += measure_packed(config, p["packed_backend"], tokens, device, dtype, p["packed_sequences"],
-                               p["packed_max"])
     meta = {"preset": preset, "model": p["config"], "dtype": str(dtype).replace("torch.", "") if dtype else "float32",
             "real_model_api": REAL_MODEL_API, "triton_autotune": os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1"),
-            **{k: v for k, v in p.items() if k != "config"}}
+            "section_seconds": {}, **{k: v for k, v in p.items() if k != "config"}}
+    gen_backends = [b for b in backends if b != "naive"] or backends
+    jobs = {
+        "loss": lambda: measure_loss(config, backends, tokens, device, dtype, p["steps"], p["batch"], p["context"],
+                                     p["lr"], p["eval_batches"]),
+        "scaling": lambda: measure_scaling(config, backends, device, dtype, p["contexts"], p["step_tokens"]),
+        "generation": lambda: measure_generation(config, gen_backends, tokens, device, dtype, p["prompts"],
+                                                 p["new_tokens"]),
+        "packed": lambda: measure_packed(config, p["packed_backend"], tokens, device, dtype, p["packed_sequences"],
+                                         p["packed_max"]),
+    }
+    rows = []
+    for name in sections:
+        t0 = time.perf_counter()
+        rows += jobs[name]()
+        meta["section_seconds"][name] = round(time.perf_counter() - t0, 1)
+        if on_section is not None:
+            on_section(rows, meta)
     return rows, meta
 
 
@@ -269,10 +278,15 @@ def main(argv=None) -> int:
     if bad:
         print(f"unknown section(s) {', '.join(bad)}; accepted: loss, scaling, generation, packed", file=sys.stderr)
         return 2
-    rows, meta = run(preset, device, sections, backends=args.backends, steps=args.steps)
     argv = sys.argv[1:] if argv is None else list(argv)
     prov = collect(device, call="python -m flashtut.model.measure " + " ".join(argv))
-    save_results(args.out, "model", rows, prov, meta)
+
+    def saved(rows, meta):
+        save_results(args.out, "model", rows, prov, meta)
+        name, seconds = list(meta["section_seconds"].items())[-1]
+        print(f"[{name}: {seconds} s, {args.out} written]", flush=True)
+
+    rows, meta = run(preset, device, sections, on_section=saved, backends=args.backends, steps=args.steps)
     for r in rows:
         keys = ("section", "backend", "method", "layout", "context", "prompt", "status", "final_loss",
                 "tokens_per_s", "real_tokens_per_s", "peak_extra_bytes", "ms")
