@@ -264,3 +264,47 @@ def test_gpu_generation_and_packed(tokens):
     _, padded = model(x.cuda(), y.cuda())
     _, packed = model(px, py, cu_seqlens=cu, positions=pos)
     torch.testing.assert_close(packed, padded, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ chapter 12 exercises, figures
+def test_ch12_checkers_pass_a_right_function_and_fail_a_wrong_one():
+    from flashtut.exercises import ch12
+
+    def causal(q, k, v):
+        return flashtut.naive_attention(q, k, v, causal=True)
+
+    res = ch12.check_attention_backend(causal, steps=3)
+    assert res and "trained 3 steps" in res.message
+    wrong_window = ch12.check_window_attention(lambda q, k, v, window: causal(q, k, v))
+    assert not wrong_window and "window 5" in wrong_window.message and "fix the numbers" in wrong_window.message
+    raising = ch12.check_window_attention(lambda q, k, v, window: 1 / 0)
+    assert not raising and "ZeroDivisionError" in raising.message
+
+
+def test_ch12_window_reference_matches_sdpa_with_the_window_mask(gen):
+    from flashtut.exercises import ch12
+
+    q, k, v = (torch.randn(1, 2, 21, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    for w in (1, 4, 30):
+        torch.testing.assert_close(ch12.windowed_reference(q, k, v, w), ma.attend(q, k, v, "sdpa", window=w),
+                                   atol=1e-12, rtol=1e-12)
+
+
+def test_model_figures_draw_the_measurement_rows():
+    from flashtut.figures import model_plots
+
+    loss = [{"backend": b, "losses": [5.5, 4.0 + d, 3.0 + d]} for b, d in (("naive", 0.0), ("triton", 0.01))]
+    fig = model_plots.loss_curves_figure(loss)
+    assert len(fig.axes) == 2 and len(fig.axes[1].lines) == 2        # the zero line and triton - naive
+    scaling = [{"section": "scaling", "backend": "naive", "context": 512, "status": "ok", "tokens_per_s": 1e5,
+                "peak_extra_bytes": 2**30},
+               {"section": "scaling", "backend": "naive", "context": 1024, "status": "oom"},
+               {"section": "scaling", "backend": "triton", "context": 512, "status": "ok", "tokens_per_s": 2e5,
+                "peak_extra_bytes": 2**28}]
+    fig = model_plots.scaling_figure(scaling, device="H200")
+    assert [len(ax.lines) for ax in fig.axes] == [3, 3]                # naive, its OOM cross, triton
+    gen_rows = [{"section": "generation", "status": "ok", "method": m, "backend": "sdpa", "prompt": p,
+                 "tokens_per_s": 100.0 * p} for m in ("sdpa cache", "sdpa recompute") for p in (128, 512)]
+    assert len(model_plots.generation_figure(gen_rows).axes[0].lines) == 2
+    with pytest.raises(ValueError, match="losses"):
+        model_plots.loss_curves_figure([{"backend": "naive"}])
