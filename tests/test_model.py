@@ -210,12 +210,14 @@ def test_measure_command_writes_a_results_file(tmp_path):
 
     out = tmp_path / "capstone.json"
     rc = measure.main(["--preset", "cpu", "--device", "cpu", "--sections", "loss,packed", "--backends",
-                       "naive,sdpa", "--steps", "3", "--out", str(out)])
+                       "naive,sdpa,cuda", "--steps", "3", "--out", str(out)])
     assert rc == 0
     doc = load_results(out)
     assert doc["kind"] == "model" and doc["provenance"]["device"]["type"] == "cpu"
     loss = {r["backend"]: r for r in doc["rows"] if r["section"] == "loss"}
-    assert set(loss) == {"naive", "sdpa"} and len(loss["naive"]["losses"]) == 3
+    assert set(loss) == {"naive", "sdpa", "cuda"} and len(loss["naive"]["losses"]) == 3
+    assert loss["cuda"]["status"] == "unavailable" and "CUDA GPU" in loss["cuda"]["error"]
+    assert set(doc["config"]["section_seconds"]) == {"loss", "packed"}
     assert abs(loss["naive"]["final_loss"] - loss["sdpa"]["final_loss"]) < 1e-4
     packed = {r["layout"]: r for r in doc["rows"] if r["section"] == "packed"}
     assert packed["padded"]["flops"] > packed["packed"]["flops"]
@@ -236,7 +238,7 @@ def test_gpu_backend_trains_like_sdpa(backend, tokens):
     curves = {b: m.train(m.GPT(cfg, b, seed=3).cuda(), batches, dtype=dtype) for b in ("sdpa", backend)}
     assert curves[backend][-1] < curves[backend][0] - 1.0
     diff = max(abs(a - b) for a, b in zip(curves["sdpa"], curves[backend]))
-    assert diff < 0.05, (curves, diff)
+    assert diff < 0.1, (curves, diff)      # bfloat16 training noise, 20 steps
     model = m.GPT(cfg, backend, seed=3).cuda()
     x = batches[0][0].cuda()
     with torch.autocast("cuda", dtype=dtype):
@@ -251,19 +253,29 @@ def test_gpu_backend_trains_like_sdpa(backend, tokens):
 
 
 @pytest.mark.gpu
-def test_gpu_generation_and_packed(tokens):
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_gpu_cache_and_packed_batches(backend, tokens):
+    """Through the fused kernels (bfloat16 autocast): logits computed token by token from a KV cache
+    (read by the backend, or by the split-KV decoder) match one forward over the whole sequence, and
+    a packed batch's loss matches the padded batch's, to bfloat16 rounding."""
     cfg = m.GPTConfig(n_layer=2, d_model=256, n_head=4, n_kv_head=2)
-    model = m.GPT(cfg, "triton", seed=3).cuda()
-    prompt = tokens[:40][None].cuda()
-    slow = m.generate(model, prompt, 16, use_cache=False)
-    for decode in ("split-kv", "backend"):
-        assert torch.equal(m.generate(model, prompt, 16, decode=decode, num_splits=4), slow)
+    model = m.GPT(cfg, backend, seed=3).cuda().eval()
+    dtype = m.autocast_dtype("cuda")
+    x = tokens[:75][None].cuda()
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        full, _ = model(x)
+        for decode in ("backend", "split-kv"):
+            cache = m.KVCache(cfg, 1, 75, device="cuda", dtype=dtype, decode=decode, num_splits=4)
+            parts = [model(x[:, :40], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0] for t in range(40, 75)]
+            err = (torch.cat(parts, dim=1).float() - full.float()).abs().max().item()
+            assert err < 0.1 * full.float().abs().max().item(), (decode, err)
     seqs = [tokens[i * 300:i * 300 + n + 1] for i, n in enumerate([37, 200, 5, 129])]
-    x, y = m.padded_batch(seqs)
+    xp, yp = (t.cuda() for t in m.padded_batch(seqs))
     px, py, cu, pos = (t.cuda() for t in m.packed_batch(seqs))
-    _, padded = model(x.cuda(), y.cuda())
-    _, packed = model(px, py, cu_seqlens=cu, positions=pos)
-    torch.testing.assert_close(packed, padded, atol=1e-4, rtol=1e-4)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        _, padded = model(xp, yp)
+        _, packed = model(px, py, cu_seqlens=cu, positions=pos)
+    assert abs(packed.item() - padded.item()) < 2e-2
 
 
 # ------------------------------------------------------------------ chapter 12 exercises, figures

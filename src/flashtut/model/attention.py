@@ -22,6 +22,7 @@ Those fallbacks go away once the API is there; nothing outside this module chang
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
 
@@ -32,7 +33,7 @@ from .. import decode
 from ..cuda.attention import cuda_attention
 from ..reference import naive_attention
 from ..tiled import tiled_attention
-from ..triton.attention import triton_attention
+from ..triton.attention import interpreting, triton_attention
 
 BACKENDS = ("naive", "sdpa", "tiled", "triton", "cuda")
 
@@ -62,6 +63,26 @@ def check_backend(backend):
         raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)} or a callable "
                          f"fn(q, k, v) -> o, got {backend!r}")
     return backend
+
+
+def unavailable_reason(backend: str, device) -> str | None:
+    """Why ``backend`` cannot run on ``device`` here (None when it can): Triton needs a GPU of
+    sm_80 or newer, or the CPU interpreter; the CUDA kernels a GPU and CuPy."""
+    check_backend(backend)
+    device = torch.device(device)
+    if backend == "triton":
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (pip install triton)"
+        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+            return "Triton needs a GPU of compute capability sm_80 or newer"
+        if device.type == "cpu" and not interpreting():
+            return "Triton on the CPU needs TRITON_INTERPRET=1 set before the first import of flashtut"
+    if backend == "cuda":
+        if device.type != "cuda":
+            return "the CUDA kernels run on a CUDA GPU only"
+        if importlib.util.find_spec("cupy") is None:
+            return "CuPy is not installed (pip install cupy-cuda12x, or cupy-cuda13x)"
+    return None
 
 
 def backend_name(backend) -> str:
@@ -177,4 +198,4 @@ def attend_split_kv(q, k, v, num_splits: int, window: int | None = None,
 
 
 __all__ = ["BACKENDS", "REAL_MODEL_API", "attend", "attend_packed", "attend_split_kv", "backend_name",
-           "check_backend", "expand_kv_heads", "packed_path", "visible_keys"]
+           "check_backend", "expand_kv_heads", "packed_path", "unavailable_reason", "visible_keys"]

@@ -41,7 +41,7 @@ from ..bench.provenance import collect
 from ..bench.results import save_results
 from ..bench.timing import time_wall
 from ..decode import suggest_num_splits
-from .attention import REAL_MODEL_API, packed_path
+from .attention import REAL_MODEL_API, packed_path, unavailable_reason
 from .batching import model_flops, packed_batch, padded_batch, random_windows
 from .corpus import load_corpus
 from .generation import generate
@@ -229,7 +229,9 @@ def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generati
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = autocast_dtype(device)
     config = GPTConfig(**p["config"])
-    backends = [b for b in p["backends"].split(",") if b]
+    asked = [b for b in p["backends"].split(",") if b]
+    skipped = {b: unavailable_reason(b, device) for b in asked if unavailable_reason(b, device)}
+    backends = [b for b in asked if b not in skipped]
     tokens = load_corpus().tokens()
     torch.manual_seed(0)
     meta = {"preset": preset, "model": p["config"], "dtype": str(dtype).replace("torch.", "") if dtype else "float32",
@@ -245,7 +247,10 @@ def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generati
         "packed": lambda: measure_packed(config, p["packed_backend"], tokens, device, dtype, p["packed_sequences"],
                                          p["packed_max"]),
     }
-    rows = []
+    rows = [_row(name, backend=b, status="unavailable", error=why) for b, why in skipped.items() for name in sections
+            if name != "packed" or b == p["packed_backend"]]
+    if p["packed_backend"] in skipped:
+        sections = tuple(name for name in sections if name != "packed")
     for name in sections:
         t0 = time.perf_counter()
         rows += jobs[name]()
