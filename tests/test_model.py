@@ -259,16 +259,24 @@ def test_gpu_cache_and_packed_batches(backend, tokens):
     (read by the backend, or by the split-KV decoder) match one forward over the whole sequence, and
     a packed batch's loss matches the padded batch's, to bfloat16 rounding."""
     cfg = m.GPTConfig(n_layer=2, d_model=256, n_head=4, n_kv_head=2)
-    model = m.GPT(cfg, backend, seed=3).cuda().eval()
     dtype = m.autocast_dtype("cuda")
+    model = m.GPT(cfg, "sdpa", seed=3).cuda()
+    m.train(model, m.random_windows(tokens, 8, 128, 15, seed=6), dtype=dtype)   # weights that attend
+    model.eval()
     x = tokens[:75][None].cuda()
-    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
-        full, _ = model(x)
-        for decode in ("backend", "split-kv"):
-            cache = m.KVCache(cfg, 1, 75, device="cuda", dtype=dtype, decode=decode, num_splits=4)
-            parts = [model(x[:, :40], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0] for t in range(40, 75)]
-            err = (torch.cat(parts, dim=1).float() - full.float()).abs().max().item()
-            assert err < 0.1 * full.float().abs().max().item(), (decode, err)
+    with torch.no_grad():
+        model.attention_backend = "naive"
+        exact, _ = model(x)                                   # float32 reference
+        model.attention_backend = backend
+        with torch.autocast("cuda", dtype=dtype):
+            full, _ = model(x)
+            noise = (full.float() - exact).abs().max().item()   # what bf16 alone costs
+            for decode in ("backend", "split-kv"):
+                cache = m.KVCache(cfg, 1, 75, device="cuda", dtype=dtype, decode=decode, num_splits=4)
+                parts = [model(x[:, :40], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0]
+                                                               for t in range(40, 75)]
+                err = (torch.cat(parts, dim=1).float() - exact).abs().max().item()
+                assert err <= 3 * noise + 1e-3, (decode, err, noise)
     seqs = [tokens[i * 300:i * 300 + n + 1] for i, n in enumerate([37, 200, 5, 129])]
     xp, yp = (t.cuda() for t in m.padded_batch(seqs))
     px, py, cu, pos = (t.cuda() for t in m.packed_batch(seqs))
