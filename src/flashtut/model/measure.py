@@ -38,6 +38,7 @@ import torch
 
 from ..bench.memory import is_oom, peak_extra_memory, release_cached
 from ..bench.provenance import collect
+from ..bench.report import format_table
 from ..bench.results import save_results
 from ..bench.timing import time_wall
 from ..decode import suggest_num_splits
@@ -260,6 +261,44 @@ def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generati
     return rows, meta
 
 
+def summary(rows) -> str:
+    """Markdown tables of a run: per backend the loss after the last step, and tokens/s and peak
+    memory at each context; generation speed per method; packed against padded."""
+    out = []
+    loss = [r for r in rows if r["section"] == "loss"]
+    scaling = [r for r in rows if r["section"] == "scaling"]
+    if loss or scaling:
+        contexts = sorted({r["context"] for r in scaling if "context" in r})
+        by = {(r["backend"], r.get("context")): r for r in scaling}
+
+        def at(b, n):
+            r = by.get((b, n))
+            if r is None or r["status"] != "ok":
+                return "-" if r is None else r["status"]
+            return f"{r['tokens_per_s'] / 1e3:,.1f}k, {r['peak_extra_bytes'] / 2**20:,.0f} MiB"
+
+        names = list(dict.fromkeys(r["backend"] for r in loss + scaling))
+        lossd = {r["backend"]: r for r in loss}
+        out.append(format_table(
+            ["backend", "loss after the last step", "held-out loss"] + [f"N={n}: tok/s, peak" for n in contexts],
+            [[b, f"{lossd[b]['final_loss']:.4f}" if lossd.get(b, {}).get("status") == "ok" else lossd.get(b, {}).get("status", "-"),
+              f"{lossd[b]['eval_loss']:.4f}" if lossd.get(b, {}).get("status") == "ok" else "-"]
+             + [at(b, n) for n in contexts] for b in names], markdown=True))
+    gen = [r for r in rows if r["section"] == "generation" and r["status"] == "ok"]
+    if gen:
+        out.append(format_table(["method", "prompt", "generated tokens/s", "same tokens as the first method"],
+                                [[r["method"], str(r["prompt"]), f"{r['tokens_per_s']:,.1f}", str(r["same_tokens_as_first"])]
+                                 for r in gen], markdown=True))
+    packed = [r for r in rows if r["section"] == "packed" and r["status"] == "ok"]
+    if packed:
+        out.append(format_table(["layout", "path", "real tokens", "tokens computed", "GFLOP", "ms"],
+                                [[r["layout"], r["path"], str(r["real_tokens"]), str(r["computed_tokens"]),
+                                  f"{r['flops'] / 1e9:,.2f}", f"{r['ms']:.2f}"] for r in packed], markdown=True))
+    bad = [r for r in rows if r["status"] in ("error", "unavailable")]
+    out += [f"{r['section']} {r['backend']}: {r['status']}: {r.get('error', '')}" for r in bad]
+    return "\n\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flashtut.model.measure",
                                      description=__doc__.split("\n\n")[0],
@@ -292,11 +331,7 @@ def main(argv=None) -> int:
         print(f"[{name}: {seconds} s, {args.out} written]", flush=True)
 
     rows, meta = run(preset, device, sections, on_section=saved, backends=args.backends, steps=args.steps)
-    for r in rows:
-        keys = ("section", "backend", "method", "layout", "context", "prompt", "status", "final_loss",
-                "tokens_per_s", "real_tokens_per_s", "peak_extra_bytes", "ms")
-        print("  ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}"
-                        for k in keys if r.get(k) is not None))
+    print(summary(rows))
     failed = [r for r in rows if r.get("status") == "error"]
     return 1 if failed else 0
 
