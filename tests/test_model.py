@@ -224,6 +224,10 @@ def test_measure_command_writes_a_results_file(tmp_path):
     assert packed["padded"]["computed_tokens"] > packed["packed"]["computed_tokens"] == packed["packed"]["real_tokens"]
     assert abs(packed["padded"]["loss"] - packed["packed"]["loss"]) < 1e-5
     assert json.loads(out.read_text())["config"]["preset"] == "cpu"
+    from flashtut import results_data         # how the chapter reads it: every row kept
+    rows, prov = results_data.load_results(out.name, data_dir=tmp_path)
+    assert len(rows) == len(doc["rows"]) and prov[0]["kind"] == "model"
+    assert measure.main(["--sections", "loss,speed", "--out", str(out)]) == 2
 
 
 # ----------------------------------------------------------------------------------- GPU

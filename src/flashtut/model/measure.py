@@ -39,7 +39,7 @@ import torch
 from ..bench.memory import is_oom, peak_extra_memory, release_cached
 from ..bench.provenance import collect
 from ..bench.report import format_table
-from ..bench.results import save_results
+from ..bench.results import MODEL_SECTIONS, save_results
 from ..bench.timing import time_wall
 from ..decode import suggest_num_splits
 from .attention import REAL_MODEL_API, packed_path, unavailable_reason
@@ -219,7 +219,7 @@ def measure_packed(config, backend, tokens, device, dtype, n_sequences, longest,
     return rows
 
 
-def run(preset: str = "cpu", device=None, sections=("loss", "scaling", "generation", "packed"), on_section=None,
+def run(preset: str = "cpu", device=None, sections=MODEL_SECTIONS, on_section=None,
         **overrides):
     """Measure the sections of ``preset`` on ``device``; returns ``(rows, meta)``. ``on_section(rows,
     meta)`` is called after each section with everything so far (the CLI saves the file each time,
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, metavar="FILE.json", help="where to write the results")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="gpu (default on a GPU) or cpu")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    parser.add_argument("--sections", default="loss,scaling,generation,packed",
+    parser.add_argument("--sections", default=",".join(MODEL_SECTIONS),
                         help="comma-separated subset of loss,scaling,generation,packed")
     parser.add_argument("--backends", help="comma-separated, from naive,sdpa,tiled,triton,cuda")
     parser.add_argument("--steps", type=int, help="training steps of the loss section")
@@ -318,9 +318,9 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
     sections = tuple(s for s in args.sections.split(",") if s)
-    bad = [s for s in sections if s not in ("loss", "scaling", "generation", "packed")]
+    bad = [s for s in sections if s not in MODEL_SECTIONS]
     if bad:
-        print(f"unknown section(s) {', '.join(bad)}; accepted: loss, scaling, generation, packed", file=sys.stderr)
+        print(f"unknown section(s) {', '.join(bad)}; accepted: {', '.join(MODEL_SECTIONS)}", file=sys.stderr)
         return 2
     argv = sys.argv[1:] if argv is None else list(argv)
     prov = collect(device, call="python -m flashtut.model.measure " + " ".join(argv))
