@@ -2,7 +2,7 @@
 takes the rows of :mod:`flashtut.model.measure` (or of a live run in the same layout)."""
 from __future__ import annotations
 
-from ..bench.plot import impl_style
+from .bench_plots import impl_style
 from .style import PALETTE, subplots
 
 MiB = 2**20
