@@ -14,8 +14,8 @@ from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
 KINDS = ("speed", "memory", "roofline", "host", "model")
-#: the sections of a ``model`` file (``flashtut.model.measure``)
-MODEL_SECTIONS = ("loss", "scaling", "generation", "packed")
+#: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
+MODEL_SECTIONS = ("loss", "generation", "packed", "scaling")
 
 
 def _clean(x):

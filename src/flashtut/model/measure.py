@@ -4,7 +4,9 @@
     python -m flashtut.model.measure --preset cpu --out capstone_cpu.json     # tiny, seconds
 
 Four sections, each a list of rows (``kind`` ``"model"``, ``section`` saying which) in one results
-file with provenance (``flashtut.bench.results`` format):
+file with provenance (``flashtut.bench.results`` format). They run in the order loss, generation,
+packed, scaling (the longest last), and the file is written after each, so a run cut short keeps
+the sections it finished; ``--sections`` runs a subset:
 
 ``loss``
     the same model, seed and batches trained for ``steps`` steps with each backend: the loss of
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS), help="gpu (default on a GPU) or cpu")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
     parser.add_argument("--sections", default=",".join(MODEL_SECTIONS),
-                        help="comma-separated subset of loss,scaling,generation,packed")
+                        help=f"comma-separated subset of {','.join(MODEL_SECTIONS)} (default: all, in this order)")
     parser.add_argument("--backends", help="comma-separated, from naive,sdpa,tiled,triton,cuda")
     parser.add_argument("--steps", type=int, help="training steps of the loss section")
     return parser
