@@ -46,10 +46,10 @@ REAL_MODEL_API = "window" in inspect.signature(naive_attention).parameters
 
 
 def _varlen_attention():
-    """``flashtut.varlen_attention``, or None where this copy has none. The public function sits in
-    the package's facade (``flashtut/__init__.py``), which no layer imports; it is looked up
-    there when called. If it moves into a module of its own, import it from that module here."""
-    return getattr(sys.modules.get("flashtut"), "varlen_attention", None)
+    """``flashtut.varlen_attention``: it lives in ``flashtut.triton.attention`` (the facade forwards
+    to it), so it is imported from there, as every layer does."""
+    from ..triton.attention import varlen_attention
+    return varlen_attention
 
 
 def check_backend(backend):
