@@ -195,9 +195,9 @@ def test_older_steps_refuse_grouped_heads_and_offsets():
     q = torch.randn(1, 4, 32, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(1, 2, 32, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="diag_offset"):
-        ca._forward(q, k, k, True, 0.125, "v3")
+        ca._forward(q, k, k, True, 0.125, "v2")
     with pytest.raises(ValueError, match="diag_offset"):
-        ca._forward(q, q, q, True, 0.125, "v3", diag_offset=3)
+        ca._forward(q, q, q, True, 0.125, "v2", diag_offset=3)
 
 
 @pytest.mark.gpu

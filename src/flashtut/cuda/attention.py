@@ -18,6 +18,12 @@
   (``configs.fast_variant``) and the backward behind one autograd Function, which saves only
   ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats).
 
+Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
+``h / kv_group``), and ``causal`` may be ``"bottom-right"`` (the kernels see query ``i`` and key
+``j`` when ``j <= i + diag_offset``); both in forward steps v3 to v7 and in the backward. The
+backward's dK/dV kernel writes each query head's share and the shares of a group are summed in
+float32 afterwards (a loop over the group inside that kernel made it spill registers at D = 128).
+
 Every entry point goes through :func:`prepare_inputs`: the arguments first, then the machine.
 Tile sizes and launch shapes come from ``flashtut.cuda.configs``.
 """
@@ -30,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, diag_offset
 from ..constants import LOG2E
 from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V3_ONLY_DIMS, V4_STEPS, VARIANTS,
@@ -45,6 +51,9 @@ class Prepared(NamedTuple):
     causal: bool
     scale: float
     arch: int               # the GPU's compute capability as an int: 75, 80, 90 ...
+    kv_group: int = 1       # query heads per K/V head
+    diag_offset: int = 0    # causal: query i sees key j iff j <= i + diag_offset
+    alignment: str | None = None   # None, "top-left" or "bottom-right"
 
 
 def _ready(t: torch.Tensor) -> torch.Tensor:
@@ -73,8 +82,12 @@ def _check_gpu(x: torch.Tensor, what: str) -> int:
     return major * 10 + minor
 
 
+#: the forward ladder steps that take grouped-query heads and the bottom-right alignment
+REAL_MODEL_VARIANTS = ("v3", *V4_STEPS)
+
+
 def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=None,
-                   what: str = "the CUDA kernels", variant: str | None = None) -> Prepared:
+                   what: str = "the CUDA kernels", window=None, variant: str | None = None) -> Prepared:
     """The checks every CUDA entry point shares, in one order: every argument first (TypeError
     for a non-tensor, ValueError naming the argument), then the machine (RuntimeError: no GPU,
     a GPU older than sm_75, bfloat16 before sm_80). Pass ``o``, ``lse`` and ``do`` for the
@@ -83,8 +96,12 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
     up to 128 (padded, see ``configs.padded_dim``) and 256 for step 3 (``variant`` ``"v3"`` or
     None, the fast forward, from sm_80); the backward 64 and 128."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES,
-                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)")
-    causal = check_causal(causal)
+                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)",
+                                gqa=True)
+    alignment, window = check_mask(causal, window)
+    if window is not None:
+        raise ValueError(f"window={window} is not supported by the CUDA kernels; accepted: None "
+                         "(flashtut.triton_attention and tiled_attention take windows)")
     scale = check_scale(scale, D)
     backward = o is not None or lse is not None or do is not None
     if backward and D not in HEAD_DIMS:
@@ -110,7 +127,8 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
     tensors = (q, k, v, o, do) if backward else (q, k, v)
     return Prepared(tuple(_ready(t) for t in tensors),
                     lse.to(torch.float32).contiguous() if backward else None,
-                    (B, H, Nq, Nk, D), causal, scale, arch)
+                    (B, H, Nq, Nk, D), alignment is not None, scale, arch, H // k.shape[1],
+                    diag_offset(alignment, Nq, Nk), alignment)
 
 
 # -- forward ----------------------------------------------------------------------------------
@@ -125,10 +143,13 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     p = prepare_inputs(q, k, v, causal, scale, what="the CUDA forward kernels", variant=variant)
+    if (p.kv_group != 1 or p.diag_offset != 0) and variant not in REAL_MODEL_VARIANTS:
+        raise ValueError(f"variant {variant!r} takes k and v with q's heads and top-left causal only; "
+                         f"accepted for grouped-query heads or causal='bottom-right': {REAL_MODEL_VARIANTS}")
     D = p.shape[-1]
     pd = padded_dim(D)
     o, lse = _forward(*(pad_head_dim(t, pd) for t in p.tensors), p.causal, p.scale, variant, warps,
-                      block_n, m_tiles)
+                      block_n, m_tiles, kv_group=p.kv_group, diag_offset=p.diag_offset)
     return (o if pd == D else o[..., :D].contiguous()), lse
 
 
@@ -152,11 +173,12 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, wa
 
 
 def _forward(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: int | None = None,
-             block_n: int | None = None, m_tiles: int | None = None, diag_offset: int = 0):
-    # inputs already through prepare_inputs. Steps 4 to 7 also take grouped-query heads (k, v
-    # with H / kv_group heads, read off the shapes) and diag_offset (causal: query i sees key j
-    # iff j <= i + diag_offset; Nk - Nq is the bottom-right alignment); steps 1 to 3 need equal
-    # heads and offset 0
+             block_n: int | None = None, m_tiles: int | None = None, *, kv_group: int | None = None,
+             diag_offset: int = 0):
+    # inputs already through prepare_inputs. The real-model steps (REAL_MODEL_VARIANTS) also take
+    # grouped-query heads (k, v with H / kv_group heads; None: read off the shapes) and
+    # diag_offset (causal: query i sees key j iff j <= i + diag_offset; Nk - Nq is the
+    # bottom-right alignment); the others need equal heads and offset 0
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     with torch.cuda.device(q.device):
@@ -165,11 +187,12 @@ def _forward(q, k, v, causal: bool, scale: float, variant: str = "v3", warps: in
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
         args = (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal))
-        if variant in V4_STEPS:
-            args += (H // k.shape[1], int(diag_offset))
-        elif diag_offset or k.shape[1] != H:
+        kv_group = q.shape[1] // k.shape[1] if kv_group is None else kv_group
+        if variant in REAL_MODEL_VARIANTS:
+            args += (kv_group, int(diag_offset))
+        elif diag_offset or kv_group != 1:
             raise ValueError(f"variant {variant!r} takes neither grouped K/V heads nor a diag_offset; "
-                             f"accepted: variants {sorted(V4_STEPS)}")
+                             f"accepted: variants {list(REAL_MODEL_VARIANTS)}")
         launch(fn, grid, (cfg.threads, 1, 1), args, cfg.dynamic_smem)
     return o, lse
 
@@ -180,8 +203,9 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
                   out=None, config: BackwardConfig | None = None, deterministic: bool = False):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
 
-    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
-    sm_80), D in {64, 128}; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
+    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0`` (``dk``, ``dv``
+    sum their group's gradients), CUDA, float16 or bfloat16 (bf16 from sm_80), D in {64, 128};
+    ``causal``: ``False``, ``True``/``"top-left"`` or ``"bottom-right"``; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
     log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
     nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
@@ -235,9 +259,16 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.dq_atomic \
             else np.uint64(0)
         set_max_dynamic_smem(fns["dkdv"], cfg.dkdv_smem)
+        # grouped-query heads: each query head writes its share of dK/dV, summed below in float32
+        G, off = p.kv_group, p.diag_offset
+        dk_h, dv_h = (dk, dv) if G == 1 else \
+            (torch.empty((B, H, Nk, D), dtype=q.dtype, device=q.device) for _ in range(2))
         launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
-               (q, k, v, do, lse2, delta, dk, dv, Nq, Nk, scale, scale_log2, int(causal), dq_acc),
-               shared_mem=cfg.dkdv_smem)
+               (q, k, v, do, lse2, delta, dk_h, dv_h, Nq, Nk, scale, scale_log2, int(causal), dq_acc,
+                G, off), shared_mem=cfg.dkdv_smem)
+        if G > 1:
+            for share, total in ((dk_h, dk), (dv_h, dv)):
+                total.copy_(share.view(B, H // G, G, Nk, D).sum(2, dtype=torch.float32))
 
         if cfg.dq_atomic:
             n = dq_acc.numel()
@@ -246,7 +277,7 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
         else:
             set_max_dynamic_smem(fns["dq"], cfg.dq_smem)
             launch(fns["dq"], (math.ceil(Nq / (16 * cfg.warps)), B * H), (threads,),
-                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal)),
+                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal), G, off),
                    shared_mem=cfg.dq_smem)
     return dq, dk, dv
 
@@ -259,14 +290,16 @@ class CudaAttention(torch.autograd.Function):
     way out; what is saved is the padded tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, deterministic: bool):
+    def forward(ctx, q, k, v, alignment, scale: float, deterministic: bool):
+        # checked once, in cuda_attention; alignment is None, "top-left" or "bottom-right"
         D = q.shape[-1]
         pd = padded_dim(D)
         q, k, v = (pad_head_dim(t, pd) for t in (q, k, v))
         major, minor = capability(q.device)
-        o, lse = _forward(q, k, v, causal, scale, fast_variant(pd, 10 * major + minor))  # checked in cuda_attention
+        o, lse = _forward(q, k, v, alignment is not None, scale, fast_variant(pd, 10 * major + minor),
+                          kv_group=q.shape[1] // k.shape[1], diag_offset=diag_offset(alignment, q.shape[2], k.shape[2]))
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = causal, scale, deterministic, D
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = alignment or False, scale, deterministic, D
         return o if pd == D else o[..., :D].contiguous()
 
     @staticmethod
@@ -280,7 +313,8 @@ class CudaAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None, *, deterministic: bool = False):
+def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
+                   deterministic: bool = False):
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
     128 (padded to 64 or 128 inside), or 256 (forward only, sm_80 and newer).
 
@@ -288,6 +322,9 @@ def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None, *,
     adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of
     dQ may differ between runs); ``deterministic=True`` takes the separate dQ pass instead
     (bit-identical every run; on an H200 the backward takes 14% (D = 64) to 26% (D = 128) longer).
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
+    ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
+    (the Triton kernels have it).
     """
-    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention")
-    return CudaAttention.apply(*p.tensors, p.causal, p.scale, bool(deterministic))
+    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention", window=window)
+    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, bool(deterministic))
