@@ -29,8 +29,8 @@ import math
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_causal, check_float_dtype, check_qkv,
-                     check_scale, check_tensor)
+from .checks import (accum_dtype, check_block, check_bool, check_causal, check_float_dtype,
+                     check_qkv, check_scale, check_tensor)
 from .softmax import merge_softmax_states
 from .tiled import tiled_attention
 
@@ -140,8 +140,8 @@ def split_kv_attention(q, k, v, num_splits: int, causal: bool = False, scale: fl
     ``API.md``; the result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
     each chunk would be its own thread block, which is what lets a decoding step with one
     query row per sequence spread over all the SMs instead of ``B * H`` of them; see the
-    module docstring. ``num_splits`` may exceed ``Nk``: the surplus chunks are empty and
-    contribute the neutral state. Under ``causal``, a chunk that lies wholly right of a
+    module docstring. ``num_splits`` may exceed ``Nk``: it is clamped to ``Nk`` (a chunk with
+    no key would contribute only the neutral state), so the cost never grows with it. Under ``causal``, a chunk that lies wholly right of a
     row's diagonal contributes the empty state to that row, not NaN.
 
     Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``, with
@@ -149,9 +149,10 @@ def split_kv_attention(q, k, v, num_splits: int, causal: bool = False, scale: fl
     or non-positive ``num_splits`` raises ``ValueError``.
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v)
-    num_splits = check_block("num_splits", num_splits)
+    num_splits = min(check_block("num_splits", num_splits), Nk)
     causal = check_causal(causal)
     scale = check_scale(scale, D)
+    return_lse = check_bool("return_lse", return_lse)
     acc_t = accum_dtype(q.dtype)
     qa = q.to(acc_t)
     partials = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import accum_dtype, check_causal, check_qkv, check_scale
+from .checks import accum_dtype, check_causal, check_count, check_qkv, check_scale, raise_if_overflowed
 
 
 def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int = 0) -> torch.Tensor:
@@ -16,6 +16,8 @@ def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int 
     Top-left alignment, as ``scaled_dot_product_attention(is_causal=True)``: query ``i`` sees
     keys ``0..i`` whatever ``Nk`` is. ``q_start``/``k_start`` place a tile inside the matrix.
     """
+    n_q, n_k = check_count("n_q", n_q, 0), check_count("n_k", n_k, 0)
+    q_start, k_start = check_count("q_start", q_start, 0), check_count("k_start", k_start, 0)
     rows = torch.arange(q_start, q_start + n_q, device=device)[:, None]
     cols = torch.arange(k_start, k_start + n_k, device=device)[None, :]
     return cols > rows
@@ -35,7 +37,9 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None) -
     if causal:
         s = s.masked_fill(causal_mask(Nq, Nk, q.device), float("-inf"))
     p = torch.softmax(s, dim=-1)                                         # (B, H, Nq, Nk)
-    return torch.matmul(p, v.to(acc)).to(q.dtype)
+    o = torch.matmul(p, v.to(acc))
+    raise_if_overflowed(o, q.dtype, scale, D)
+    return o.to(q.dtype)
 
 
 def attention_lse(q, k, causal: bool = False, scale: float | None = None) -> torch.Tensor:
@@ -50,4 +54,6 @@ def attention_lse(q, k, causal: bool = False, scale: float | None = None) -> tor
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(causal_mask(Nq, Nk, q.device), float("-inf"))
-    return torch.logsumexp(s, dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    raise_if_overflowed(lse, q.dtype, scale, D, "log-sum-exp", neg_inf_ok=True)
+    return lse

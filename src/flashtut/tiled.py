@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_causal, check_like, check_lse,
-                     check_qkv, check_scale)
+from .checks import (accum_dtype, check_block, check_bool, check_causal, check_like, check_lse,
+                     check_qkv, check_scale, raise_if_overflowed)
 from .reference import causal_mask
 
 
@@ -33,6 +33,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None,
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
+    return_lse = check_bool("return_lse", return_lse)
     acc_t = accum_dtype(q.dtype)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Nq), dtype=acc_t, device=q.device)
@@ -57,6 +58,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale: float | None = None,
             m = m_new
         o[:, :, q0:q1] = (acc / l[..., None]).to(q.dtype)  # written once per query block
         lse[:, :, q0:q1] = m + torch.log(l)
+    raise_if_overflowed(o, q.dtype, scale, D)               # one check at the end, not per tile
     return (o, lse) if return_lse else o
 
 
@@ -107,4 +109,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: f
             dk_acc += torch.matmul(ds.transpose(-2, -1), qi) * scale
         dk[:, :, k0:k1] = dk_acc.to(k.dtype)
         dv[:, :, k0:k1] = dv_acc.to(v.dtype)
+    # one sync for the three: amax propagates NaN and Inf
+    raise_if_overflowed(torch.stack([g.abs().amax().to(acc_t) for g in (dq, dk, dv)]),
+                        q.dtype, scale, D, "gradients")
     return dq.to(q.dtype), dk, dv
