@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from .checks import check_causal, check_like, check_lse, check_qkv, check_scale, raise_if_overflowed
 from .triton_configs import TileConfig
 
 try:  # the kernels need triton; importing flashtut does not
@@ -75,7 +75,7 @@ def _require_runtime(t: torch.Tensor) -> None:
                        f"TRITON_INTERPRET=1), got tensors on {t.device}")
 
 
-def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
+def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, backward: bool = False):
     """Argument errors first (ValueError/TypeError), then whether the kernels can run here."""
     B, H, Nq, Nk, D = check_qkv(q, k, v)
     causal = check_causal(causal)
@@ -87,7 +87,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {D} is not supported by the Triton kernels; accepted: "
                          f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded)")
-    if do is not None:
+    if backward:
         check_like("o", o, q)
         check_like("do", do, q)
         check_lse(lse, B, H, Nq, q.device)
@@ -221,6 +221,7 @@ def _forward(q, k, v, causal: bool, scale: float):
             H, Nq, Nk, D, scale * LOG2E, triton_configs.length_bucket(max(Nq, Nk))]
     meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
     _launch("fwd", triton_fwd.attn_fwd_kernel, Nq, B * H, args, meta, q.dtype, q.device)
+    raise_if_overflowed(o, q.dtype, scale, D)    # reads o only for dtypes whose scores can overflow
     return o, lse
 
 
@@ -248,6 +249,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     _launch("dq", triton_bwd.bwd_dq_kernel, Nq, B * H,
             [q, k, v, do, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
              *_strides(do), *_strides(dq), *common], meta, q.dtype, q.device)
+    raise_if_overflowed(torch.stack([g.abs().amax().float() for g in (dq, dk, dv)]),
+                        q.dtype, scale, D, "gradients")
     return dq, dk, dv
 
 
@@ -261,7 +264,7 @@ def triton_forward(q, k, v, causal: bool = False, scale: float | None = None):
 def triton_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None):
     """Fused backward with recomputation from ``lse``. Returns ``(dq, dk, dv)`` in the inputs'
     dtype; no autograd involved."""
-    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do)
+    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, backward=True)
     return _backward(q, k, v, o, lse, do, causal, scale)
 
 
