@@ -58,7 +58,7 @@ def check_block(name: str, value) -> int:
 def check_bool(name: str, value) -> bool:
     """A flag: ``True``/``False`` (a NumPy bool too); anything else is a TypeError, so that
     ``return_lse='no'`` cannot quietly mean True."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and "bool" in type(value).__name__):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
@@ -158,7 +158,7 @@ def raise_if_overflowed(result: torch.Tensor, dtype: torch.dtype, scale: float, 
     """Raise the documented ValueError when ``result`` (computed from finite inputs) holds a NaN or
     an infinity because the scaled scores overflowed. Reads ``result`` only when the input dtype
     allows overflow at all (see :func:`scores_can_overflow`)."""
-    if not scores_can_overflow(dtype, scale, head_dim):
+    if result.is_meta or not scores_can_overflow(dtype, scale, head_dim):
         return
     bad = torch.isnan(result) | torch.isposinf(result) if neg_inf_ok else ~torch.isfinite(result)
     if bool(bad.any()):

@@ -91,7 +91,7 @@ def compare(actual, expected, atol: float = 1e-5, rtol: float = 1e-5, name: str 
     n = e.numel()
     diff = (a - e).abs()
     # NaN compares False, so NaN counts as bad; an infinity matching its expected infinity is good
-    bad = ~((diff <= atol + rtol * e.abs()) | (a == e))
+    bad = ~(((diff <= atol + rtol * e.abs()) & torch.isfinite(e)) | (a == e))
     diff = torch.where(a == e, torch.zeros_like(diff), diff)
     n_bad = int(bad.sum())
     finite = torch.isfinite(diff)
