@@ -11,6 +11,11 @@ With ``P = exp(scale * Q K^T - lse)`` recomputed tile by tile from the saved log
 3. ``bwd_dq_kernel``: one program per ``BLOCK_M`` queries keeps ``Q``, ``dO`` and ``dQ`` on
    chip and streams the key blocks: ``dQ += dS K``.
 
+``dS`` is rounded to the input dtype (16 bits for float16/bfloat16) before the ``dK`` and ``dQ``
+products, as FlashAttention-2 does, so that they run on the 16-bit tensor cores. ``DS_FP32=True``
+keeps it in float32 (exact float32 products, slow): a switch for measuring what that rounding
+costs, not for speed.
+
 Splitting ``dQ`` out costs a second recomputation of ``Q K^T`` and ``dO V^T`` (seven tile
 products per tile pair instead of five) but every program owns the rows it writes, so there
 are no atomic additions and the result is deterministic.
@@ -49,7 +54,7 @@ def bwd_preprocess_kernel(O, DO, DELTA,
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_don,
                      offs_n, offs_m0, offs_d, start, end, n_q, head_dim, qk_scale,
                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                     PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                     PAD_D: tl.constexpr, DOT_PREC: tl.constexpr, DS_FP32: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m0
@@ -80,7 +85,10 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)           # (dO V^T)^T
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if DS_FP32:
+            dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
+        else:
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
     return dk, dv
 
 
@@ -95,7 +103,8 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                     stride_dvb, stride_dvh, stride_dvn,
                     n_heads, n_q, n_k, head_dim, scale, qk_scale, N_BUCKET,
                     CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(n_k, BLOCK_N), B * H)``. Writes ``dK`` and ``dV`` of its keys once."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -124,7 +133,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
         dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                   stride_qn, stride_don, offs_n, offs_m0, offs_d,
                                   start_n, diag_end, n_q, head_dim, qk_scale,
-                                  BLOCK_M, True, True, PAD_D, DOT_PREC)
+                                  BLOCK_M, True, True, PAD_D, DOT_PREC, DS_FP32)
         lo = start_n + BLOCK_N
     else:
         lo = 0
@@ -132,11 +141,11 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
     dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                               stride_qn, stride_don, offs_n, offs_m0, offs_d,
                               lo, free_end, n_q, head_dim, qk_scale,
-                              BLOCK_M, False, False, PAD_D, DOT_PREC)
+                              BLOCK_M, False, False, PAD_D, DOT_PREC, DS_FP32)
     dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                               stride_qn, stride_don, offs_n, offs_m0, offs_d,
                               free_end, n_q, n_q, head_dim, qk_scale,
-                              BLOCK_M, True, False, PAD_D, DOT_PREC)
+                              BLOCK_M, True, False, PAD_D, DOT_PREC, DS_FP32)
 
     dk = dk * scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
@@ -149,7 +158,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
 def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                  offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                 PAD_D: tl.constexpr, DOT_PREC: tl.constexpr, DS_FP32: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n0
@@ -174,7 +183,10 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+        if DS_FP32:
+            dq = tl.dot(ds, k.to(tl.float32), dq, input_precision="ieee")
+        else:
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
 
 
@@ -188,7 +200,8 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
                   stride_dqb, stride_dqh, stride_dqn,
                   n_heads, n_q, n_k, head_dim, scale, qk_scale, N_BUCKET,
                   CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows once."""
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -220,10 +233,10 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
         masked_end = n_k
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                       offs_m, offs_n0, offs_d, 0, free_end, n_k, head_dim, qk_scale,
-                      BLOCK_N, False, CAUSAL, PAD_D, DOT_PREC)
+                      BLOCK_N, False, CAUSAL, PAD_D, DOT_PREC, DS_FP32)
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                       offs_m, offs_n0, offs_d, free_end, masked_end, n_k, head_dim, qk_scale,
-                      BLOCK_N, True, CAUSAL, PAD_D, DOT_PREC)
+                      BLOCK_N, True, CAUSAL, PAD_D, DOT_PREC, DS_FP32)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_ok)

@@ -20,7 +20,8 @@ import os
 
 import torch
 
-from .checks import check_causal, check_like, check_lse, check_qkv, check_scale, raise_if_overflowed
+from .checks import (check_bool, check_causal, check_like, check_lse, check_qkv, check_scale,
+                     raise_if_overflowed)
 from .triton_configs import TileConfig
 
 try:  # the kernels need triton; importing flashtut does not
@@ -225,7 +226,7 @@ def _forward(q, k, v, causal: bool, scale: float):
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, ds_fp32: bool = False):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
@@ -241,7 +242,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     bucket = triton_configs.length_bucket(max(Nq, Nk))
-    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
+    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype),
+                DS_FP32=ds_fp32)
     common = [H, Nq, Nk, D, scale, scale * LOG2E, bucket]
     _launch("dkdv", triton_bwd.bwd_dkdv_kernel, Nk, B * H,
             [q, k, v, do, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
@@ -261,11 +263,14 @@ def triton_forward(q, k, v, causal: bool = False, scale: float | None = None):
     return _forward(q, k, v, causal, scale)
 
 
-def triton_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None):
+def triton_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, *,
+                    ds_fp32: bool = False):
     """Fused backward with recomputation from ``lse``. Returns ``(dq, dk, dv)`` in the inputs'
-    dtype; no autograd involved."""
+    dtype; no autograd involved. ``ds_fp32=True`` keeps ``dS`` in float32 for the ``dQ`` and
+    ``dK`` products instead of rounding it to the input dtype (slower; for measuring what the
+    rounding costs, chapter 07)."""
     _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, backward=True)
-    return _backward(q, k, v, o, lse, do, causal, scale)
+    return _backward(q, k, v, o, lse, do, causal, scale, check_bool("ds_fp32", ds_fp32))
 
 
 class TritonAttention(torch.autograd.Function):

@@ -17,8 +17,11 @@ it catches wrong results (a missed rescale, a wrong mask), not the last bit.
 from __future__ import annotations
 
 import contextlib
+import math
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..checks import check_causal, check_scale
 from ..reference import attention_lse, causal_mask, naive_attention
@@ -49,14 +52,27 @@ def reference_dtype(device, dtype: torch.dtype) -> torch.dtype:
 
 
 def lowp_attention(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """Attention with every operation in the input dtype (no upcast): the error PyTorch itself
-    makes in float16/bfloat16, which the FlashAttention criterion compares against."""
+    """PyTorch attention in the input precision, the yardstick's baseline: the matrix products
+    in the input dtype (float16/bfloat16 products, rounded to it), the softmax computed in
+    float32 and its probabilities rounded to the input dtype before ``P @ V``. Its gradients,
+    by autograd through this function, are computed in the same precision (``dS`` is rounded
+    to the input dtype before the ``dQ`` and ``dK`` products, as in a fused kernel)."""
     causal = check_causal(causal)
     scale = check_scale(scale, q.shape[-1])
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+def sdpa_math_attention(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with its math backend (float32 inside for float16 and
+    bfloat16 inputs): stricter than the yardstick; the book reports the ratio to it too."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=check_causal(causal), scale=scale)
 
 
 def slice_counts(B: int, H: int, Nq: int, Nk: int, itemsize: int, budget_bytes: int | None):
@@ -90,7 +106,8 @@ class Reference:
         B, H, Nq, D = q.shape
         itemsize = torch.finfo(self.ref_dtype).bits // 8
         self.b, self.h = slice_counts(B, H, Nq, k.shape[2], itemsize, budget_bytes)
-        self.q, self.k, self.v, self.do = (t[:self.b, :self.h] for t in (q, k, v, do))
+        self.q, self.k, self.v = (t[:self.b, :self.h] for t in (q, k, v))
+        self.do = None if do is None else do[:self.b, :self.h]   # None: forward only
         self._fwd = None
         self._bwd = None
 
@@ -167,3 +184,117 @@ class Reference:
             refs["o"] = fwd["o"]
             base.update(fwd["base"])
         return self._judge(errs, refs, base)
+
+
+# --- the accuracy yardstick: one definition for every kernel test, the bench and the book ----------
+
+#: absolute slack of the yardstick per input dtype, for tensors whose PyTorch error is ~0
+YARDSTICK_SLACK = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+
+@dataclass
+class Yardstick:
+    """A kernel's errors against the float32-or-wider reference, next to PyTorch's own.
+
+    ``err``, ``lowp_err`` and ``math_err`` map ``o`` (and ``dq``, ``dk``, ``dv``) to the max
+    absolute error of the kernel, of :func:`lowp_attention` (PyTorch in the input precision) and
+    of :func:`sdpa_math_attention`. ``passed`` is the criterion of the FlashAttention papers:
+    every error at most ``FA_FACTOR`` (2) times PyTorch's input-precision error, plus a slack of
+    :data:`YARDSTICK_SLACK` for tensors that PyTorch gets (almost) exactly right.
+    """
+    dtype: torch.dtype
+    err: dict = field(default_factory=dict)
+    lowp_err: dict = field(default_factory=dict)
+    math_err: dict = field(default_factory=dict)
+
+    def tolerance(self, name: str) -> float:
+        return FA_FACTOR * self.lowp_err[name] + YARDSTICK_SLACK.get(self.dtype, 1e-3)
+
+    def ratio(self, name: str, to: str = "lowp") -> float:
+        """The kernel's error over PyTorch's (``to="lowp"``) or SDPA math's (``to="math"``)."""
+        base = (self.lowp_err if to == "lowp" else self.math_err)[name]
+        return self.err[name] / base if base > 0 else (0.0 if self.err[name] == 0 else math.inf)
+
+    @property
+    def failures(self) -> list:
+        return [n for n in self.err if not (self.err[n] <= self.tolerance(n))]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        return "\n".join(
+            f"{n}: error {self.err[n]:.2e} = {self.ratio(n):.2f}x PyTorch in {dt} ({self.lowp_err[n]:.2e}), "
+            f"{self.ratio(n, 'math'):.2f}x SDPA math ({self.math_err[n]:.2e})"
+            + ("" if self.err[n] <= self.tolerance(n) else f"  <- above {self.tolerance(n):.2e}")
+            for n in self.err)
+
+
+def yardstick(q, k, v, o, grads=None, do=None, causal: bool = False, scale: float | None = None,
+              budget_bytes: int | None = None) -> Yardstick:
+    """Judge a kernel's output ``o`` (and its gradients ``grads = (dq, dk, dv)`` for the output
+    gradient ``do``) on the inputs ``q, k, v`` by the book's accuracy yardstick (see
+    :class:`Yardstick`). The reference is naive attention in float64 on the CPU and for
+    float32/float64 inputs, in float32 for float16/bfloat16 on a GPU; ``budget_bytes`` limits it
+    to a slice of batch and heads, as in :class:`Reference`."""
+    if (grads is None) != (do is None):
+        raise ValueError("yardstick: pass both grads (dq, dk, dv) and do, or neither")
+    ref = Reference(q, k, v, do, causal, scale, budget_bytes)
+    fwd = ref.forward()
+    out = Yardstick(q.dtype, {"o": max_abs_err(ref.part(o), fwd["o"])}, {"o": fwd["base"]["o"]})
+    leaves = [t.detach().clone().requires_grad_(grads is not None) for t in (ref.q, ref.k, ref.v)]
+    with exact_float32(), torch.enable_grad():
+        o_math = sdpa_math_attention(*leaves, causal=causal, scale=scale)
+    out.math_err["o"] = max_abs_err(o_math, fwd["o"])
+    if grads is not None:
+        bwd = ref.backward()
+        math_grads = torch.autograd.grad(o_math, leaves, ref.do)
+        for name, g, gm in zip(GRAD_NAMES, grads, math_grads):
+            out.err[name] = max_abs_err(ref.part(g), bwd[name])
+            out.lowp_err[name] = bwd["base"][name]
+            out.math_err[name] = max_abs_err(gm, bwd[name])
+    return out
+
+
+def ds_rounding_effect(q, k, v, do, causal: bool = False, scale: float | None = None) -> dict:
+    """What rounding ``dS`` to the input dtype costs the Triton backward (chapter 07).
+
+    Runs ``flashtut.triton_kernels.triton_backward`` twice on the same inputs, as shipped (``dS``
+    rounded to 16 bits before the ``dQ`` and ``dK`` products, as FlashAttention-2 does) and with
+    ``ds_fp32=True`` (``dS`` kept in float32), and judges both by :func:`yardstick`. Also returns
+    how completely each row of ``dS`` cancels, from a float64 recomputation:
+    ``max_i |sum_j dS_ij| / sum_j |dS_ij|`` (zero up to rounding: ``sum_j P_ij dP_ij = Delta_i``
+    and ``sum_j P_ij = 1``). Returns ``{"rounded": Yardstick, "fp32": Yardstick, "row_cancellation": float}``.
+    """
+    from ..triton_kernels import triton_backward, triton_forward   # the kernels this measures
+
+    o, lse = triton_forward(q, k, v, causal, scale)
+    out = {}
+    for label, flag in (("rounded", False), ("fp32", True)):
+        grads = triton_backward(q, k, v, o, lse, do, causal, scale, ds_fp32=flag)
+        out[label] = yardstick(q, k, v, o, grads, do, causal, scale)
+    q64, k64, v64, do64 = (t.detach().to(torch.float64) for t in (q, k, v, do))
+    scale = check_scale(scale, q.shape[-1])
+    s = q64 @ k64.transpose(-2, -1) * scale
+    if check_causal(causal):
+        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    dp = do64 @ v64.transpose(-2, -1)
+    ds = p * (dp - (do64 * (p @ v64)).sum(-1, keepdim=True))
+    out["row_cancellation"] = float((ds.sum(-1).abs() / ds.abs().sum(-1).clamp_min(1e-300)).max())
+    return out
+
+
+def ds_rounding_table(effect: dict) -> str:
+    """:func:`ds_rounding_effect`'s result as a Markdown table: each gradient's error, and its
+    ratio to PyTorch in the input precision (the yardstick; at most 2 passes) and to SDPA math."""
+    rounded, fp32 = effect["rounded"], effect["fp32"]
+    lines = ["| gradient | dS rounded (shipped): error | x PyTorch | x SDPA math "
+             "| dS in float32: error | x PyTorch | x SDPA math |",
+             "|---|---|---|---|---|---|---|"]
+    for name in GRAD_NAMES:
+        cells = [f"{y.err[name]:.2e} | {y.ratio(name):.2f} | {y.ratio(name, 'math'):.2f}" for y in (rounded, fp32)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

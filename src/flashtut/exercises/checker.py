@@ -96,6 +96,8 @@ def compare(actual, expected, atol: float = 1e-5, rtol: float = 1e-5, name: str 
     n_bad = int(bad.sum())
     finite = torch.isfinite(diff)
     max_err = float(diff[finite].max()) if bool(finite.any()) else (0.0 if n == 0 else float("nan"))
+    if bool((bad & ~finite).any()):        # a NaN or a wrong infinity: no finite error says it
+        max_err = float("nan")
     if n_bad == 0:
         return CheckResult(True, f"✓ {name}: all {n} values match (max |error| {max_err:.2e}, "
                                  f"tolerance {atol:g} + {rtol:g}·|expected|)", max_err, 0, n)
