@@ -217,14 +217,14 @@ def test_tiled_backward_o_and_do_must_have_q_dtype(gen):
 
 
 def test_triton_backward_without_do_is_a_type_error(gen):
-    triton_kernels = pytest.importorskip("flashtut.triton_kernels")
+    tk = pytest.importorskip("flashtut.triton.attention")
     q, k, v = qkv(gen, D=16)
     o = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:3])
     with pytest.raises(TypeError, match="do must be a torch.Tensor, got NoneType"):
-        triton_kernels.triton_backward(q, k, v, o, lse, None)
+        tk.triton_backward(q, k, v, o, lse, None)
     with pytest.raises(TypeError, match="o must be a torch.Tensor"):
-        triton_kernels.triton_backward(q, k, v, None, lse, o)
+        tk.triton_backward(q, k, v, None, lse, o)
 
 
 @pytest.mark.parametrize("fn", [ft.tiled_attention, lambda q, k, v, **kw: ft.split_kv_attention(q, k, v, 3, **kw)])
@@ -336,8 +336,8 @@ def test_large_but_representable_scores_still_work(gen):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter warns as numpy overflows
 @pytest.mark.parametrize("case", ["scale", "inputs"])
 def test_triton_overflow_is_an_error(gen, case):
-    triton_kernels = pytest.importorskip("flashtut.triton_kernels")
-    if not (torch.cuda.is_available() or triton_kernels.interpreting()):
+    tk = pytest.importorskip("flashtut.triton.attention")
+    if not (torch.cuda.is_available() or tk.interpreting()):
         pytest.skip("needs a GPU or the Triton interpreter")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     mag, scale = (1.0, 1e39) if case == "scale" else (1e20, None)
@@ -346,9 +346,9 @@ def test_triton_overflow_is_an_error(gen, case):
     with pytest.raises(ValueError, match="overflow"):
         ft.triton_attention(q, k, v, scale=scale)
     q, k, v = (t.requires_grad_() for t in qkv(gen, Nq=5, Nk=7, D=16))
-    o, lse = triton_kernels.triton_forward(q, k, v)
+    o, lse = tk.triton_forward(q, k, v)
     with pytest.raises(ValueError, match="overflow"):
-        triton_kernels.triton_backward(q, k, v, o, lse, torch.full_like(q, 3e38), scale=None)
+        tk.triton_backward(q, k, v, o, lse, torch.full_like(q, 3e38), scale=None)
 
 
 # --- 8. colab sync on files that are not notebooks ---------------------------------------------------

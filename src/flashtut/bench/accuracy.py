@@ -261,14 +261,14 @@ def yardstick(q, k, v, o, grads=None, do=None, causal: bool = False, scale: floa
 def ds_rounding_effect(q, k, v, do, causal: bool = False, scale: float | None = None) -> dict:
     """What rounding ``dS`` to the input dtype costs the Triton backward (chapter 07).
 
-    Runs ``flashtut.triton_kernels.triton_backward`` twice on the same inputs, as shipped (``dS``
+    Runs ``flashtut.triton.attention.triton_backward`` twice on the same inputs, as shipped (``dS``
     rounded to 16 bits before the ``dQ`` and ``dK`` products, as FlashAttention-2 does) and with
     ``ds_fp32=True`` (``dS`` kept in float32), and judges both by :func:`yardstick`. Also returns
     how completely each row of ``dS`` cancels, from a float64 recomputation:
     ``max_i |sum_j dS_ij| / sum_j |dS_ij|`` (zero up to rounding: ``sum_j P_ij dP_ij = Delta_i``
     and ``sum_j P_ij = 1``). Returns ``{"rounded": Yardstick, "fp32": Yardstick, "row_cancellation": float}``.
     """
-    from ..triton_kernels import triton_backward, triton_forward   # the kernels this measures
+    from ..triton.attention import triton_backward, triton_forward   # the kernels this measures
 
     o, lse = triton_forward(q, k, v, causal, scale)
     out = {}
