@@ -206,6 +206,11 @@ def test_run_trials_needs_trials_and_callables():
         ch02.check_max_seq_len(ch02.solution_max_seq_len, cases=0)
     with pytest.raises(TypeError, match="must be a function"):
         ch08.check_v3_smem_bytes(42)
+    # a count that would build its cases forever is refused at once
+    with pytest.raises(ValueError, match="cases must be at most"):
+        ch02.check_max_seq_len(ch02.solution_max_seq_len, cases=2 ** 70)
+    with pytest.raises(ValueError, match="trials must be at most"):
+        ch09.check_tflops(ch09.reference_tflops, trials=2 ** 70)
 
 
 def test_tiled_backward_o_and_do_must_have_q_dtype(gen):

@@ -63,12 +63,15 @@ def check_bool(name: str, value) -> bool:
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
-def check_count(name: str, value, minimum: int = 1) -> int:
-    """A whole number of things (trials, cases): a Python or NumPy integer, at least ``minimum``."""
+def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number of things (trials, cases): a Python or NumPy integer in
+    ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return int(value)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ..hardware import GPUS, attainable_tflops
 from ..costs.memory import SOFTMAX_FLOPS_PER_ELEMENT, matmul_traffic, naive_attention_kernels
-from .checker import CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
 from ..checks import check_count
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
@@ -61,7 +61,7 @@ def check_matmul_intensity(fn, cases: int = 40, seed: int = 0) -> CheckResult:
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(check_count("cases", cases)):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         M, N, K = (2 ** _randint(gen, 0, 15) + _randint(gen, 0, 7) for _ in range(3))
         args.append((M, N, K, (2, 4, 8)[_randint(gen, 0, 3)]))
     got = []
@@ -103,7 +103,7 @@ def check_unfused_intensities(fn, cases: int = 30, seed: int = 0) -> CheckResult
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(check_count("cases", cases)):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         in_bytes = (2, 4)[_randint(gen, 0, 2)]
         score_bytes = (2, 4, 8)[_randint(gen, 0, 3)]
         args.append((_randint(gen, 1, 20000), (16, 32, 64, 80, 128, 256)[_randint(gen, 0, 6)],

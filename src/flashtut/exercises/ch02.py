@@ -14,7 +14,7 @@ import torch
 from ..costs.memory import max_seq_len, naive_attention_kernels
 from ..reference import naive_attention
 from ..checks import check_count
-from .checker import CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
 
@@ -91,7 +91,7 @@ def check_max_seq_len(fn, cases: int = 40, seed: int = 0) -> CheckResult:
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(check_count("cases", cases)):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         cap = int(10 ** (9 + 2.3 * float(torch.rand(1, generator=gen))))
         args.append((cap, _randint(gen, 1, 9), _randint(gen, 1, 65), (2, 4, 8)[_randint(gen, 0, 3)],
                       _randint(gen, 1, 3)))
@@ -123,7 +123,7 @@ def check_unfused_traffic(fn, cases: int = 30, seed: int = 0) -> CheckResult:
     gen = torch.Generator().manual_seed(check_seed(seed))
     args = [(_randint(gen, 1, 9), _randint(gen, 1, 33), _randint(gen, 1, 20000),
               (16, 32, 64, 80, 128, 256)[_randint(gen, 0, 6)], (2, 4, 8)[_randint(gen, 0, 3)])
-            for _ in range(check_count("cases", cases))]
+            for _ in range(check_count("cases", cases, 1, MAX_TRIALS))]
     return _check_cases(fn, _traffic_reference, args, name="bytes")
 
 

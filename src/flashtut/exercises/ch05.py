@@ -16,8 +16,8 @@ from ..costs import io_complexity as io
 from ..checks import accum_dtype, check_block, check_qkv, check_scale
 from ..reference import naive_attention
 from ..checks import check_count
-from .checker import (CheckResult, call_candidate, call_scalar, check_callable, check_seed, compare,
-                      mutation_note)
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable,
+                      check_seed, compare, mutation_note)
 
 
 def buggy_tiled_attention(q, k, v, block_size: int = 128):
@@ -103,6 +103,7 @@ def check_tiled_attention(fn, block_size: int = 16, seed: int = 0) -> CheckResul
     later blocks raise the maximum of most rows but not all. For a wrong answer it says which rows differ and whether they are the
     rows whose maximum rose after the first block."""
     check_callable("fn", fn)
+    block_size = check_block("block_size", block_size)
     gen = torch.Generator().manual_seed(check_seed(seed))
     tol = {"atol": 1e-9, "rtol": 1e-9}
     lines, ok = [], True
@@ -167,7 +168,7 @@ def check_fa1_traffic(fn, trials: int = 40, seed: int = 0) -> CheckResult:
     on sizes that are and are not multiples of the blocks."""
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
-    for t in range(check_count("trials", trials)):
+    for t in range(check_count("trials", trials, 1, MAX_TRIALS)):
         n = int(torch.randint(1, 700, (1,), generator=gen))
         d = int(torch.randint(1, 129, (1,), generator=gen))
         bm = int(torch.randint(1, 129, (1,), generator=gen))

@@ -10,8 +10,8 @@ import torch
 
 from ..reference import attention_lse, causal_mask, naive_attention
 from ..checks import check_count
-from .checker import (CheckResult, call_candidate, check_callable, check_seed, compare, mutation_note,
-                      run_trials)
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed,
+                      compare, mutation_note, run_trials)
 
 _TOL = {"atol": 1e-10, "rtol": 1e-8}
 
@@ -67,7 +67,7 @@ def check_dv_tile(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     queries, the output gradient and the log-sum-exp of every query row over *all* keys."""
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
-    trials = check_count("trials", trials)
+    trials = check_count("trials", trials, 1, MAX_TRIALS)
     last, note = None, ""
     for t in range(trials):
         q, k, v, do = _qkv_do(gen)

@@ -102,7 +102,7 @@ def check_swizzle(fn, rows: int = 64, chunks: int = 8) -> CheckResult:
     (2) any 8 consecutive rows' copies of one logical chunk (what one ``ldmatrix`` 8x8
     matrix reads) sit in 8 different physical chunks, i.e. 8 different groups of 4 banks."""
     check_callable("fn", fn)
-    rows, chunks = check_count("rows", rows, 8), check_count("chunks", chunks, 8)
+    rows, chunks = check_count("rows", rows, 8, 4096), check_count("chunks", chunks, 8, 64)
     problems, table = [], []
     for r in range(rows):
         phys = []

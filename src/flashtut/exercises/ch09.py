@@ -10,7 +10,7 @@ import random
 from ..costs.flops import attention_flops
 from ..bench.report import ratio_table
 from ..checks import check_count
-from .checker import CheckResult, call_scalar, check_callable
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable
 
 # a wrong answer off by one of these factors has a known cause (got / expected -> hint)
 _FACTOR_HINTS = [
@@ -53,7 +53,7 @@ def check_tflops(tflops_fn, trials: int = 12, seed: int = 0) -> CheckResult:
     check_callable("tflops_fn", tflops_fn)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    cases = _tflops_cases(random.Random(seed), check_count("trials", trials))
+    cases = _tflops_cases(random.Random(seed), check_count("trials", trials, 1, MAX_TRIALS))
     wrong = []
     for case in cases:
         args = ", ".join(f"{k}={v!r}" for k, v in zip(("B", "H", "N", "D", "causal", "mode", "ms"), case))
@@ -114,6 +114,8 @@ def check_ratios(ratios_fn, rows: list[dict] | None = None, baseline: str = "sdp
     :func:`synthetic_speed_rows`; pass committed rows (one device) to check on them too."""
     check_callable("ratios_fn", ratios_fn)
     rows = synthetic_speed_rows() if rows is None else rows
+    if not (isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows)):
+        raise TypeError(f"rows must be a list of dicts (result rows), got {type(rows).__name__}")
     want = _table_as_dict(ratio_table(rows, baseline))
     try:
         got = ratios_fn([dict(r) for r in rows], baseline)

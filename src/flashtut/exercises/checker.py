@@ -11,6 +11,10 @@ import torch
 from ..checks import check_count
 
 
+#: the most trials (or cases) a checker takes: enough for any check, few enough to finish
+MAX_TRIALS = 100_000
+
+
 @dataclass
 class CheckResult:
     """Outcome of one comparison; ``bool(result)`` is ``result.ok``."""
@@ -188,7 +192,7 @@ def run_trials(candidate: Callable, reference: Callable, make_inputs: Callable[[
     for fn_name, fn in (("candidate", candidate), ("reference", reference), ("make_inputs", make_inputs)):
         if not callable(fn):
             raise TypeError(f"{fn_name} must be callable, got {type(fn).__name__}")
-    trials = check_count("trials", trials)
+    trials = check_count("trials", trials, 1, MAX_TRIALS)
     gen = torch.Generator().manual_seed(check_seed(seed))
     last, notes = None, []
     for t in range(trials):
