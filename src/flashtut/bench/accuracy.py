@@ -13,6 +13,10 @@ FlashAttention repository: a kernel is as accurate as it should be when its erro
 twice that. The gate that decides whether a row is timed is that, or a small floor relative to
 the reference's magnitude (for float32, tf32 matrix units are allowed), whichever is larger:
 it catches wrong results (a missed rescale, a wrong mask), not the last bit.
+
+:func:`yardstick` is that criterion as one function, the one every kernel test and chapter 07
+use: the errors of a kernel's output and gradients next to PyTorch's in the input precision and
+SDPA's math backend, and whether each is within :func:`yardstick_tolerance`.
 """
 from __future__ import annotations
 
@@ -158,7 +162,7 @@ class Reference:
             scale = max(1.0, float(refs[name].abs().max()))
             tol[name] = max(FA_FACTOR * base.get(name, 0.0), floor * scale)
             if name in base:
-                within[name] = err <= FA_FACTOR * base[name]
+                within[name] = err <= yardstick_tolerance(self.dtype, base[name])
         passed = all(errs[n] <= tol[n] for n in errs)
         fa = all(within.values()) if self.dtype in (torch.float16, torch.bfloat16) and within else None
         return {"err": errs, "torch_lowp_err": {n: base[n] for n in errs if n in base}, "tol": tol,
@@ -192,6 +196,12 @@ class Reference:
 YARDSTICK_SLACK = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
 
 
+def yardstick_tolerance(dtype: torch.dtype, lowp_err: float) -> float:
+    """The largest error the yardstick accepts where PyTorch in the input precision errs by
+    ``lowp_err``: ``FA_FACTOR * lowp_err`` plus the dtype's slack."""
+    return FA_FACTOR * lowp_err + YARDSTICK_SLACK.get(dtype, 1e-3)
+
+
 @dataclass
 class Yardstick:
     """A kernel's errors against the float32-or-wider reference, next to PyTorch's own.
@@ -208,7 +218,7 @@ class Yardstick:
     math_err: dict = field(default_factory=dict)
 
     def tolerance(self, name: str) -> float:
-        return FA_FACTOR * self.lowp_err[name] + YARDSTICK_SLACK.get(self.dtype, 1e-3)
+        return yardstick_tolerance(self.dtype, self.lowp_err[name])
 
     def ratio(self, name: str, to: str = "lowp") -> float:
         """The kernel's error over PyTorch's (``to="lowp"``) or SDPA math's (``to="math"``)."""
