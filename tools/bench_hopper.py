@@ -100,7 +100,8 @@ def main(argv=None):
     doc = {"what": "flashtut Hopper forward rungs vs PyTorch SDPA (flash, cuDNN) and cuda-v3 (mma.sync); "
                    "fwd_tflops = 4*B*H*N^2*D / time (halved when causal), median of do_bench; "
                    "fwd_err = max |o - fp32 reference|; vs_flash = ratio to sdpa-flash",
-           "provenance": collect(torch.device("cuda"), ["tools/bench_hopper.py", *(argv or sys.argv[1:])]),
+           "provenance": collect(torch.device("cuda"),
+                                 call=" ".join(["python3 tools/bench_hopper.py", *(argv or sys.argv[1:])])),
            "seconds": round(time.time() - t0, 1), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -65,7 +65,7 @@ for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
         print(f"{r['impl']:18s} {r['dtype']:8s} D={r['D']:3d} N={r['N']:5d} causal={r['causal']!s:5s} "
-              f"{r.get('fwd_tflops', '-')!s:>7s} TFLOP/s  x{r.get('vs_flash', '-')!s:5s} err {r.get('fwd_err', '-')!s:.9s} "
+              f"{r.get('fwd_tflops', '-')!s:>7s} TFLOP/s  x{r.get('vs_flash', '-')!s:5s} err {r.get('fwd_err', float('nan')):.2e} "
               f"{r.get('error', '')}")
 EOF
 fi
@@ -78,8 +78,21 @@ if ! skip ncu && command -v ncu > /dev/null; then
   echo "ncu rc=$?" | tee -a "$LOG"
   grep -E "flash_fwd|Compute \(SM\) Throughput|Tensor|Registers Per|Achieved Occupancy|Stall" "$DET/ncu.txt" \
       | head -60 | tee -a "$LOG"
-  # the tensor-pipe metric names of this ncu, for the ladder table's "tensor-pipe %" column
-  timeout 30 ncu --query-metrics --chip gh100 2>/dev/null | grep -iE "gmma|pipe_tensor" > "$DET/ncu_metrics.txt"
+  # the ladder table's columns: tensor-pipe activity (HGMMA counts under the hmma_hgmma_qgmma pipe),
+  # wgmma instructions, bank conflicts of wgmma's shared-memory reads, and the stall reasons
+  timeout ${T_NCU:-120} ncu --clock-control none -k "regex:flash_fwd_w1|flash_fwd_v3|flash_fwd_kernel" -c 6 \
+      --metrics sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,\
+sm__inst_executed_pipe_tensor_op_hmma.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum,\
+smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio \
+      python3 tools/hopper_launches.py --profile > "$DET/ncu_metrics.txt" 2>&1
+  echo "ncu metrics rc=$?" | tee -a "$LOG"
+  grep -E "flash_fwd|pct_of_peak|\.sum|stalled" "$DET/ncu_metrics.txt" | head -80 | tee -a "$LOG"
 fi
 
 if ! skip san && command -v compute-sanitizer > /dev/null; then
