@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from flashtut.cuda import compile as cc
+from flashtut.cuda import configs
 from flashtut.cuda import hopper
 from flashtut.cuda import hopper_layout as hl
 from test_cuda_compile import NVRTC, parse_ptxas
@@ -58,10 +59,10 @@ needs_nvcc = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="needs
 needs_nvrtc = pytest.mark.skipif(NVRTC is None or CUOBJDUMP is None, reason="needs the NVRTC wheel and cuobjdump")
 
 #: the runtime builds plus the variants the ladder measures against them
-BUILDS = [c for c in hopper.runtime_builds()] + [
-    hopper.hopper_config("w1", torch.float16, 128, pv_split=False),
-    hopper.hopper_config("w1", torch.float16, 128, block_n=64),
-    hopper.hopper_config("w1", torch.bfloat16, 64, block_n=64),
+BUILDS = configs.hopper_builds() + [
+    configs.hopper_config("w1", torch.float16, 128, pv_split=False),
+    configs.hopper_config("w1", torch.float16, 128, block_n=64),
+    configs.hopper_config("w1", torch.bfloat16, 64, block_n=64),
 ]
 _TMP = Path(tempfile.mkdtemp(prefix="flashtut_hopper_"))
 
@@ -81,7 +82,7 @@ def nvcc_build(defines: tuple, arch: str = "90a") -> tuple[str, str]:
     """(ptxas log, SASS) of fwd_w1_wgmma.cu built by nvcc for ``arch``."""
     cubin = _TMP / f"nvcc_{arch}_{abs(hash(defines))}.cubin"
     cmd = [NVCC, "-std=c++17", "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
-           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.CUDA_DIR / "fwd_w1_wgmma.cu")]
+           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.KERNEL_DIR / "fwd_w1_wgmma.cu")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return res.stderr + res.stdout, sass(cubin)
@@ -157,16 +158,16 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
 def test_plain_sm90_has_no_wgmma():
     # the same file built for sm_90 (no "a"): the wgmma path is compiled out, which is why the launcher
     # builds for sm_90a
-    _, text = nvcc_build(hopper.runtime_builds()[0].defines, arch="90")
+    _, text = nvcc_build(configs.hopper_builds()[0].defines, arch="90")
     assert "HGMMA" not in text and "flash_fwd_w1" in text
     assert "TRAP" in text  # the body is __trap(): launched there by mistake, it fails loudly
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("cfg", hopper.runtime_builds(), ids=_label)
+@pytest.mark.parametrize("cfg", configs.hopper_builds(), ids=_label)
 def test_nvrtc_sm90a_emits_hgmma(cfg):
     out = _TMP / f"nvrtc_{abs(hash(cfg.defines))}.cubin"
-    opts = hopper.nvrtc_options_90a(cfg.define_dict)
+    opts = cc.nvrtc_options(configs.HOPPER_ARCH, cfg.define_dict)
     assert opts[-1] == "-arch=sm_90a"
     rc, log = nvrtc_cubin(cc.load_source(cfg.source), opts + ["-Xptxas", "-v"], out)
     assert rc == 0, log
@@ -186,7 +187,7 @@ def test_kernel_address_functions_match_the_model():
         "  for (auto& x : v) printf(\"%llu\\n\", wgmma_desc(x[0], x[1], x[2]));\n"
         "}\n")
     exe = _TMP / "host_layout"
-    res = subprocess.run([NVCC, "-std=c++17", f"-I{cc.CUDA_DIR}", "-o", str(exe), str(src)],
+    res = subprocess.run([NVCC, "-std=c++17", f"-I{cc.KERNEL_DIR}", "-o", str(exe), str(src)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
@@ -201,20 +202,20 @@ def test_kernel_address_functions_match_the_model():
 
 def test_configs_fit_an_h100():
     for cfg in BUILDS:
-        assert cfg.dynamic_smem <= cc.SMEM_PER_BLOCK[90], cfg
+        assert cfg.dynamic_smem <= configs.SMEM_PER_BLOCK[90], cfg
         assert cfg.block_m == 128 and cfg.threads == 256  # two warpgroups of 64 rows
-    assert hopper.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
+    assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
 
 
 def test_config_errors():
     with pytest.raises(ValueError, match="variant"):
-        hopper.hopper_config("w9", torch.float16, 64)
+        configs.hopper_config("w9", torch.float16, 64)
     with pytest.raises(ValueError, match="dtype"):
-        hopper.hopper_config("w1", torch.float32, 64)
+        configs.hopper_config("w1", torch.float32, 64)
     with pytest.raises(ValueError, match="head dim"):
-        hopper.hopper_config("w1", torch.float16, 96)
+        configs.hopper_config("w1", torch.float16, 96)
     with pytest.raises(ValueError, match="block_n"):
-        hopper.hopper_config("w1", torch.float16, 64, block_n=96)
+        configs.hopper_config("w1", torch.float16, 64, block_n=96)
 
 
 def test_causal_alignments():
@@ -248,16 +249,21 @@ def test_no_gpu_is_a_runtime_error():
         hopper.forward_hopper(q, q[:, :1], q[:, :1])
 
 
-def test_builds_through_the_compile_helper_when_it_takes_arch(monkeypatch):
+def test_builds_for_sm90a(monkeypatch):
     calls = []
 
-    def with_arch(source, kernel, defines=None, arch=None):
-        calls.append(arch)
-        return "fn"
+    def fake_get_function(source, kernel, defines=None, arch=None):
+        calls.append((source, kernel, arch))
+        raise RuntimeError("stop here")
 
-    monkeypatch.setattr(hopper, "get_function", with_arch)
-    assert hopper.get_function_90a("fwd_w1_wgmma.cu", "flash_fwd_w1", {"HEAD_DIM": 64}) == "fn"
-    assert calls == ["90a"]
+    monkeypatch.setattr(hopper, "get_function", fake_get_function)
+    monkeypatch.setattr(hopper, "max_smem_per_block", lambda index: 232448)
+    monkeypatch.setattr(hopper.torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    hopper._plan.cache_clear()
+    with pytest.raises(RuntimeError, match="stop here"):
+        hopper._plan("w1", torch.float16, 128, 0, 128, True)
+    assert calls == [("fwd_w1_wgmma.cu", "flash_fwd_w1", "90a")]
+    hopper._plan.cache_clear()
 
 
 # ------------------------------------------------------------------ GPU: correctness on sm_90

@@ -20,7 +20,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtut.bench.provenance import collect
 from flashtut.costs.flops import attention_flops
-from flashtut.cuda.forward import forward, time_ms
+from flashtut.bench.timing import time_fn
+from flashtut.cuda.attention import cuda_forward
 from flashtut.cuda.hopper import forward_hopper
 
 
@@ -34,7 +35,7 @@ def _sdpa(backend):
 IMPLS = {
     "sdpa-flash": _sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
-    "cuda-v3": lambda q, k, v, c: forward(q, k, v, causal=c, variant="v3")[0],
+    "cuda-v3": lambda q, k, v, c: cuda_forward(q, k, v, causal=c, variant="v3")[0],
     "hopper-w1": lambda q, k, v, c: forward_hopper(q, k, v, causal=c)[0],
     "hopper-w1[pv128]": lambda q, k, v, c: forward_hopper(q, k, v, causal=c, pv_split=False)[0],
     "hopper-w1[n64]": lambda q, k, v, c: forward_hopper(q, k, v, causal=c, block_n=64)[0],
@@ -64,7 +65,7 @@ def run_case(N, D, dtype, causal, impls, log):
                 flash_err = err
             elif flash_err is not None and not err <= 2 * flash_err + 1e-3:
                 raise RuntimeError(f"max error {err:.3g} > 2 x SDPA-flash's {flash_err:.3g} + 1e-3")
-            ms = time_ms(lambda: fn(q, k, v, causal))
+            ms = time_fn(lambda: fn(q, k, v, causal), "cuda")
             row["fwd_ms"], row["fwd_tflops"] = ms, round(flops / ms / 1e9, 2)
         except Exception as exc:  # record and go on: one failure must not lose the run
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -44,7 +44,7 @@ if ! skip sass && command -v nvcc > /dev/null; then
     [ $D = 64 ] && [ $SPLIT = 0 ] && continue
     name="sass_d${D}_bf${BF}_split${SPLIT}"
     timeout ${T_SASS:-60} nvcc -std=c++17 -cubin -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-        -DHEAD_DIM=$D -DFT_BF16=$BF -DW1_PV_SPLIT=$SPLIT -o "$DET/$name.cubin" src/flashtut/cuda/fwd_w1_wgmma.cu \
+        -DHEAD_DIM=$D -DFT_BF16=$BF -DW1_PV_SPLIT=$SPLIT -o "$DET/$name.cubin" src/flashtut/cuda/kernels/fwd_w1_wgmma.cu \
         > "$DET/$name.ptxas" 2>&1
     "$CUO" --dump-sass "$DET/$name.cubin" > "$DET/$name.txt" 2>&1
     echo "$name: HGMMA $(grep -c HGMMA "$DET/$name.txt") HMMA $(grep -cw HMMA "$DET/$name.txt")" \

@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashtut.cuda.forward import forward
+from flashtut.cuda.attention import cuda_forward
 from flashtut.cuda.hopper import forward_hopper
 
 if "--profile" in sys.argv:
     q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     for causal in (False, True):
         forward_hopper(q, k, v, causal=causal)
-        forward(q, k, v, causal=causal, variant="v3")
+        cuda_forward(q, k, v, causal=causal, variant="v3")
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 else:
