@@ -139,10 +139,11 @@ def swizzle_banks(rows: int = 8, chunks: int = 8):
     return fig
 
 
-def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16"):
-    """Forward TFLOP/s of naive attention, each ladder step and SDPA-flash, non-causal and
-    causal, from benchmark rows (``book/data/cuda_h200.json`` or a live run)."""
-    order = ["naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"]
+def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16", order=None, title: str | None = None):
+    """Forward TFLOP/s of naive attention, each ladder step and SDPA-flash (or the implementations
+    in ``order``), non-causal and causal, from benchmark rows (``book/data/cuda_h200.json``,
+    ``book/data/hopper_h200_w1_first.json`` or a live run)."""
+    order = order or ["naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"]
     fig, ax = subplots(figsize=(7.5, 3.4))
     width = 0.38
     for i, causal in enumerate((False, True)):
@@ -158,7 +159,7 @@ def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16"):
                     ha="center", va="bottom", fontsize=7)
     ax.set_xticks(np.arange(len(order)), order)
     ax.set_ylabel("forward TFLOP/s")
-    ax.set_title(f"the ladder, N = {N}, D = {D}, {dtype}")
+    ax.set_title(title or f"the ladder, N = {N}, D = {D}, {dtype}")
     ax.legend()
     return fig
 
