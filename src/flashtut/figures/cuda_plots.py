@@ -157,7 +157,8 @@ def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16", order
         for b, val in zip(bars, vals):
             ax.text(b.get_x() + b.get_width() / 2, val, f"{val:.0f}" if val >= 10 else f"{val:.1f}",
                     ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(order)), order)
+    long_names = any(len(name) > 10 for name in order)
+    ax.set_xticks(np.arange(len(order)), order, rotation=20 if long_names else 0, ha="right" if long_names else "center")
     ax.set_ylabel("forward TFLOP/s")
     ax.set_title(title or f"the ladder, N = {N}, D = {D}, {dtype}")
     ax.legend()
