@@ -7,8 +7,13 @@ other modules and imported only when asked about, so a machine without triton, c
 gets a reason instead of a traceback.
 
 Names: ``naive``, ``tiled``, ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``,
-``triton``, ``cuda``, and the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
-time from ``flashtut.cuda.VARIANTS``. Groups: ``all``, ``sdpa``, ``cuda-ladder``.
+``triton``, ``cuda``, the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
+time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
+``cuda-v3[wW,nN,mtM]`` (W warps, N keys per tile, M 16-row tiles per warp; the launch function's
+``warps``, ``block_n`` and ``m_tiles``), and the Hopper rungs of chapter 11 (sm_90 only, forward only):
+``hopper-w1`` and its variants ``hopper-w1[pv128]`` (one 128-column wgmma for P V) and
+``hopper-w1[n64]`` (64-key tiles). Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the
+shapes of :data:`TILE_CHOICES`), ``hopper``.
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
 to see the correctness check catch it).
@@ -20,6 +25,7 @@ import importlib
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -222,6 +228,30 @@ def _ladder_fwd(variant: str):
     return fwd
 
 
+#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split) of flashtut.cuda.hopper.forward_hopper
+HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True), "hopper-w1[pv128]": ("w1", 128, False),
+                "hopper-w1[n64]": ("w1", 64, True)}
+
+
+def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool) -> Impl:
+    def fwd(q, k, v, causal, scale):
+        from ..cuda.hopper import forward_hopper
+        return forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
+                              pv_split=pv_split)
+
+    cuda_ok = _cuda_available("flashtut.cuda.hopper")
+
+    def available(device, dtype, D):
+        ok, reason = cuda_ok(device, dtype, D)
+        if ok and tuple(torch.cuda.get_device_capability(device)) != (9, 0):
+            return False, "the Hopper kernels use wgmma, which only sm_90 GPUs (H100, H200) have"
+        return ok, reason
+
+    return Impl(name, f"Hopper rung {variant.upper()} (wgmma), {block_n} keys per tile"
+                + ("" if pv_split else ", one 128-column wgmma for P V") + " (forward only, sm_90)",
+                fwd, None, available=available, group="hopper")
+
+
 def _builtin() -> dict[str, Impl]:
     impls = [
         Impl("naive", "standard attention, full score matrix (flashtut.naive_attention); backward by autograd",
@@ -239,12 +269,47 @@ def _builtin() -> dict[str, Impl]:
         Impl("cuda", "fused CUDA C kernels via CuPy (flashtut.cuda_attention); backward through autograd",
              _cuda_fwd, AUTOGRAD, available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
     ]
+    impls += [_hopper_impl(name, *spec) for name, spec in HOPPER_IMPLS.items()]
     return {i.name: i for i in impls}
 
 
 _REGISTRY: dict[str, Impl] = _builtin()
 _LADDER_RE = re.compile(r"^cuda-(v\d+\w*)$")
-GROUPS = ("all", "sdpa", "cuda-ladder")
+_TILE_RE = re.compile(r"^cuda-v3\[w(\d+),n(\d+),mt(\d+)\]$")
+GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles", "hopper")
+
+#: (warps, keys per tile, 16-row tiles per warp) of the fast kernel tried by the group ``cuda-tiles``,
+#: per head dim: the exploration behind the kernel's default tile shapes
+TILE_CHOICES = {128: [(8, 64, 1), (8, 128, 1), (4, 64, 1), (4, 32, 2), (8, 32, 2), (4, 64, 2)],
+                64: [(8, 64, 1), (8, 128, 1), (4, 128, 1), (4, 64, 2), (8, 64, 2), (4, 128, 2)]}
+
+
+def tile_name(warps: int, block_n: int, m_tiles: int) -> str:
+    return f"cuda-v3[w{warps},n{block_n},mt{m_tiles}]"
+
+
+def _tile_impl(name: str, warps: int, block_n: int, m_tiles: int) -> Impl:
+    def fwd(q, k, v, causal, scale):
+        from ..cuda.attention import cuda_forward
+        return cuda_forward(q, k, v, causal=causal, scale=scale, variant="v3", warps=warps,
+                            block_n=block_n, m_tiles=m_tiles)
+
+    cuda_ok = _cuda_available("flashtut.cuda.attention")
+
+    def available(device, dtype, D):
+        if (warps, block_n, m_tiles) not in TILE_CHOICES.get(D, ()):
+            return False, f"tile shape {name} is not among TILE_CHOICES for D={D}"
+        return cuda_ok(device, dtype, D)
+
+    return Impl(name, f"the fast CUDA forward at {warps} warps, {block_n} keys per tile, {m_tiles} 16-row "
+                "tiles per warp (forward only)", fwd, None, available=available, group="cuda-tiles")
+
+
+def triton_tuning() -> dict:
+    """The configuration Triton's autotuner picked for each key so far (empty when the Triton
+    kernels were not imported, or autotuning is off): recorded with a run's results."""
+    mod = sys.modules.get("flashtut.triton.attention")   # not imported: the kernels never ran
+    return mod.best_configs() if mod is not None else {}
 
 
 # ------------------------------------------------------------------------------ the ladder
@@ -313,6 +378,9 @@ def get(name: str) -> Impl:
     """The implementation called ``name``; ``ValueError`` listing the known names if none."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    m = _TILE_RE.match(name)
+    if m:
+        return _tile_impl(name, *(int(g) for g in m.groups()))
     m = _LADDER_RE.match(name)
     if m:
         variants, reason = ladder_variants()
@@ -335,10 +403,12 @@ def expand(spec) -> list[Impl]:
                 continue
             if name == "all":
                 group = names()
-            elif name == "sdpa":
-                group = [n for n in _REGISTRY if _REGISTRY[n].group == "sdpa"]
+            elif name in ("sdpa", "hopper"):
+                group = [n for n in _REGISTRY if _REGISTRY[n].group == name]
             elif name == "cuda-ladder":
                 group = [f"cuda-{v}" for v in ladder_variants()[0]]
+            elif name == "cuda-tiles":
+                group = list(dict.fromkeys(tile_name(*t) for ts in TILE_CHOICES.values() for t in ts))
             else:
                 get(name)            # raises for an unknown name
                 group = [name]
