@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Chapter 11's Hopper evidence (issue 14), in one call, from the repository root on an sm_90 machine
 # with torch, triton and cupy (no venv needed):
-#   tests      tests/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
+#   tests      tests/kernels/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
 #              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
 #   sass       each W1 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, ptxas
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
@@ -37,7 +37,7 @@ machine_info
 
 if want tests; then
     stage tests
-    timeout "${T_TESTS:-120}" python3 -m pytest tests/test_cuda_hopper.py -q -rfE --tb=short -p no:cacheprovider \
+    timeout "${T_TESTS:-120}" python3 -m pytest tests/kernels/test_cuda_hopper.py -q -rfE --tb=short -p no:cacheprovider \
         > "$OUT/tests.log" 2>&1
     echo "pytest rc=$?" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
 fi
