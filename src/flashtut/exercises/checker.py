@@ -1,10 +1,22 @@
 """Compare a reader's result with the library's and say exactly where they differ."""
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+
+
+def wrap(text: str, width: int = 90) -> str:
+    """Wrap every line of a checker message at ``width`` columns, keeping its indentation, so
+    that it reads without scrolling on a narrow page."""
+    out = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        out.append(textwrap.fill(line, width, subsequent_indent=indent + "  ",
+                                 break_long_words=False, break_on_hyphens=False) or line)
+    return "\n".join(out)
 
 
 @dataclass
@@ -21,10 +33,10 @@ class CheckResult:
         return self.ok
 
     def __str__(self) -> str:
-        return self.message
+        return wrap(self.message)
 
     def _repr_pretty_(self, p, cycle):  # IPython shows the message, not the dataclass
-        p.text(self.message)
+        p.text(wrap(self.message))
 
 
 def compare(actual, expected, atol: float = 1e-5, rtol: float = 1e-5, name: str = "output",
