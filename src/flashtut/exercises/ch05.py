@@ -262,7 +262,7 @@ def technique_report(trace, block, largest, live, what="score tile"):
         n, op, shape = trace.largest
         problems.append(f"made a tensor of shape {shape} ({n:,} elements, aten.{op}); the largest "
                         f"allowed is {largest:,}: one {what} or one whole output. An Nq x Nk "
-                        f"matrix (or a block of rows against every key) is what tiling avoids")
+                        f"matrix, or a whole row or column of tiles, is what tiling avoids")
     elif trace.peak_live > live:
         problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {live:,}): "
                         f"do not keep every tile; fold each into running statistics and drop it")
