@@ -175,21 +175,22 @@ def test_trace_traffic_of_naive_attention_on_meta():
     q = torch.empty(1, 16, 2048, 128, dtype=torch.float16, device="meta")
     o, ops = memory.trace_traffic(flashtut.naive_attention, q, q, q)
     assert o.shape == q.shape and o.dtype == torch.float16
-    names = [r.op for r in ops]
+    names = [r.name for r in ops]
     assert names.count("bmm") == 2 and "_softmax" in names
     softmax = ops[names.index("_softmax")]
     assert softmax.bytes_read == softmax.bytes_written == 256 * MiB     # fp32 scores
-    bmm = [r for r in ops if r.op == "bmm"]
+    bmm = [r for r in ops if r.name == "bmm"]
     assert bmm[0].flops == bmm[1].flops == 2 * 16 * 2048 * 2048 * 128
     assert "bmm" in memory.format_ops(ops)
+    assert bmm[0].writes["output"] == 16 * 2048 * 2048 and bmm[0].output == "(16, 2048, 2048) float32"
 
 
 def test_trace_traffic_leaves_out_views():
     x = torch.randn(6, 10)
     _, ops = memory.trace_traffic(lambda t: t.transpose(0, 1).reshape(60).exp(), x)
     # reshape of a transposed tensor copies; transpose itself is a view and moves nothing
-    assert all(r.op != "transpose" for r in ops)
-    assert ops[-1].op == "exp" and ops[-1].bytes_read == ops[-1].bytes_written == 240
+    assert all(r.name != "transpose" for r in ops)
+    assert ops[-1].name == "exp" and ops[-1].bytes_read == ops[-1].bytes_written == 240
 
 
 def test_peak_extra_memory_on_cpu_sees_the_score_matrix():

@@ -122,7 +122,7 @@ def test_flash_traffic_scales_as_n2_d2_over_m_and_standard_as_n2():
 def test_traffic_bytes_and_errors():
     t = io.hbm_traffic("flash2", 100, 16, block_m=32, block_n=32)
     mats = sum(t.reads.values()) + t.writes["O"]                  # Q, K, V reads and the O write
-    assert t.bytes(2, 4) == 2 * mats + 4 * t.writes["lse"]
+    assert t.bytes == 2 * mats + 4 * t.writes["lse"]
     with pytest.raises(ValueError, match="algorithm must be one of"):
         io.schedule("flash3", 10, 10, 4)
     with pytest.raises(ValueError, match="sram_elements"):

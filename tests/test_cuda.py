@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 import flashtut
 from flashtut.cuda import VARIANTS
-from flashtut.cuda import forward as fwd
+from flashtut.cuda import attention as ca
+from flashtut.cuda import configs as cfgs
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -59,15 +60,15 @@ def test_bad_inputs_raise_documented_errors():
     with pytest.raises(ValueError, match="4-D"):
         flashtut.cuda_attention(q[0], q, q)
     with pytest.raises(ValueError, match="variant"):
-        fwd.forward(q, q, q, variant="v9")
+        ca.cuda_forward(q, q, q, variant="v9")
     with pytest.raises(ValueError, match="warps"):
-        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
+        cfgs.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
     with pytest.raises(ValueError, match="block_n"):
-        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, block_n=48)
+        cfgs.launch_config("v3", torch.float16, 64, 90, 200_000, block_n=48)
     with pytest.raises(ValueError, match="m_tiles"):
-        fwd.launch_config("v3", torch.float16, 64, 90, 200_000, m_tiles=3)
+        cfgs.launch_config("v3", torch.float16, 64, 90, 200_000, m_tiles=3)
     with pytest.raises(ValueError, match="v3"):
-        fwd.launch_config("v2", torch.float16, 64, 90, 200_000, warps=4)
+        cfgs.launch_config("v2", torch.float16, 64, 90, 200_000, warps=4)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU message")
@@ -75,11 +76,6 @@ def test_no_gpu_is_a_runtime_error():
     q = torch.randn(1, 2, 5, 64, dtype=torch.float16)
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         flashtut.cuda_attention(q, q, q)
-
-
-def test_flop_count():
-    assert fwd.attention_flops(1, 1, 4, 4, 8, False) == 4 * 16 * 8
-    assert fwd.attention_flops(1, 1, 4, 4, 8, True) == 2 * 16 * 8
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -106,7 +102,7 @@ def test_forward_ladder_matches_tiled(variant, D, dtype, causal):
         scale = None if i % 2 else 0.3  # default and a custom scale
         ref, ref_lse = flashtut.tiled_attention(q.double(), k.double(), v.double(), causal=causal,
                                                 scale=scale, return_lse=True)
-        o, lse = fwd.forward(q, k, v, causal=causal, scale=scale, variant=variant)
+        o, lse = ca.cuda_forward(q, k, v, causal=causal, scale=scale, variant=variant)
         assert o.shape == q.shape and o.dtype == q.dtype
         assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32
         s = scale if scale is not None else 1 / math.sqrt(D)
@@ -122,7 +118,7 @@ def test_forward_large_logits_and_realistic_size(variant):
     q, k, v = rand_qkv(2, 4, 1000, 1531, 128, dtype, seed=7, logit_scale=8.0)
     for causal in (False, True):
         ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal, scale=1.0)
-        o, _ = fwd.forward(q, k, v, causal=causal, scale=1.0, variant=variant)
+        o, _ = ca.cuda_forward(q, k, v, causal=causal, scale=1.0, variant=variant)
         assert_fa_criterion(f"{variant} large logits causal={causal}", o, ref,
                             torch_error(q, k, v, causal, 1.0, ref))
 
@@ -148,7 +144,7 @@ def test_fast_kernel_other_tile_sizes(warps, block_n, m_tiles):
             q, k, v = rand_qkv(2, 2, 333, 517, D, dtype, seed=D + warps + m_tiles)
             ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
             try:
-                o, _ = fwd.forward(q, k, v, causal=causal, warps=warps, block_n=block_n, m_tiles=m_tiles)
+                o, _ = ca.cuda_forward(q, k, v, causal=causal, warps=warps, block_n=block_n, m_tiles=m_tiles)
             except RuntimeError as exc:  # a tile choice that does not fit this GPU's shared memory
                 assert "shared memory" in str(exc)
                 continue
@@ -260,18 +256,18 @@ def test_ch08_checkers_accept_solutions_and_reject_mistakes():
 
 def test_budgets_match_the_kernels():
     # the fast kernel's arrays fit the 255-register limit with room for addresses
-    assert sum(fwd.register_budget("v3", 128).values()) < 200
+    assert sum(cfgs.register_budget("v3", 128).values()) < 200
     # the H200 defaults: 128-key tiles at D = 128 (ptxas: 239 registers), 32 rows per warp at D = 64
-    assert sum(fwd.register_budget("v3", 128, block_n=128).values()) < 200
-    assert sum(fwd.register_budget("v3", 64, m_tiles=2).values()) < 210
-    assert "re-read" in " ".join(fwd.register_budget("v3", 128, m_tiles=2))   # Q left in shared memory
-    b = fwd.shared_memory_budget("v3", 128, 90)
+    assert sum(cfgs.register_budget("v3", 128, block_n=128).values()) < 200
+    assert sum(cfgs.register_budget("v3", 64, m_tiles=2).values()) < 210
+    assert "re-read" in " ".join(cfgs.register_budget("v3", 128, m_tiles=2))   # Q left in shared memory
+    b = cfgs.shared_memory_budget("v3", 128, 90)
     assert b["smem_bytes"] == (128 + 2 * 2 * 128) * 128 * 2 and b["blocks_per_sm_by_smem"] == 1
-    b = fwd.shared_memory_budget("v3", 64, 90)
+    b = cfgs.shared_memory_budget("v3", 64, 90)
     assert b["smem_bytes"] == (2 * 16 * 4 + 2 * 2 * 64) * 64 * 2 and b["block_m"] == 128 and b["threads"] == 128
-    assert fwd.shared_memory_budget("v3", 128, 75)["smem_bytes"] <= 64 * 1024
+    assert cfgs.shared_memory_budget("v3", 128, 75)["smem_bytes"] <= 64 * 1024
     with pytest.raises(ValueError, match="variant"):
-        fwd.register_budget("v7", 64)
+        cfgs.register_budget("v7", 64)
 
 
 def test_chapter_figures_draw_from_the_committed_run():

@@ -1,4 +1,4 @@
-"""The CUDA backward (flashtut.cuda.backward): input checks and tile choice on any machine;
+"""The CUDA backward (flashtut.cuda.attention.cuda_backward): input checks and tile choice on any machine;
 on a GPU, dq, dk, dv against float64 and float32 references at realistic sizes.
 
 Accuracy criterion (the FlashAttention repository's): against a reference in higher precision,
@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import flashtut
-from flashtut.cuda import backward as cb
+from flashtut.cuda import attention as ca
+from flashtut.cuda import configs as cfgs
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -37,7 +38,7 @@ def _inputs(gen, B, H, Nq, Nk, D, dtype, device="cpu", q_mul=1.0):
     (75, 65536, 64, (1, 64, 64)),
 ])
 def test_pick_config_fits_the_gpu(arch, limit, D, expect):
-    cfg = cb.pick_config(D, arch, limit)
+    cfg = cfgs.pick_config(D, arch, limit)
     assert (cfg.stages, cfg.dkdv_block_m, cfg.dq_block_n) == expect
     assert max(cfg.dkdv_smem, cfg.dq_smem) <= limit
 
@@ -45,41 +46,41 @@ def test_pick_config_fits_the_gpu(arch, limit, D, expect):
 def test_config_smem_arithmetic():
     # D = 128: a padded row is 136 halves = 272 bytes; K and V tiles of 64 rows, then two stages
     # of Q and dO tiles plus 64 floats each of lse2 and Delta
-    cfg = cb.BackwardConfig(128, 2, 64, 64)
+    cfg = cfgs.BackwardConfig(128, 2, 64, 64)
     assert cfg.dkdv_smem == 2 * 64 * 272 + 2 * (2 * 64 * 272 + 2 * 64 * 4) == 105472
     assert cfg.dq_smem == 2 * 64 * 272 + 2 * 2 * 64 * 272 == 104448
     # the atomic variant adds the dS^T tile (64 keys x 72 padded query columns) and has no dQ kernel
-    atomic = cb.BackwardConfig(128, 2, 64, 64, dq_atomic=True)
+    atomic = cfgs.BackwardConfig(128, 2, 64, 64, dq_atomic=True)
     assert atomic.dkdv_smem == 105472 + 64 * 72 * 2 and atomic.dq_smem == 0
 
 
 @pytest.mark.parametrize("arch", [75, 80, 90])
 def test_runtime_builds_cover_both_dq_strategies(arch):
-    builds = cb.runtime_builds(arch)
+    builds = cfgs.backward_builds(arch)
     sources = {src for src, _ in builds}
     assert sources == {"bwd_preprocess.cu", "bwd_dkdv.cu", "bwd_dq.cu", "bwd_dq_convert.cu"}
     dkdv = [d for src, d in builds if src == "bwd_dkdv.cu"]
     assert {d["DKDV_DQ_ATOMIC"] for d in dkdv} == {0, 1}
-    assert {d["HEAD_DIM"] for d in dkdv} == set(cb.HEAD_DIMS)
+    assert {d["HEAD_DIM"] for d in dkdv} == set(cfgs.HEAD_DIMS)
     # bfloat16 builds only where the tensor cores take bfloat16
     assert {d["FT_BF16"] for _, d in builds} == ({0} if arch < 80 else {0, 1})
     assert len({(src, tuple(sorted(d.items()))) for src, d in builds}) == len(builds)
 
 
 def test_kernel_builds_follow_the_config():
-    cfg = cb.BackwardConfig(128, 1, 32, 48, warps=2)
-    steps = cb.kernel_builds(cfg, torch.bfloat16)
+    cfg = cfgs.BackwardConfig(128, 1, 32, 48, warps=2)
+    steps = cfgs.kernel_builds(cfg, torch.bfloat16)
     assert list(steps) == ["preprocess", "dkdv", "dq"]
     assert steps["dkdv"][2] == {"HEAD_DIM": 128, "FT_BF16": 1, "DKDV_WARPS": 2, "DKDV_BLOCK_M": 32,
                                 "DKDV_STAGES": 1, "DKDV_DQ_ATOMIC": 0}
     assert steps["dq"][2]["DQ_BLOCK_N"] == 48
-    atomic = cb.kernel_builds(dataclasses.replace(cfg, dq_atomic=True), torch.float16)
+    atomic = cfgs.kernel_builds(dataclasses.replace(cfg, dq_atomic=True), torch.float16)
     assert list(atomic) == ["preprocess", "dkdv", "dq_convert"]
 
 
 def test_pick_config_refuses_too_little_smem():
     with pytest.raises(RuntimeError, match="shared memory"):
-        cb.pick_config(128, 75, 16 * 1024)
+        cfgs.pick_config(128, 75, 16 * 1024)
 
 
 def _valid(gen, dtype=torch.float16, D=64):
@@ -108,24 +109,24 @@ def test_bad_inputs_are_refused(gen, change, error, match):
     q, k, v, o, lse, do = _valid(gen)
     args = change({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do})
     with pytest.raises(error, match=match):
-        cb.backward(**args)
+        ca.cuda_backward(**args)
 
 
 def test_needs_a_cuda_device(gen):
     q, k, v, o, lse, do = _valid(gen)
     if HAS_CUDA:   # CPU tensors on a machine with a GPU: say where they must be
         with pytest.raises(ValueError, match="CUDA tensors"):
-            cb.backward(q, k, v, o, lse, do)
+            ca.cuda_backward(q, k, v, o, lse, do)
     else:          # no GPU at all: say what is missing and how to get it
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-            cb.backward(q, k, v, o, lse, do)
+            ca.cuda_backward(q, k, v, o, lse, do)
 
 
 # ---------------------------------------------------------------- GPU
 def _default_config(D):
     major, minor = torch.cuda.get_device_capability()
     from flashtut.cuda.compile import max_smem_per_block
-    return cb.pick_config(D, 10 * major + minor, max_smem_per_block())
+    return cfgs.pick_config(D, 10 * major + minor, max_smem_per_block())
 
 
 def _reference_grads(q, k, v, do, causal, scale, dtype):
@@ -174,7 +175,7 @@ def _check_against_references(q, k, v, do, causal, scale, yardstick="lowp", **kw
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     o, lse = flashtut.tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
     outs = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))   # every element must be written
-    ours = cb.backward(q, k, v, o, lse, do, causal=causal, scale=scale, out=outs, **kw)
+    ours = ca.cuda_backward(q, k, v, o, lse, do, causal=causal, scale=scale, out=outs, **kw)
     assert all(g.dtype == q.dtype for g in ours)
     assert all(torch.isfinite(g).all() for g in ours), "unwritten (NaN) or non-finite gradient"
 
@@ -241,13 +242,13 @@ def test_backward_large_logits_custom_scale(gen, D):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [
-    cb.BackwardConfig(128, 1, 32, 32),                 # the T4's: single-buffered 32-row steps
-    cb.BackwardConfig(64, 1, 16, 16),
-    cb.BackwardConfig(64, 2, 32, 48),
-    cb.BackwardConfig(128, 2, 64, 64, warps=8),        # 128-row blocks
-    cb.BackwardConfig(64, 2, 64, 64, warps=2),
-    cb.BackwardConfig(128, 1, 32, 32, dq_atomic=True),
-    cb.BackwardConfig(64, 2, 48, 32, warps=2, dq_atomic=True),   # 3 query tiles over 2 warps
+    cfgs.BackwardConfig(128, 1, 32, 32),                 # the T4's: single-buffered 32-row steps
+    cfgs.BackwardConfig(64, 1, 16, 16),
+    cfgs.BackwardConfig(64, 2, 32, 48),
+    cfgs.BackwardConfig(128, 2, 64, 64, warps=8),        # 128-row blocks
+    cfgs.BackwardConfig(64, 2, 64, 64, warps=2),
+    cfgs.BackwardConfig(128, 1, 32, 32, dq_atomic=True),
+    cfgs.BackwardConfig(64, 2, 48, 32, warps=2, dq_atomic=True),   # 3 query tiles over 2 warps
 ], ids=lambda c: f"D{c.head_dim}-st{c.stages}-m{c.dkdv_block_m}-n{c.dq_block_n}-w{c.warps}"
                  + ("-atomic" if c.dq_atomic else ""))
 def test_backward_other_tile_configs(gen, cfg):
@@ -266,7 +267,7 @@ def test_backward_is_deterministic(gen):
     q, k, v, do = _inputs(gen, 2, 4, 1500, 1500, 128, torch.bfloat16, "cuda")
     o, lse = flashtut.tiled_attention(q, k, v, causal=True, return_lse=True)
     cfg = dataclasses.replace(_default_config(128), dq_atomic=False)
-    first = cb.backward(q, k, v, o, lse, do, causal=True, config=cfg)
+    first = ca.cuda_backward(q, k, v, o, lse, do, causal=True, config=cfg)
     for _ in range(3):
-        again = cb.backward(q, k, v, o, lse, do, causal=True, config=cfg)
+        again = ca.cuda_backward(q, k, v, o, lse, do, causal=True, config=cfg)
         assert all(torch.equal(a, b) for a, b in zip(first, again))

@@ -22,10 +22,10 @@ from collections import defaultdict
 import pytest
 
 from flashtut.cuda import compile as cc
-from flashtut.cuda import forward as fwd
+from flashtut.cuda import configs as cfgs
 
 ARCHS = (75, 80, 90)
-CU_FILES = sorted(p.name for p in cc.CUDA_DIR.glob("*.cu"))
+CU_FILES = sorted(p.name for p in cc.KERNEL_DIR.glob("*.cu"))
 NVCC = shutil.which("nvcc")
 
 
@@ -34,27 +34,16 @@ def _is_fast(name: str) -> bool:
 
 
 def _generic_builds(source: str, arch: int):
-    """(FT_BF16, HEAD_DIM) combinations, for kernel files with no ``runtime_builds`` of their own."""
+    """(FT_BF16, HEAD_DIM) combinations, for kernel files the configs do not build."""
     for bf16 in ((0, 1) if arch >= 80 else (0,)):
-        for d in cc.HEAD_DIMS:
+        for d in cfgs.HEAD_DIMS:
             yield source, {"FT_BF16": bf16, "HEAD_DIM": d}
 
 
-def _backward_builds(arch: int):
-    try:
-        from flashtut.cuda import backward
-    except Exception:  # not there (yet): its .cu files still get the generic builds
-        backward = None
-    if backward is not None and hasattr(backward, "runtime_builds"):
-        for b in backward.runtime_builds(arch):
-            src, defs = (b.source, b.defines) if hasattr(b, "source") else b
-            yield src, dict(defs)
-
-
 def runtime_builds(arch: int) -> list[tuple[str, dict]]:
-    builds = [(c.source, c.define_dict) for c in fwd.runtime_builds(arch)]
+    builds = [(c.source, c.define_dict) for c in cfgs.forward_builds(arch)]
     covered = {s for s, _ in builds}
-    bwd = list(_backward_builds(arch))
+    bwd = [(src, dict(defs)) for src, defs in cfgs.backward_builds(arch)]
     builds += bwd
     covered |= {s for s, _ in bwd}
     for name in CU_FILES:
@@ -127,7 +116,7 @@ def _nvcc(source: str, defs: dict, archs) -> str:
     for a in archs:
         gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
     cmd = [NVCC, "-std=c++17", "-fatbin", "-Xptxas", "-v", *gencode, *cc.define_options(defs),
-           "-o", os.devnull, str(cc.CUDA_DIR / source)]
+           "-o", os.devnull, str(cc.KERNEL_DIR / source)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"nvcc failed for {source} {defs}:\n{' '.join(cmd)}\n{res.stderr}"
     return res.stderr + res.stdout
@@ -221,8 +210,63 @@ def test_nvrtc_options_are_what_cupy_gets():
     assert set(opts) == set(runtime) | set(cc.CUPY_APPENDED) | {"-arch=sm_90"}
     with pytest.raises(ValueError, match="arch"):
         cc.nvrtc_options("hopper", {})
+    with pytest.raises(ValueError, match="arch"):
+        cc.nvrtc_options("sm_90b", {})
     with pytest.raises(ValueError, match="define name"):
         cc.define_options({"bad-name": 1})
+
+
+# Hopper's architecture-specific instructions (wgmma, setmaxnreg) exist only for sm_90a
+_SM90A_KERNEL = r"""
+extern "C" __global__ void fwd_probe_setmaxnreg(float *out) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    out[threadIdx.x] = 1.0f;
+}
+"""
+
+
+def test_arch_specific_targets():
+    assert cc.normalize_arch("90a") == cc.normalize_arch("sm_90a") == "90a"
+    assert cc.normalize_arch(90) == cc.normalize_arch("sm_90") == "90"
+    assert cc.nvrtc_options("90a")[-1] == "-arch=sm_90a"
+    assert cc.nvrtc_options("sm_90a", {"HEAD_DIM": 64})[-1] == "-arch=sm_90a"
+    with pytest.raises(ValueError, match="arch"):
+        cc.get_function("fwd_v3_fast.cu", "flash_fwd_v3", arch="hopper")   # before any GPU/CuPy check
+
+
+def test_build_cache_is_keyed_on_the_full_arch(monkeypatch, tmp_path):
+    # stand-ins for CuPy and the GPU: record which build each request makes
+    made = []
+
+    class FakeModule:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+        def get_function(self, name):
+            return (name, len(made))
+
+    monkeypatch.setattr(cc, "_cupy", lambda: type("cupy", (), {"RawModule": FakeModule}))
+    monkeypatch.setattr(cc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cc, "device_arch", lambda device=None: "90")
+    monkeypatch.setattr(cc, "_cubin", lambda code, arch, defines: tmp_path / f"sm_{arch}.cubin")
+    cc.clear_cache()
+    try:
+        own = cc.get_function("fwd_v3_fast.cu", "flash_fwd_v3", {"HEAD_DIM": 64})
+        assert "code" in made[-1] and made[-1]["backend"] == "nvrtc"       # CuPy builds for the device
+        assert cc.get_function("fwd_v3_fast.cu", "flash_fwd_v3", {"HEAD_DIM": 64}, arch="sm_90") is own
+        specific = cc.get_function("fwd_v3_fast.cu", "flash_fwd_v3", {"HEAD_DIM": 64}, arch="90a")
+        assert specific != own and made[-1] == {"path": str(tmp_path / "sm_90a.cubin")}
+        assert len(made) == 2
+    finally:
+        cc.clear_cache()
+
+
+@pytest.mark.skipif(NVRTC is None, reason="no libnvrtc (pip install nvidia-cuda-nvrtc)")
+def test_nvrtc_compiles_for_sm_90a_only_with_the_a_target():
+    rc, log = nvrtc_compile(_SM90A_KERNEL, cc.nvrtc_options("90a"))
+    assert rc == 0, log
+    rc, log = nvrtc_compile(_SM90A_KERNEL, cc.nvrtc_options("90"))
+    assert rc != 0 and "setmaxnreg" in log, log    # the plain target refuses it: the suffix matters
 
 
 def test_load_source_expands_local_headers():
@@ -235,20 +279,20 @@ def test_load_source_expands_local_headers():
 
 
 def test_launch_configs_fit_shared_memory():
-    for arch, limit in fwd.REFERENCE_SMEM.items():
-        for cfg in fwd.runtime_builds(arch):
+    for arch, limit in cfgs.SMEM_PER_BLOCK.items():
+        for cfg in cfgs.forward_builds(arch):
             d = cfg.define_dict
             assert cfg.dynamic_smem <= limit, (arch, cfg)
             if cfg.source == "fwd_v3_fast.cu" and arch < 80:
                 assert d["V3_STAGES"] == 1  # no cp.async before sm_80
     # on an H200 the fast kernel gets its measured tile shapes, double buffered (V3_TILES)
-    h200 = {c.define_dict["HEAD_DIM"]: c for c in fwd.runtime_builds(90) if c.source == "fwd_v3_fast.cu"}
+    h200 = {c.define_dict["HEAD_DIM"]: c for c in cfgs.forward_builds(90) if c.source == "fwd_v3_fast.cu"}
     d128, d64 = h200[128].define_dict, h200[64].define_dict
     assert (d128["V3_WARPS"], d128["V3_BLOCK_N"], d128.get("V3_MT", 1), d128["V3_STAGES"]) == (8, 128, 1, 2)
     assert h200[128].dynamic_smem == (128 + 2 * 2 * 128) * 128 * 2
     assert (d64["V3_WARPS"], d64["V3_BLOCK_N"], d64["V3_MT"], d64["V3_STAGES"]) == (4, 64, 2, 2)
     # a T4 keeps the single-buffered 64-key tile at D = 128 (64 KB, its whole allowance)
-    t4 = {c.define_dict["HEAD_DIM"]: c for c in fwd.runtime_builds(75) if c.source == "fwd_v3_fast.cu"}
+    t4 = {c.define_dict["HEAD_DIM"]: c for c in cfgs.forward_builds(75) if c.source == "fwd_v3_fast.cu"}
     assert t4[128].dynamic_smem == 64 * 1024 and t4[128].define_dict["V3_BLOCK_N"] == 64
 
 

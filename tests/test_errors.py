@@ -126,6 +126,18 @@ def test_backward_argument_checks():
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message given when there is no GPU")
 def test_cuda_attention_without_gpu_says_what_is_missing():
-    q, k, v = qkv(dtype=torch.float16)
+    q, k, v = qkv(D=64, dtype=torch.float16)
     with pytest.raises(RuntimeError, match="(?i)cuda|cupy"):
         ft.cuda_attention(q, k, v)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: {**a, "scale": -1.0}, "scale"),
+    (lambda a: {**{n: t.double() for n, t in a.items()}}, "float16 or bfloat16"),
+    (lambda a: {n: t[..., :50].repeat(1, 1, 1, 2) for n, t in a.items()}, "head dim D = 100"),
+])
+def test_cuda_argument_errors_come_before_the_missing_gpu(change, match):
+    # CPU tensors on any machine: the argument is wrong, whatever the machine lacks
+    q, k, v = qkv(D=64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=match):
+        ft.cuda_attention(**change({"q": q, "k": k, "v": v}))

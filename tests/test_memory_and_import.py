@@ -54,12 +54,13 @@ def test_import_without_triton_or_cupy():
         sys.modules["triton"] = None   # make `import triton` fail, as on a laptop without it
         sys.modules["cupy"] = None
         import torch, flashtut
-        q = torch.randn(1, 2, 17, 8)
+        q = torch.randn(1, 2, 17, 64)
         o = flashtut.tiled_attention(q, q, q)
         assert "triton" not in sys.modules or sys.modules["triton"] is None
-        for fn in (flashtut.triton_attention, flashtut.cuda_attention):
+        # arguments each kernel accepts, so that what is missing is the package or the GPU
+        for fn, x in ((flashtut.triton_attention, q), (flashtut.cuda_attention, q.half())):
             try:
-                fn(q, q, q)
+                fn(x, x, x)
             except RuntimeError as e:
                 print(type(e).__name__, e)
             else:

@@ -1,4 +1,4 @@
-"""Tests of the Triton kernels (``flashtut.triton_kernels``).
+"""Tests of the Triton kernels (``flashtut.triton``).
 
 Without a GPU, conftest sets TRITON_INTERPRET=1 before triton is imported, so the CPU tests
 below run the very kernels through Triton's interpreter, at tiny sizes (fp32, fp16).
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import flashtut
-from flashtut import triton_configs
-from flashtut import triton_kernels as tk
+from flashtut.triton import attention as tk
+from flashtut.triton import configs as tconfigs
 
 CPU = not torch.cuda.is_available()
 DEV = "cpu" if CPU else "cuda"
@@ -206,10 +206,10 @@ def test_old_gpu_is_refused_with_alternatives(monkeypatch):
 def test_missing_triton_says_how_to_install(monkeypatch):
     """Load a fresh copy of the module with triton hidden: calls raise RuntimeError."""
     monkeypatch.setitem(sys.modules, "triton", None)
-    spec = importlib.util.spec_from_file_location("flashtut._triton_kernels_probe", tk.__file__,
+    spec = importlib.util.spec_from_file_location("flashtut.triton._attention_probe", tk.__file__,
                                                   submodule_search_locations=None)
     probe = importlib.util.module_from_spec(spec)
-    probe.__package__ = "flashtut"
+    probe.__package__ = "flashtut.triton"
     spec.loader.exec_module(probe)
     x = torch.randn(1, 1, 4, 16)
     with pytest.raises(RuntimeError, match="pip install triton"):
@@ -217,14 +217,14 @@ def test_missing_triton_says_how_to_install(monkeypatch):
 
 
 def test_search_space_and_buckets():
-    hopper = triton_configs.search_space("fwd", (9, 0), False, 128)
+    hopper = tconfigs.search_space("fwd", (9, 0), False, 128)
     assert hopper and all(c.block_m == 128 for c in hopper)
     for kernel in ("fwd", "dkdv", "dq"):
         for cap in ((8, 0), (8, 9), (9, 0)):
             for fp32 in (False, True):
                 for bd in (16, 64, 128):
-                    assert triton_configs.search_space(kernel, cap, fp32, bd)
-    assert [triton_configs.length_bucket(n) for n in (1, 128, 129, 4096, 5000)] == [128, 128, 256, 4096, 8192]
+                    assert tconfigs.search_space(kernel, cap, fp32, bd)
+    assert [tconfigs.length_bucket(n) for n in (1, 128, 129, 4096, 5000)] == [128, 128, 256, 4096, 8192]
 
 
 # ------------------------------------------------------------------------- GPU tests ----
@@ -273,7 +273,7 @@ def test_gpu_every_config_in_search_space_is_correct(kernel, D):
     q, k, v, do = _qkvd(gen, 1, 2, 517, 389, D, torch.float16, "cuda")
     ref = _reference(q, k, v, do, True, None)
     cap = torch.cuda.get_device_capability()
-    for cfg in triton_configs.search_space(kernel, cap, False, D):
+    for cfg in tconfigs.search_space(kernel, cap, False, D):
         with tk.use_configs(**{kernel: cfg}):
             o, lse = tk.triton_forward(q, k, v, True)
             dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
@@ -358,11 +358,11 @@ def test_triton_figures_from_committed_data():
 def test_each_search_space_gets_its_own_autotuner():
     """Regression: the D=128 kernels must be tuned over the D=128 list even when a D=64 call
     created an autotuner for the same kernel first."""
-    from flashtut import triton_fwd
-    small = tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 64)
-    large = tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 128)
+    from flashtut.triton import forward as tforward
+    small = tk._tuned("fwd", tforward.attn_fwd_kernel, (9, 0), False, 64)
+    large = tk._tuned("fwd", tforward.attn_fwd_kernel, (9, 0), False, 128)
     assert small is not large
     as_tuples = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in large.configs]
     assert as_tuples == [(c.block_m, c.block_n, c.num_warps, c.num_stages)
-                         for c in triton_configs.search_space("fwd", (9, 0), False, 128)]
-    assert tk._tuned("fwd", triton_fwd.attn_fwd_kernel, (9, 0), False, 128) is large
+                         for c in tconfigs.search_space("fwd", (9, 0), False, 128)]
+    assert tk._tuned("fwd", tforward.attn_fwd_kernel, (9, 0), False, 128) is large

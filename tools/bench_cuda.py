@@ -21,7 +21,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtut
 from flashtut.cuda import VARIANTS
-from flashtut.cuda.forward import attention_flops, forward, time_ms
+from flashtut.bench.timing import time_fn
+from flashtut.costs.flops import attention_flops
+from flashtut.cuda.attention import cuda_forward as forward
 
 
 def sdpa_flash(q, k, v, causal):
@@ -59,7 +61,7 @@ def run_case(N, D, dtype, causal, ladder, with_bwd, log):
             row["fwd_err"] = float((o.float() - ref).abs().max())
             if not row["fwd_err"] < 0.1:
                 raise RuntimeError(f"wrong output, max error {row['fwd_err']:.3g}")
-            ms = time_ms(lambda: fn(q, k, v, causal))
+            ms = time_fn(lambda: fn(q, k, v, causal), "cuda")
             row["fwd_ms"] = ms
             row["fwd_tflops"] = round(flops / ms / 1e9, 2)
         except Exception as exc:  # record and go on: one failure must not lose the whole run
@@ -88,7 +90,7 @@ def run_case(N, D, dtype, causal, ladder, with_bwd, log):
                 def bwd():
                     qg.grad = kg.grad = vg.grad = None
                     o.backward(do, retain_graph=True)
-                ms = time_ms(bwd)
+                ms = time_fn(bwd, "cuda")
                 row["bwd_ms"] = ms
                 row["bwd_tflops"] = round(2.5 * flops / ms / 1e9, 2)
             except Exception as exc:
@@ -123,7 +125,7 @@ def explore(log):
                         row["fwd_err_vs_sdpa"] = float((fn().float() - ref).abs().max())
                         if not row["fwd_err_vs_sdpa"] < 0.05:
                             raise RuntimeError(f"wrong output, {row['fwd_err_vs_sdpa']:.3g} from sdpa")
-                        ms = time_ms(fn)
+                        ms = time_fn(fn, "cuda")
                         row["fwd_ms"], row["fwd_tflops"] = ms, round(flops / ms / 1e9, 2)
                     except Exception as exc:
                         row["error"] = f"{type(exc).__name__}: {exc}"[:300]

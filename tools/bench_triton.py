@@ -37,7 +37,7 @@ def _compile_combo(combo):
     """Worker: run one (dtype, D, causal) combination once at a small size, which compiles
     every configuration in its search space into triton's on-disk cache."""
     dtype, D, causal = combo
-    from flashtut import triton_kernels as tk
+    from flashtut.triton import attention as tk
     t = time.time()
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 2, 1024, D, device="cuda", dtype=DTYPES[dtype], generator=g) for _ in range(3))
@@ -61,7 +61,7 @@ def max_err(a, b):
 
 def run_shape(s, do_accuracy: bool):
     from triton.testing import do_bench
-    from flashtut import triton_kernels as tk
+    from flashtut.triton import attention as tk
 
     B, H, N, D, causal = s["B"], s["H"], s["N"], s["D"], s["causal"]
     dt = DTYPES[s["dtype"]]
@@ -111,7 +111,7 @@ def run_shape(s, do_accuracy: bool):
     for impl in ("triton", "sdpa_flash"):
         row[f"fwd_tflops_{impl}"] = round(fwd_flops / row[f"fwd_ms_{impl}"] * 1e-9, 1)
         row[f"bwd_tflops_{impl}"] = round(bwd_flops / row[f"bwd_ms_{impl}"] * 1e-9, 1)
-    from flashtut import triton_configs as tc
+    from flashtut.triton import configs as tc
     cap = torch.cuda.get_device_capability()
     row["autotune_ms"] = {}  # every configuration's median time, from this shape's tuning
     for kernel in ("fwd", "dkdv", "dq"):
@@ -139,7 +139,7 @@ def naive_fp16(q, k, v, causal):
 def run_sweep(D=128, dtype="float16", ns=(512, 1024, 2048, 4096, 8192, 16384)):
     """Forward and backward TFLOP/s against N for the chapter's figure: triton, SDPA flash, naive."""
     from triton.testing import do_bench
-    from flashtut import triton_kernels as tk
+    from flashtut.triton import attention as tk
     rows = []
     for causal in (False, True):
         for N in ns:
@@ -210,7 +210,7 @@ def main():
         precompile(args.precompile, ds)
         print(f"precompile done in {time.time() - t0:.0f}s", flush=True)
     import triton
-    from flashtut import triton_kernels as tk
+    from flashtut.triton import attention as tk
     meta = dict(device=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
                 torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

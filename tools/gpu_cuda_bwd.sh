@@ -30,7 +30,8 @@ import dataclasses, json, math, os
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from flashtut.cuda.backward import BackwardConfig, backward, pick_config
+from flashtut.cuda.attention import cuda_backward as backward
+from flashtut.cuda.configs import BackwardConfig, pick_config
 from flashtut.cuda.compile import max_smem_per_block
 
 torch.manual_seed(0)
@@ -151,7 +152,8 @@ EOF
 # 4. out-of-bounds and shared-memory races on one small causal case with ragged tails
 cat > /tmp/bwd_small.py <<'EOF'
 import torch, flashtut
-from flashtut.cuda.backward import BackwardConfig, backward
+from flashtut.cuda.attention import cuda_backward as backward
+from flashtut.cuda.configs import BackwardConfig
 for D in (64, 128):
     q, k, v, do = (torch.randn(1, 2, n, D, device="cuda", dtype=torch.float16) for n in (150, 97, 97, 150))
     o, lse = flashtut.tiled_attention(q, k, v, causal=True, return_lse=True)

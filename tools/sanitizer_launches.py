@@ -9,7 +9,7 @@ Odd lengths (77 queries, 131 keys) so that every masked tail is exercised.
 import torch
 
 import flashtut
-from flashtut.cuda.forward import forward
+from flashtut.cuda.attention import cuda_forward as forward
 
 for D in (64, 128):
     q, k, v = (torch.randn(1, 2, 77, D, device="cuda", dtype=torch.float16) for _ in range(3))

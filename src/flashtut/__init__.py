@@ -4,7 +4,7 @@ Layers, bottom up (each uses only the ones below it):
 
 1. ``softmax``, ``reference``: the softmax family and naive attention (float64-capable references)
 2. ``tiled``: the FlashAttention algorithm as readable PyTorch loops, forward and backward
-3. ``triton_kernels``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
+3. ``triton``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
    neither triton nor cupy)
 4. ``bench``, ``figures``, ``exercises``: measuring, plotting and checking tools for the book
 """
@@ -16,7 +16,7 @@ from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_s
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import merge_attention_states, split_kv_attention
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def _load_kernel_module(module: str, package: str, how: str):
@@ -33,15 +33,15 @@ def _load_kernel_module(module: str, package: str, how: str):
 
 
 def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """Fused Triton attention, forward and backward (``flashtut.triton_kernels``).
+    """Fused Triton attention, forward and backward (``flashtut.triton``).
 
     Returns ``o``; ``o.backward()`` runs the Triton backward, which recomputes the
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
     """
-    triton_kernels = _load_kernel_module("triton_kernels", "triton",
-                                         "pip install triton (Linux with a CUDA GPU of sm_80 or newer)")
-    return triton_kernels.triton_attention(q, k, v, causal=causal, scale=scale)
+    attention = _load_kernel_module("triton.attention", "triton",
+                                    "pip install triton (Linux with a CUDA GPU of sm_80 or newer)")
+    return attention.triton_attention(q, k, v, causal=causal, scale=scale)
 
 
 def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):

@@ -177,10 +177,10 @@ def _triton_available(device, dtype, D):
         if major < 8:
             return False, f"the Triton kernels need a GPU of sm_80 or newer (this one is sm_{major}x)"
     reason = (_import_reason("triton", "install it with pip install triton (Linux)")
-              or _import_reason("flashtut.triton_kernels", "see the Triton chapter's set-up"))
+              or _import_reason("flashtut.triton.attention", "see the Triton chapter's set-up"))
     if reason:
         return False, reason
-    kernels = importlib.import_module("flashtut.triton_kernels")
+    kernels = importlib.import_module("flashtut.triton.attention")
     interpreting = getattr(kernels, "interpreting", None)
     if device.type == "cpu" and callable(interpreting) and not interpreting():
         return False, ("triton was imported before TRITON_INTERPRET=1 was set, so its kernels are built "
@@ -189,7 +189,7 @@ def _triton_available(device, dtype, D):
 
 
 def _triton_fwd(q, k, v, causal, scale):
-    from .. import triton_attention
+    from ..triton.attention import triton_attention
     return triton_attention(q, k, v, causal=causal, scale=scale)
 
 
@@ -211,14 +211,14 @@ def _cuda_available(module: str):
 
 
 def _cuda_fwd(q, k, v, causal, scale):
-    from .. import cuda_attention
+    from ..cuda.attention import cuda_attention
     return cuda_attention(q, k, v, causal=causal, scale=scale)
 
 
 def _ladder_fwd(variant: str):
     def fwd(q, k, v, causal, scale):
-        from ..cuda import forward
-        return forward.forward(q, k, v, causal=causal, scale=scale, variant=variant)
+        from ..cuda.attention import cuda_forward
+        return cuda_forward(q, k, v, causal=causal, scale=scale, variant=variant)
     return fwd
 
 
@@ -262,7 +262,7 @@ def ladder_variants() -> tuple[dict[str, str], str | None]:
 
 def _ladder_impl(variant: str, description: str) -> Impl:
     return Impl(f"cuda-{variant}", f"CUDA forward ladder step {variant}: {description} (forward only)",
-                _ladder_fwd(variant), None, available=_cuda_available("flashtut.cuda.forward"),
+                _ladder_fwd(variant), None, available=_cuda_available("flashtut.cuda.attention"),
                 group="cuda-ladder")
 
 

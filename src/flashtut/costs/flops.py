@@ -1,4 +1,4 @@
-"""FLOP counts of the performance protocol (DESIGN.md), so every row is counted the same way.
+"""FLOP counts of the performance protocol (the book's API reference, "Benchmark"), so every row is counted the same way.
 
 Forward: two matrix products of ``Nq x Nk x D`` multiply-adds each, ``4 * B * H * Nq * Nk * D``
 FLOPs, halved when causal (about half of the score matrix is masked). Backward: 2.5 times the

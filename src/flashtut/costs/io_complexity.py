@@ -30,6 +30,8 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
+from .traffic import Traffic
+
 ALGORITHMS = ("standard", "flash1", "flash2")
 #: statistics kept per row (running max, running sum, log-sum-exp) are float32
 STAT_TENSORS = frozenset({"m", "l", "lse"})
@@ -45,26 +47,6 @@ class Transfer(NamedTuple):
     block: int
     elements: int
     step: tuple | None = None
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Elements read and written per tensor, summed over a schedule."""
-    reads: dict
-    writes: dict
-
-    @property
-    def elements(self) -> int:
-        return sum(self.reads.values()) + sum(self.writes.values())
-
-    def bytes(self, elem_bytes: int = 2, stat_bytes: int = 4) -> int:
-        """Bytes moved when matrices take ``elem_bytes`` per element (2: fp16/bf16) and the
-        per-row statistics ``stat_bytes`` (they are kept in float32)."""
-        total = 0
-        for counts in (self.reads, self.writes):
-            for name, n in counts.items():
-                total += n * (stat_bytes if name in STAT_TENSORS else elem_bytes)
-        return total
 
 
 def _check_size(name: str, value) -> int:
@@ -156,12 +138,20 @@ def schedule(algorithm: str, n_q: int, n_k: int, d: int, block_m: int = 64, bloc
     raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
 
 
-def count(transfers) -> Traffic:
-    """Sum a schedule into elements read and written per tensor."""
+def count(transfers, elem_bytes: int = 2, stat_bytes: int = 4, name: str = "schedule") -> Traffic:
+    """Sum a schedule into elements read and written per tensor, and bytes, when matrices take
+    ``elem_bytes`` per element (2: fp16/bf16) and the per-row statistics ``stat_bytes`` (float32)."""
+    elem_bytes = _check_size("elem_bytes", elem_bytes)
+    stat_bytes = _check_size("stat_bytes", stat_bytes)
     reads, writes = Counter(), Counter()
     for op, tensor, _, elements, _ in transfers:
         (reads if op == "read" else writes)[tensor] += elements
-    return Traffic(dict(reads), dict(writes))
+
+    def nbytes(counts):
+        return sum(n * (stat_bytes if t in STAT_TENSORS else elem_bytes) for t, n in counts.items())
+
+    return Traffic(name, bytes_read=nbytes(reads), bytes_written=nbytes(writes),
+                   reads=dict(reads), writes=dict(writes))
 
 
 def block_sizes_for_sram(sram_elements: int, d: int, algorithm: str = "flash1") -> tuple[int, int]:
@@ -189,11 +179,13 @@ def block_sizes_for_sram(sram_elements: int, d: int, algorithm: str = "flash1") 
 
 
 def hbm_traffic(algorithm: str, n: int, d: int, sram_elements: int | None = None,
-                causal: bool = False, block_m: int | None = None, block_n: int | None = None) -> Traffic:
+                causal: bool = False, block_m: int | None = None, block_n: int | None = None,
+                elem_bytes: int = 2) -> Traffic:
     """Traffic of one ``(batch, head)`` with ``Nq = Nk = n``; flash tile sizes come from
-    ``sram_elements`` (see ``block_sizes_for_sram``) unless both are given."""
+    ``sram_elements`` (see ``block_sizes_for_sram``) unless both are given. Matrices take
+    ``elem_bytes`` per element, the per-row statistics 4 (float32)."""
     if algorithm == "standard":
-        return count(standard_schedule(n, n, d))
+        return count(standard_schedule(n, n, d), elem_bytes, name=algorithm)
     if block_m is None or block_n is None:
         if sram_elements is None:
             raise ValueError("give sram_elements, or both block_m and block_n, for a flash algorithm")
@@ -201,7 +193,7 @@ def hbm_traffic(algorithm: str, n: int, d: int, sram_elements: int | None = None
     make = flash1_schedule if algorithm == "flash1" else flash2_schedule
     if algorithm not in ("flash1", "flash2"):
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
-    return count(make(n, n, d, block_m, block_n, causal))
+    return count(make(n, n, d, block_m, block_n, causal), elem_bytes, name=algorithm)
 
 
 def tile_footprint_elements(block_m: int, block_n: int, d: int) -> int:

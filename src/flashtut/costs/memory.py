@@ -1,6 +1,6 @@
 """Memory accounting by code: how big attention's tensors are, how many bytes each kernel moves
-between device memory and the chip, where the score matrix stops fitting, and a measurement of
-the extra memory a function really takes.
+between device memory and the chip, and where the score matrix stops fitting. (The measurement
+that checks these numbers is :func:`flashtut.bench.memory.peak_extra_memory`.)
 
 Sizes are exact bytes; the tables print them in MiB (2**20 bytes) because that is how PyTorch and
 ``nvidia-smi`` report memory. GPU capacities are the vendors' decimal GB (1e9 bytes).
@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..checks import FLOAT_DTYPES
+from .flops import attention_flops
+from .traffic import Traffic
 
 MiB = 2 ** 20
 
@@ -144,36 +146,18 @@ def max_seq_len(capacity_bytes: float, B: int, H: int, dtype: torch.dtype = torc
 
 # --- bytes moved by each kernel --------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class KernelTraffic:
-    """One kernel's work and its traffic to device memory (read and written once each)."""
-    name: str
-    flops: int
-    bytes_read: int
-    bytes_written: int
-
-    @property
-    def bytes(self) -> int:
-        return self.bytes_read + self.bytes_written
-
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity, FLOP per byte of device-memory traffic."""
-        return self.flops / self.bytes
-
-
 def matmul_traffic(M: int, N: int, K: int, dtype: torch.dtype = torch.float16, batch: int = 1,
-                   out_dtype: torch.dtype | None = None, name: str = "matmul") -> KernelTraffic:
+                   out_dtype: torch.dtype | None = None, name: str = "matmul") -> Traffic:
     """``C (M x N) = A (M x K) @ B (K x N)``, ``batch`` times: ``2 M N K`` FLOPs each, A and B read
     once and C written once (the best a tiled kernel can do when everything streams through)."""
     _check_dims(M=M, N=N, K=K, batch=batch)
     out_dtype = dtype if out_dtype is None else out_dtype
     e_in, e_out = element_size(dtype), element_size(out_dtype)
-    return KernelTraffic(name, 2 * batch * M * N * K, batch * (M * K + K * N) * e_in, batch * M * N * e_out)
+    return Traffic(name, 2 * batch * M * N * K, batch * (M * K + K * N) * e_in, batch * M * N * e_out)
 
 
 def naive_attention_kernels(B: int, H: int, N: int, D: int, dtype: torch.dtype = torch.float16,
-                            Nk: int | None = None, score_dtype: torch.dtype | None = None) -> list[KernelTraffic]:
+                            Nk: int | None = None, score_dtype: torch.dtype | None = None) -> list[Traffic]:
     """The three kernels of unfused attention, each a round trip through device memory:
 
     1. ``S = Q K^T * scale`` (the scale folded into the matmul): reads Q and K, writes S;
@@ -189,14 +173,14 @@ def naive_attention_kernels(B: int, H: int, N: int, D: int, dtype: torch.dtype =
     bh = B * H
     s_bytes = tensor_bytes((bh, N, Nk), score_dtype)
     qk = matmul_traffic(N, Nk, D, dtype, batch=bh, out_dtype=score_dtype, name="S = Q K^T")
-    softmax = KernelTraffic("P = softmax(S)", SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk, s_bytes, s_bytes)
-    pv = KernelTraffic("O = P V", 2 * bh * N * Nk * D,
+    softmax = Traffic("P = softmax(S)", SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk, s_bytes, s_bytes)
+    pv = Traffic("O = P V", 2 * bh * N * Nk * D,
                        s_bytes + tensor_bytes((bh, Nk, D), dtype), tensor_bytes((bh, N, D), dtype))
     return [qk, softmax, pv]
 
 
 def fused_attention_kernel(B: int, H: int, N: int, D: int, dtype: torch.dtype = torch.float16,
-                           Nk: int | None = None) -> KernelTraffic:
+                           Nk: int | None = None) -> Traffic:
     """One fused kernel (FlashAttention): the same FLOPs, but only Q, K, V are read and O written.
 
     This is the compulsory traffic: K and V read once. A real kernel reads them once per query
@@ -205,12 +189,12 @@ def fused_attention_kernel(B: int, H: int, N: int, D: int, dtype: torch.dtype = 
     Nk = N if Nk is None else Nk
     _check_dims(B=B, H=H, N=N, D=D, Nk=Nk)
     bh = B * H
-    flops = 4 * bh * N * Nk * D + SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk
+    flops = int(attention_flops(B, H, N, Nk, D)) + SOFTMAX_FLOPS_PER_ELEMENT * bh * N * Nk
     read = tensor_bytes((bh, N, D), dtype) + 2 * tensor_bytes((bh, Nk, D), dtype)
-    return KernelTraffic("fused attention", flops, read, tensor_bytes((bh, N, D), dtype))
+    return Traffic("fused attention", flops, read, tensor_bytes((bh, N, D), dtype))
 
 
-def format_traffic(kernels: list[KernelTraffic]) -> str:
+def format_traffic(kernels: list[Traffic]) -> str:
     """A markdown table of kernels: GFLOP, MiB read, MiB written, FLOP per byte, plus a total row."""
     lines = ["| kernel | GFLOP | read (MiB) | written (MiB) | FLOP/byte |",
              "| --- | ---: | ---: | ---: | ---: |"]
@@ -227,17 +211,6 @@ def format_traffic(kernels: list[KernelTraffic]) -> str:
 
 # --- tracing what PyTorch code really does -------------------------------------------------------
 
-@dataclass(frozen=True)
-class OpTraffic:
-    """One ATen operator that a traced function ran: what it read and wrote, and its matmul FLOPs."""
-    op: str
-    out_shape: tuple
-    out_dtype: str
-    bytes_read: int
-    bytes_written: int
-    flops: int
-
-
 def _footprint(t: torch.Tensor) -> int:
     # an expanded (stride-0) dimension repeats the same memory, so it does not add bytes
     return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0) * t.element_size()
@@ -251,7 +224,7 @@ def _matmul_flops(name: str, args) -> int:
     return 0
 
 
-def trace_traffic(fn: Callable, *args, **kwargs) -> tuple[object, list[OpTraffic]]:
+def trace_traffic(fn: Callable, *args, **kwargs) -> tuple[object, list[Traffic]]:
     """Run ``fn(*args, **kwargs)`` and record every ATen operator it calls with the bytes it reads
     (its tensor inputs) and writes (its outputs). Views move no data and are left out.
 
@@ -262,7 +235,7 @@ def trace_traffic(fn: Callable, *args, **kwargs) -> tuple[object, list[OpTraffic
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    rows: list[OpTraffic] = []
+    rows: list[Traffic] = []
 
     class _Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, f_args=(), f_kwargs=None):
@@ -274,11 +247,11 @@ def trace_traffic(fn: Callable, *args, **kwargs) -> tuple[object, list[OpTraffic
             ins = [t for t in tree_flatten((f_args, f_kwargs))[0] if isinstance(t, torch.Tensor)]
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             first = outs[0] if outs else None
-            rows.append(OpTraffic(
-                name, tuple(first.shape) if first is not None else (),
-                str(first.dtype).replace("torch.", "") if first is not None else "",
-                sum(_footprint(t) for t in ins), sum(_footprint(t) for t in outs),
-                _matmul_flops(name, f_args)))
+            output = (f"{tuple(first.shape)} {str(first.dtype).replace('torch.', '')}"
+                      if first is not None else "")
+            rows.append(Traffic(name, _matmul_flops(name, f_args), sum(_footprint(t) for t in ins),
+                                sum(_footprint(t) for t in outs), output,
+                                writes={"output": sum(t.numel() for t in outs)}))
             return out
 
     with _Recorder():
@@ -286,17 +259,17 @@ def trace_traffic(fn: Callable, *args, **kwargs) -> tuple[object, list[OpTraffic
     return result, rows
 
 
-def format_ops(rows: list[OpTraffic], min_bytes: int = 0) -> str:
+def format_ops(rows: list[Traffic], min_bytes: int = 0) -> str:
     """A markdown table of ``trace_traffic`` rows moving at least ``min_bytes``, plus a total row."""
-    lines = ["| # | operator | output | dtype | read (MiB) | written (MiB) |",
-             "| ---: | --- | --- | --- | ---: | ---: |"]
+    lines = ["| # | operator | output | read (MiB) | written (MiB) |",
+             "| ---: | --- | --- | ---: | ---: |"]
     for i, r in enumerate(rows, 1):
         if r.bytes_read + r.bytes_written >= min_bytes:
-            lines.append(f"| {i} | `{r.op}` | {r.out_shape} | {r.out_dtype} | "
+            lines.append(f"| {i} | `{r.name}` | {r.output} | "
                          f"{r.bytes_read / MiB:,.1f} | {r.bytes_written / MiB:,.1f} |")
     read = sum(r.bytes_read for r in rows)
     written = sum(r.bytes_written for r in rows)
-    lines.append(f"| | **total ({len(rows)} operators)** | | | {read / MiB:,.1f} | {written / MiB:,.1f} |")
+    lines.append(f"| | **total ({len(rows)} operators)** | | {read / MiB:,.1f} | {written / MiB:,.1f} |")
     return "\n".join(lines)
 
 

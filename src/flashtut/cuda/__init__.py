@@ -1,23 +1,14 @@
 """Attention in CUDA C, compiled at run time with NVRTC through CuPy and launched on torch's stream.
 
-The kernels are ``.cu`` files in this folder, one readable kernel per step of the forward
-ladder (:data:`VARIANTS`), plus the backward kernel. ``compile`` builds and launches them,
-``forward`` runs any ladder step, ``attention.cuda_attention`` is the autograd entry point
-(fast forward, backward with recomputation). Importing this package needs neither a GPU nor
-CuPy; calling a kernel needs both.
+``kernels/`` holds the ``.cu`` sources, one readable kernel per step of the forward ladder
+(:data:`VARIANTS`) plus the backward's kernels; ``configs`` says what to build and launch on
+each GPU (tile shapes, shared-memory and register budgets); ``compile`` builds and launches
+them; ``attention`` checks the inputs once, launches any ladder step (``cuda_forward``) and the
+backward (``cuda_backward``), and holds the autograd entry point ``cuda_attention``. Importing
+this package needs neither a GPU nor CuPy; calling a kernel needs both.
 """
 from __future__ import annotations
 
-#: the forward ladder, in order: variant name -> what that step adds (the benchmark discovers
-#: the ladder from this dict; ``flashtut.cuda.forward.forward(..., variant=name)`` runs a step)
-VARIANTS = {
-    "v1": "one thread per query row, K/V tiles in shared memory, float32 CUDA-core math",
-    "v2": "a warp per 16 query rows, both products on tensor cores (mma.sync), P kept in registers",
-    "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping, "
-          "tile shapes chosen per head dim by measurement",
-}
-
-#: the variant ``cuda_attention`` uses
-FAST_VARIANT = "v3"
+from .configs import FAST_VARIANT, VARIANTS
 
 __all__ = ["VARIANTS", "FAST_VARIANT"]

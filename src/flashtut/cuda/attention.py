@@ -1,33 +1,226 @@
-"""``cuda_attention``: the fast CUDA forward and the CUDA backward behind one autograd Function.
+"""The CUDA kernels on torch tensors: input checks, launches, and the autograd entry point.
 
-The forward saves only ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats); the
-backward (``flashtut.cuda.backward``) recomputes the probabilities from them instead of
-storing the Nq x Nk matrix.
+* ``cuda_forward(q, k, v, causal, scale, variant="v3")`` runs any step of the forward ladder
+  (``flashtut.cuda.VARIANTS``) and returns ``(o, lse)``;
+* ``cuda_backward(q, k, v, o, lse, do, causal, scale)`` runs the backward with recomputation:
+  ``bwd_preprocess.cu`` (``Delta = rowsum(dO * O)`` and ``lse2 = lse * log2(e)`` per query row),
+  ``bwd_dkdv.cu`` (one thread block per key block; ``dK`` and ``dV`` accumulate in registers
+  while it walks the query blocks, recomputing ``P`` from ``Q``, ``K`` and ``lse2``), then
+  ``bwd_dq.cu`` (one thread block per query block: ``dQ`` in a separate pass that recomputes
+  ``S`` and ``dP`` once more). The alternative, ``BackwardConfig(dq_atomic=True)``, has the
+  dK/dV kernel add ``dQ`` into a float32 buffer with atomics instead (then
+  ``bwd_dq_convert.cu`` scales and converts it); ``bwd_dq.cu``'s header comment and
+  ``book/perflog_cuda_bwd.md`` weigh the two;
+* ``cuda_attention(q, k, v, causal, scale)``: the fast forward and the backward behind one
+  autograd Function, which saves only ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats).
+
+Every entry point goes through :func:`prepare_inputs`: the arguments first, then the machine.
+Tile sizes and launch shapes come from ``flashtut.cuda.configs``.
 """
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
-from ..checks import check_causal, check_scale
-from . import FAST_VARIANT
-from .forward import check_cuda_inputs, prepare, run
+from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..constants import LOG2E
+from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
+from .configs import (CONVERT_THREADS, DTYPES, FAST_VARIANT, HEAD_DIMS, PRE_WARPS, VARIANTS,
+                      BackwardConfig, kernel_builds, launch_config, pick_config)
 
 
-def _backward_module():
-    try:
-        from . import backward
-    except ImportError as exc:
-        raise RuntimeError("the CUDA backward kernel (flashtut.cuda.backward) is not available in this "
-                           f"installation: {exc}") from exc
-    return backward
+class Prepared(NamedTuple):
+    """Checked inputs, ready for the kernels: tensors contiguous with a 16-byte aligned start."""
+    tensors: tuple          # (q, k, v), or (q, k, v, o, do) for the backward
+    lse: torch.Tensor | None  # float32, contiguous (backward only)
+    shape: tuple            # (B, H, Nq, Nk, D)
+    causal: bool
+    scale: float
+    arch: int               # the GPU's compute capability as an int: 75, 80, 90 ...
 
+
+def _ready(t: torch.Tensor) -> torch.Tensor:
+    # cp.async and the vector loads move 16 bytes at a time
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _check_gpu(x: torch.Tensor, what: str) -> int:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA GPU and torch sees none; run on a GPU machine "
+                           "(Colab: Runtime > Change runtime type > GPU), or use "
+                           "flashtut.tiled_attention on the CPU")
+    if not x.is_cuda:
+        raise ValueError(f"the tensors must be CUDA tensors for {what}, got device {x.device}; "
+                         f"accepted: a cuda device (move them with .cuda())")
+    major, minor = capability(x.device)
+    if major < 7 or (major == 7 and minor < 5):
+        raise RuntimeError(f"{what} needs sm_75 or newer (tensor-core mma and ldmatrix); "
+                           f"this GPU is sm_{major}{minor}")
+    if x.dtype == torch.bfloat16 and major < 8:
+        raise RuntimeError(f"bfloat16 needs sm_80 or newer (A100, L4, H100 ...); this GPU is "
+                           f"sm_{major}{minor} (a T4 is sm_75): use float16")
+    return major * 10 + minor
+
+
+def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=None,
+                   what: str = "the CUDA kernels") -> Prepared:
+    """The checks every CUDA entry point shares, in one order: every argument first (TypeError
+    for a non-tensor, ValueError naming the argument), then the machine (RuntimeError: no GPU,
+    a GPU older than sm_75, bfloat16 before sm_80). Pass ``o``, ``lse`` and ``do`` for the
+    backward. Returns the tensors contiguous and 16-byte aligned, ``causal`` as a bool, the
+    scale as a float and the GPU's architecture."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES,
+                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)")
+    causal = check_causal(causal)
+    scale = check_scale(scale, D)
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels; accepted: "
+                         f"{', '.join(map(str, HEAD_DIMS))}")
+    if B * H > 65535:
+        raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
+    backward = o is not None or lse is not None or do is not None
+    if backward:
+        check_like("o", o, q)
+        check_like("do", do, q)
+        for name, t in (("o", o), ("do", do)):
+            if t.dtype != q.dtype:
+                raise ValueError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        check_lse(lse, B, H, Nq, q.device)
+    arch = _check_gpu(q, what)
+    tensors = (q, k, v, o, do) if backward else (q, k, v)
+    return Prepared(tuple(_ready(t) for t in tensors),
+                    lse.to(torch.float32).contiguous() if backward else None,
+                    (B, H, Nq, Nk, D), causal, scale, arch)
+
+
+# -- forward ----------------------------------------------------------------------------------
+
+def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, variant: str = "v3", *,
+                 warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
+    """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
+    ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. CUDA float16 tensors,
+    bfloat16 from sm_80, D in {64, 128}. ``warps``, ``block_n`` and ``m_tiles`` override the fast
+    kernel's tile sizes (see ``flashtut.cuda.configs.launch_config``), for experiments."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    p = prepare_inputs(q, k, v, causal, scale, what="the CUDA forward kernels")
+    return _forward(*p.tensors, p.causal, p.scale, variant, warps, block_n, m_tiles)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, warps, block_n, m_tiles):
+    # the launch configuration and the compiled kernel of one (step, dtype, D, GPU): worked out on
+    # the first call and reused, so a call costs the launch and not the planning
+    major, minor = capability(device_index)
+    cfg = launch_config(variant, dtype, head_dim, 10 * major + minor, max_smem_per_block(device_index),
+                        warps=warps, block_n=block_n, m_tiles=m_tiles)
+    fn = get_function(cfg.source, cfg.kernel, cfg.define_dict)
+    if cfg.dynamic_smem:
+        set_max_dynamic_smem(fn, cfg.dynamic_smem)
+    return cfg, fn
+
+
+def _forward(q, k, v, causal: bool, scale: float, variant: str = FAST_VARIANT, warps: int | None = None,
+             block_n: int | None = None, m_tiles: int | None = None):
+    # inputs already through prepare_inputs
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    with torch.cuda.device(q.device):
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, warps, block_n, m_tiles)
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
+        launch(fn, grid, (cfg.threads, 1, 1),
+               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal)), cfg.dynamic_smem)
+    return o, lse
+
+
+# -- backward ---------------------------------------------------------------------------------
+
+def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None, *,
+                  out=None, config: BackwardConfig | None = None):
+    """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
+
+    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
+    sm_80), D in {64, 128}; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
+    log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
+    nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
+    contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
+    prove every element is written). ``config``: tile sizes (default ``configs.pick_config`` for
+    this GPU), to compare configurations or run a T4's on a bigger GPU. Outputs are in the input
+    dtype.
+    """
+    p = prepare_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, what="the CUDA backward")
+    q, k, v, o, do = p.tensors
+    lse, (B, H, Nq, Nk, D), causal, scale = p.lse, p.shape, p.causal, p.scale
+    if out is None:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:
+        dq, dk, dv = out
+        for name, t, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if not (isinstance(t, torch.Tensor) and t.shape == ref.shape and t.dtype == ref.dtype
+                    and t.device == ref.device and t.is_contiguous() and t.data_ptr() % 16 == 0):
+                raise ValueError(f"out {name} must be a contiguous, 16-byte aligned tensor of shape "
+                                 f"{tuple(ref.shape)}, dtype {ref.dtype} on {ref.device}")
+
+    smem_limit = max_smem_per_block(q.device)
+    cfg = pick_config(D, p.arch, smem_limit) if config is None else config
+    if not isinstance(cfg, BackwardConfig) or cfg.head_dim != D or cfg.stages not in (1, 2) \
+            or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
+            or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \
+            or max(cfg.dkdv_smem, cfg.dq_smem) > smem_limit:
+        raise ValueError(f"config must be a BackwardConfig with head_dim {D}, stages 1 or 2, "
+                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, and at most "
+                         f"{smem_limit} bytes of shared memory per kernel, got {cfg!r}")
+    if cfg.dq_atomic and B * H * Nq * D >= 2**31:
+        raise ValueError(f"the atomic-dQ variant indexes with 32-bit ints: B*H*Nq*D = "
+                         f"{B * H * Nq * D}; accepted: below 2**31")
+    threads = 32 * cfg.warps
+    with torch.cuda.device(q.device):   # builds for, and launches on, q's GPU
+        fns = {step: get_function(src, kernel, defines)
+               for step, (src, kernel, defines) in kernel_builds(cfg, q.dtype).items()}
+        delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        lse2 = torch.empty_like(delta)
+        rows = B * H * Nq
+        launch(fns["preprocess"], (math.ceil(rows / PRE_WARPS),), (32 * PRE_WARPS,),
+               (o, do, lse, delta, lse2, rows))
+
+        scale_log2 = scale * LOG2E
+        # the atomic variant adds into a zeroed float32 buffer; the other passes a null pointer
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.dq_atomic \
+            else np.uint64(0)
+        set_max_dynamic_smem(fns["dkdv"], cfg.dkdv_smem)
+        launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
+               (q, k, v, do, lse2, delta, dk, dv, Nq, Nk, scale, scale_log2, int(causal), dq_acc),
+               shared_mem=cfg.dkdv_smem)
+
+        if cfg.dq_atomic:
+            n = dq_acc.numel()
+            launch(fns["dq_convert"], (math.ceil(n / (4 * CONVERT_THREADS)),), (CONVERT_THREADS,),
+                   (dq_acc, dq, scale, n))
+        else:
+            set_max_dynamic_smem(fns["dq"], cfg.dq_smem)
+            launch(fns["dq"], (math.ceil(Nq / (16 * cfg.warps)), B * H), (threads,),
+                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal)),
+                   shared_mem=cfg.dq_smem)
+    return dq, dk, dv
+
+
+# -- autograd ---------------------------------------------------------------------------------
 
 class CudaAttention(torch.autograd.Function):
     """Autograd wrapper: ``forward`` runs ``fwd_v3_fast.cu``, ``backward`` the CUDA backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float):
-        o, lse = run(q, k, v, causal, scale, FAST_VARIANT)     # checked once, in cuda_attention
+        o, lse = _forward(q, k, v, causal, scale, FAST_VARIANT)     # checked once, in cuda_attention
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -35,16 +228,14 @@ class CudaAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_module().backward(q, k, v, o, lse, prepare(do), ctx.causal, ctx.scale)
+        dq, dk, dv = cuda_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
 
 
 def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """Fused CUDA attention (see API.md); CUDA float16 tensors, bfloat16 from sm_80, D in {64, 128}.
+    """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80, D in {64, 128}.
 
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward.
     """
-    causal = check_causal(causal)
-    D = check_cuda_inputs(q, k, v)[-1]
-    scale = check_scale(scale, D)
-    return CudaAttention.apply(prepare(q), prepare(k), prepare(v), causal, scale)
+    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention")
+    return CudaAttention.apply(*p.tensors, p.causal, p.scale)

@@ -1,10 +1,13 @@
 """Compile the CUDA C kernels at run time with NVRTC (through CuPy) and launch them on torch's stream.
 
-The ``.cu`` files next to this module are plain CUDA C: each compiles as-is with
+The ``.cu`` files in ``kernels/`` are plain CUDA C: each compiles as-is with
 ``nvcc -std=c++17`` and through NVRTC with exactly the options :func:`nvrtc_options` returns.
 Everything that varies between builds (element type, head dim, variant) goes in as ``-D``
 defines, and every define has an ``#ifndef`` default in the source, so one file serves every
-configuration and the build is cached per (GPU architecture, source, kernel, defines).
+configuration and the build is cached per (GPU architecture, source, kernel, defines). The
+architecture is the GPU's own by default (``"90"`` on an H100/H200); a kernel that needs the
+architecture-specific features of one GPU generation (Hopper's ``wgmma`` and ``setmaxnreg``:
+``"90a"``) asks for it with ``get_function(..., arch="90a")``.
 
 Conventions the kernel files follow (forward and backward alike):
 
@@ -20,37 +23,17 @@ CuPy's on-disk cache is keyed by the source text, so an edit to a header must ch
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-from ..hardware import GPUS
-
 #: the folder that holds the ``.cu`` and ``.cuh`` files
-CUDA_DIR = Path(__file__).resolve().parent
-
-#: element type name -> the defines that select it in every kernel file
-DTYPE_DEFINES = {torch.float16: {"FT_BF16": 0}, torch.bfloat16: {"FT_BF16": 1}}
-#: head dims the kernels are built for
-HEAD_DIMS = (64, 128)
-
-
-def _smem_by_arch() -> tuple[dict, dict]:
-    # the book's reference GPUs (flashtut.hardware: T4, A100, H100/H200), plus sm_86/89 (A10, L4:
-    # 99 KB per block, 100 KB per SM, from the CUDA guide's compute-capability table)
-    per_block, per_sm = {86: 99 * 1024, 89: 99 * 1024}, {86: 100 * 1024, 89: 100 * 1024}
-    for gpu in GPUS.values():
-        arch = 10 * gpu.compute_capability[0] + gpu.compute_capability[1]
-        per_block.setdefault(arch, gpu.smem_per_block_kib * 1024)
-        per_sm.setdefault(arch, gpu.smem_per_sm_kib * 1024)
-    return dict(sorted(per_block.items())), dict(sorted(per_sm.items()))
-
-
-#: opt-in shared memory per block, and shared memory per SM, of a typical GPU of each architecture
-#: (75, 80, 86, 89, 90): lets CI build exactly the configurations those GPUs would run, without them
-SMEM_PER_BLOCK, SMEM_PER_SM = _smem_by_arch()
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
 #: options every build uses. -ftz=true (flush denormals) is what CuPy adds to every NVRTC
 #: build anyway; we state it so the CI compile sees the same thing. No --use_fast_math: the
@@ -86,16 +69,23 @@ def define_options(defines: dict | None) -> list[str]:
     return out
 
 
+def normalize_arch(arch) -> str:
+    """``90``, ``"90"``, ``"sm_90"`` -> ``"90"``; ``"90a"``, ``"sm_90a"`` -> ``"90a"`` (the
+    architecture-specific target: code built for it runs on that generation only)."""
+    name = str(arch).removeprefix("sm_").removeprefix("compute_")
+    if isinstance(arch, bool) or not re.fullmatch(r"[1-9][0-9]+a?", name):
+        raise ValueError(f"arch must look like '90', 'sm_90', '90a' or 'sm_90a', got {arch!r}")
+    return name
+
+
 def nvrtc_options(arch: str, defines: dict | None = None) -> list[str]:
-    """The exact NVRTC option list a build for ``arch`` (``"90"``, ``"sm_90"``) uses.
+    """The exact NVRTC option list a build for ``arch`` (``"90"``, ``"sm_90"``, ``"90a"``) uses.
 
     It is what :func:`get_function` hands to CuPy plus what CuPy appends itself (``-ftz=true``,
     ``--device-as-default-execution-space`` and ``-arch=sm_XX``), so the CI test that feeds this
     list to NVRTC directly compiles what the runtime compiles.
     """
-    arch = str(arch).removeprefix("sm_").removeprefix("compute_")
-    if not arch.isdigit():
-        raise ValueError(f"arch must look like '90' or 'sm_90', got {arch!r}")
+    arch = normalize_arch(arch)
     opts = list(BASE_OPTIONS) + define_options(defines)
     opts += [o for o in CUPY_APPENDED if o not in opts]
     opts.append(f"-arch=sm_{arch}")
@@ -111,13 +101,13 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.M)
 
 
 def load_source(source: str) -> str:
-    """The text NVRTC compiles: ``source`` is a file name in :data:`CUDA_DIR` (``"fwd_v3_mma.cu"``)
+    """The text NVRTC compiles: ``source`` is a file name in :data:`KERNEL_DIR` (``"fwd_v3_fast.cu"``)
     or CUDA C text; local ``#include "x.cuh"`` lines are replaced by the header's text (once each)."""
     if "\n" not in source and source.endswith((".cu", ".cuh")):
-        path = CUDA_DIR / source
+        path = KERNEL_DIR / source
         if not path.is_file():
-            raise ValueError(f"source {source!r} is not a file in {CUDA_DIR}; accepted: "
-                             f"{sorted(p.name for p in CUDA_DIR.glob('*.cu'))} or CUDA C text")
+            raise ValueError(f"source {source!r} is not a file in {KERNEL_DIR}; accepted: "
+                             f"{sorted(p.name for p in KERNEL_DIR.glob('*.cu'))} or CUDA C text")
         source = path.read_text()
     seen: set[str] = set()
 
@@ -126,9 +116,9 @@ def load_source(source: str) -> str:
         if name in seen:
             return f"// {name} already included"
         seen.add(name)
-        path = CUDA_DIR / name
+        path = KERNEL_DIR / name
         if not path.is_file():
-            raise ValueError(f"#include \"{name}\": no such header in {CUDA_DIR}")
+            raise ValueError(f"#include \"{name}\": no such header in {KERNEL_DIR}")
         return _INCLUDE.sub(expand, path.read_text())
 
     return _INCLUDE.sub(expand, source)
@@ -170,26 +160,60 @@ def device_arch(device=None) -> str:
     return f"{major}{minor}"
 
 
+def _cubin(code: str, arch: str, defines: dict) -> Path:
+    # CuPy's RawModule compiles for the device's own architecture only (-arch=sm_90, never
+    # sm_90a); any other target is compiled here with CuPy's NVRTC, with the same options, into
+    # a file named by a hash of the text and options, which RawModule then loads
+    from cupy.cuda import nvrtc
+
+    options = nvrtc_options(arch, defines)
+    digest = hashlib.sha256("\0".join([code, *options]).encode()).hexdigest()[:32]
+    path = Path(tempfile.gettempdir()) / "flashtut-cubin" / f"sm_{arch}-{digest}.cubin"
+    if path.is_file():
+        return path
+    prog = nvrtc.createProgram(code, "flashtut.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC could not compile for sm_{arch}:\n{nvrtc.getProgramLog(prog)}") from exc
+        binary = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.part")   # another process may write the same file
+    partial.write_bytes(binary)
+    partial.replace(path)
+    return path
+
+
 @functools.lru_cache(maxsize=None)
-def _function(arch: str, source: str, kernel: str, defines: tuple):
+def _function(arch: str, native: bool, source: str, kernel: str, defines: tuple):
     # one build per (arch, source, kernel, defines) and process: a kernel file is read and its
     # headers expanded once, not on every call (a call at small N is over in tens of microseconds)
     cupy = _cupy()
-    # arch is in the key only: CuPy compiles for the current device (one RawModule per arch)
-    module = cupy.RawModule(code=load_source(source), options=_runtime_options(dict(defines)),
-                            backend="nvrtc")
+    code = load_source(source)
+    if native:   # CuPy compiles for the current device and caches on disk by the source text
+        module = cupy.RawModule(code=code, options=_runtime_options(dict(defines)), backend="nvrtc")
+    else:
+        module = cupy.RawModule(path=str(_cubin(code, arch, dict(defines))))
     return module.get_function(kernel)
 
 
-def get_function(source: str, kernel: str, defines: dict | None = None):
-    """Compile ``source`` (file name or text) with ``defines`` and return ``kernel`` as a
-    ``cupy.RawKernel``; cached per (GPU arch, source, kernel, defines) for the life of the
-    process, so an edited ``.cu`` file is picked up after :func:`clear_cache` or a restart."""
+def get_function(source: str, kernel: str, defines: dict | None = None, arch: str | None = None):
+    """Compile ``source`` (file name or text) with ``defines`` for ``arch`` and return ``kernel``
+    as a ``cupy.RawKernel``. ``arch``: the current GPU's own architecture by default (``"90"``
+    on an H100/H200), or e.g. ``"90a"`` for a kernel that uses ``wgmma`` or ``setmaxnreg``.
+    Cached per (arch, source, kernel, defines) for the life of the process, so an edited ``.cu``
+    file is picked up after :func:`clear_cache` or a restart."""
+    own = None if arch is None else normalize_arch(arch)   # argument errors before the environment
     _cupy()
     if not torch.cuda.is_available():
         raise RuntimeError("flashtut.cuda kernels need a CUDA GPU and none is visible to torch; "
                            "run on a GPU machine (on Colab: Runtime > Change runtime type > GPU)")
-    return _function(device_arch(), source, kernel, tuple(sorted((defines or {}).items())))
+    device = device_arch()
+    target = device if own is None else own
+    return _function(target, target == device, source, kernel, tuple(sorted((defines or {}).items())))
 
 
 def clear_cache() -> None:
@@ -245,9 +269,3 @@ def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
     with stream:
         fn(tuple(int(g) for g in grid), tuple(int(b) for b in block),
            tuple(_as_arg(a) for a in args), shared_mem=int(shared_mem))
-
-
-def to_cupy(t: torch.Tensor):
-    """A CuPy view of a CUDA tensor through DLPack (no copy), for code that wants arrays."""
-    cupy = _cupy()
-    return cupy.from_dlpack(t.detach())

@@ -15,6 +15,8 @@ import math
 import torch
 
 from ..checks import check_block, check_qkv, check_scale
+from ..constants import LOG2E
+from ..devices import default_device
 from .checker import CheckResult, run_trials
 
 try:
@@ -22,10 +24,6 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - the chapter says how to install triton
     triton = tl = None
-
-
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # --------------------------------------------------------------- exercise 7.1: Delta ----
@@ -40,7 +38,7 @@ def check_preprocess(fn, trials: int = 4, seed: int = 0) -> CheckResult:
     D in {16, 40, 64, 24} (not all powers of two), float32 and float16, N not a multiple of 16."""
     dims = [16, 40, 64, 24]
     dtypes = [torch.float32, torch.float16]
-    dev = _device()
+    dev = default_device()
     state = {"t": 0}
 
     def make(gen):
@@ -58,16 +56,16 @@ def check_preprocess(fn, trials: int = 4, seed: int = 0) -> CheckResult:
 
 
 def solution_preprocess(o, do) -> torch.Tensor:
-    """The library's own preprocessing kernel (``flashtut.triton_bwd.bwd_preprocess_kernel``),
+    """The library's own preprocessing kernel (``flashtut.triton.backward.bwd_preprocess_kernel``),
     launched on ``(B, H, N, D)`` tensors: one program per 16 rows, D padded to a power of two."""
-    from .. import triton_bwd
-    from ..triton_kernels import _require_runtime
+    from ..triton import backward
+    from ..triton.attention import _require_runtime
     _require_runtime(o)
     B, H, N, D = o.shape
     o, do = o.contiguous(), do.contiguous()
     delta = torch.empty(B, H, N, dtype=torch.float32, device=o.device)
     block_m, block_d = 16, max(16, triton.next_power_of_2(D))
-    triton_bwd.bwd_preprocess_kernel[(triton.cdiv(N, block_m), B * H)](
+    backward.bwd_preprocess_kernel[(triton.cdiv(N, block_m), B * H)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         H, N, D, BLOCK_M=block_m, BLOCK_D=block_d)
     return delta
@@ -134,7 +132,7 @@ def check_window_key_range(fn) -> CheckResult:
 def check_window_attention(fn, trials: int = 4, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, window) -> o`` against the float64 reference on random inputs
     (Nq <= Nk, lengths not multiples of 16, windows shorter and longer than a tile)."""
-    dev = _device()
+    dev = default_device()
     windows = [1, 7, 23, 1000]
 
     def make(gen):
@@ -203,7 +201,7 @@ def solution_window_attention(q, k, v, window: int, scale: float | None = None,
                               block_m: int = 16, block_n: int = 16) -> torch.Tensor:
     """Sliding-window attention with ``window_attn_fwd_kernel`` (forward only). Needs
     ``Nq <= Nk`` so that every query row sees at least its own key."""
-    from ..triton_kernels import _require_runtime
+    from ..triton.attention import _require_runtime
     B, H, Nq, Nk, D = check_qkv(q, k, v)
     scale = check_scale(scale, D)
     window = check_block("window", window)
@@ -217,7 +215,7 @@ def solution_window_attention(q, k, v, window: int, scale: float | None = None,
     o = torch.empty_like(q)
     block_d = max(16, triton.next_power_of_2(D))
     window_attn_fwd_kernel[(triton.cdiv(Nq, block_m), B * H)](
-        q, k, v, o, Nq, Nk, window, D, scale * 1.4426950408889634,
+        q, k, v, o, Nq, Nk, window, D, scale * LOG2E,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")   # exact fp32 products, as the library
     return o

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from ..cuda.forward import v3_smem_bytes
+from ..constants import LN2, LOG2E
+from ..cuda.configs import v3_smem_bytes
 from ..reference import naive_attention
 from .checker import CheckResult, run_trials
 
@@ -21,18 +22,17 @@ from .checker import CheckResult, run_trials
 def solution_one_thread_row(q_row, k, v, scale: float, block_n: int = 32):
     """What one thread of ``fwd_v1_rows.cu`` computes: the output row and natural-log lse of
     one query row ``q_row`` (D,) against ``k``, ``v`` (N, D), tile by tile, base 2 inside."""
-    log2e = 1.0 / math.log(2.0)
     acc = torch.zeros_like(q_row)
     m, l = -math.inf, 0.0
     for n0 in range(0, k.shape[0], block_n):
-        s = (k[n0:n0 + block_n] @ q_row) * (scale * log2e)   # scores in log2 units
+        s = (k[n0:n0 + block_n] @ q_row) * (scale * LOG2E)   # scores in log2 units
         m_new = max(m, float(s.max()))
         alpha = 2.0 ** (m - m_new)                          # rescale the past once per tile
         p = torch.pow(2.0, s - m_new)
         l = l * alpha + float(p.sum())
         acc = acc * alpha + p @ v[n0:n0 + block_n]
         m = m_new
-    return acc / l, (m + math.log2(l)) * math.log(2.0)
+    return acc / l, (m + math.log2(l)) * LN2
 
 
 def _row_inputs(gen):

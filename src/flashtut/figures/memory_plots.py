@@ -7,7 +7,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..costs.memory import MiB, KernelTraffic, attention_memory_table, max_seq_len
+from ..costs.memory import MiB, attention_memory_table, max_seq_len
+from ..costs.traffic import Traffic
 from .style import INK, PALETTE, subplots
 
 
@@ -50,12 +51,12 @@ def attention_memory_figure(B: int, H: int, D: int, dtype: torch.dtype = torch.f
     return fig
 
 
-def traffic_figure(kernels: Sequence[KernelTraffic], fused: KernelTraffic | None = None):
+def traffic_figure(kernels: Sequence[Traffic], fused: Traffic | None = None):
     """Horizontal bars of MiB read and written by each kernel (and by ``fused``, drawn last), so
     the round trips of S and P through device memory are visible. Returns the ``Figure``."""
     rows = list(kernels) + ([fused] if fused is not None else [])
     if not rows:
-        raise ValueError("kernels: need at least one KernelTraffic")
+        raise ValueError("kernels: need at least one Traffic")
     fig, ax = subplots(figsize=(7.0, 0.55 * len(rows) + 1.4))
     y = np.arange(len(rows))[::-1]
     reads = np.array([k.bytes_read for k in rows], dtype=float) / MiB

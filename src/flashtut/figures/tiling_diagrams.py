@@ -95,13 +95,13 @@ def hbm_traffic_figure(d: int = 64, sram_kib=(64, 227), ns=None, elem_bytes: int
     if not sram_kib:
         raise ValueError("sram_kib must name at least one SRAM size in KiB, got an empty sequence")
     fig, ax = subplots(figsize=(6.6, 4.2))
-    std = [io.hbm_traffic("standard", n, d).bytes(elem_bytes) for n in ns]
+    std = [io.hbm_traffic("standard", n, d, elem_bytes=elem_bytes).bytes for n in ns]
     ax.plot(ns, std, "o-", color=PALETTE[3], lw=2, label="standard: $\\Theta(Nd + N^2)$")
     for c, kib in enumerate(sram_kib):
         m_elems = kib * 1024 // elem_bytes
         colour = PALETTE[[0, 2, 4, 5][c % 4]]
         for alg, style in (("flash2", "s-"), ("flash1", "^--")):
-            y = [io.hbm_traffic(alg, n, d, m_elems).bytes(elem_bytes) for n in ns]
+            y = [io.hbm_traffic(alg, n, d, m_elems, elem_bytes=elem_bytes).bytes for n in ns]
             label = f"{'FA-2' if alg == 'flash2' else 'FA-1'} order, M = {kib} KiB"
             ax.plot(ns, y, style, color=colour, ms=4, lw=1.4, label=label)
     ax.set_xscale("log", base=2)

@@ -23,6 +23,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..constants import LOG2E
+
+# @triton.jit code reads module globals only when they are tl.constexpr
+LOG2E_C = tl.constexpr(LOG2E)
+
 
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DELTA,
@@ -59,7 +64,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
             row_ok = rows < n_q
             q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
-            lse2 = tl.load(lse_base + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+            lse2 = tl.load(lse_base + rows, mask=row_ok, other=0.0) * LOG2E_C
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
             if PAD_D:
@@ -68,7 +73,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
             else:
                 q = tl.load(q_ptrs)
                 do = tl.load(do_ptrs)
-            lse2 = tl.load(lse_base + rows) * 1.4426950408889634
+            lse2 = tl.load(lse_base + rows) * LOG2E_C
             delta = tl.load(delta_base + rows)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)              # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                 # P^T, already normalised
@@ -206,7 +211,7 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
                 mask=q_ok, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
                  mask=q_ok, other=0.0)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
     delta = tl.load(DELTA + bh.to(tl.int64) * n_q + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh

@@ -7,9 +7,9 @@ Public functions (``flashtut.triton_attention`` calls the first):
 * ``triton_forward(q, k, v, causal=False, scale=None) -> (o, lse)``
 * ``triton_backward(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``
 
-The kernels live in ``triton_fwd`` and ``triton_bwd``, their search space in
-``triton_configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once per
-(GPU generation, dtype, head dim, causal, length class); under the Triton interpreter
+The kernels live in ``flashtut.triton.forward`` and ``flashtut.triton.backward``, their search
+space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once
+per (GPU generation, dtype, head dim, causal, length class); under the Triton interpreter
 (``TRITON_INTERPRET=1`` set before the first ``import triton``) they run on CPU tensors with
 one tiny fixed configuration.
 """
@@ -20,18 +20,20 @@ import os
 
 import torch
 
-from .checks import check_causal, check_like, check_lse, check_qkv, check_scale
-from .triton_configs import TileConfig
+from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..constants import LOG2E
+from . import configs
+from .configs import TileConfig
 
 try:  # the kernels need triton; importing flashtut does not
-    import triton
-    from . import triton_bwd, triton_configs, triton_fwd
+    import triton  # absolute: the real triton package, not this flashtut.triton
+
+    from . import backward, forward
     _IMPORT_ERROR = None
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides triton
     triton = None
     _IMPORT_ERROR = exc
 
-LOG2E = 1.4426950408889634
 #: dtypes the kernels accept (float64 has no fast tensor-core path in Triton: use tiled_attention)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest head dimension; smaller ones are padded to the next power of two (at least 16)
@@ -44,7 +46,7 @@ def interpreting() -> bool:
     if triton is None:
         return False
     from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(triton_fwd.attn_fwd_kernel, InterpretedFunction)
+    return isinstance(forward.attn_fwd_kernel, InterpretedFunction)
 
 
 def _require_runtime(t: torch.Tensor) -> None:
@@ -123,17 +125,17 @@ _TUNED: dict = {}
 def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
     """The autotuner for ``kernel`` on this GPU generation, dtype class and head-dim class.
     Its key adds the length class, ``CAUSAL`` and (Triton adds it itself) the tensors' dtypes."""
-    gen = triton_configs.generation(capability)
-    space = triton_configs.search_space(kernel, capability, fp32, block_d)
+    gen = configs.generation(capability)
+    space = configs.search_space(kernel, capability, fp32, block_d)
     key = (kernel, gen, fp32, tuple(space))   # one autotuner per distinct search space
     if key not in _TUNED:
-        configs = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
-                                 num_warps=c.num_warps, num_stages=c.num_stages) for c in space]
+        candidates = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                                    num_warps=c.num_warps, num_stages=c.num_stages) for c in space]
 
         def bench(fn, quantiles):  # shorter than the default 25 ms + 100 ms per config
             return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
 
-        _TUNED[key] = triton.autotune(configs=configs, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+        _TUNED[key] = triton.autotune(configs=candidates, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
                                       do_bench=bench)(jit_fn)
     return _TUNED[key]
 
@@ -142,18 +144,18 @@ _FORCED: dict = {}
 
 
 @contextlib.contextmanager
-def use_configs(**configs):
+def use_configs(**pinned):
     """Run the kernels with fixed configurations instead of autotuning, e.g.
     ``with use_configs(fwd=TileConfig(128, 64, 8, 3)): ...`` (keys ``fwd``, ``dkdv``, ``dq``).
     For experiments in the chapter and for tests that check every configuration."""
-    unknown = set(configs) - {"fwd", "dkdv", "dq"}
+    unknown = set(pinned) - {"fwd", "dkdv", "dq"}
     if unknown:
         raise ValueError(f"use_configs takes fwd, dkdv and dq, got {sorted(unknown)}")
-    for name, cfg in configs.items():
+    for name, cfg in pinned.items():
         if not isinstance(cfg, TileConfig):
             raise TypeError(f"use_configs: {name} must be a TileConfig, got {type(cfg).__name__}")
     saved = dict(_FORCED)
-    _FORCED.update(configs)
+    _FORCED.update(pinned)
     try:
         yield
     finally:
@@ -166,10 +168,10 @@ def _fixed_config(kernel: str, dtype, device, block_d: int):
     if kernel in _FORCED:
         return _FORCED[kernel]
     if interpreting():
-        return triton_configs.INTERPRETER[kernel]
+        return configs.INTERPRETER[kernel]
     if os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1") == "0":   # e.g. quick GPU tests
         cap = torch.cuda.get_device_capability(device)
-        return triton_configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
+        return configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
     return None
 
 
@@ -218,9 +220,9 @@ def _forward(q, k, v, causal: bool, scale: float):
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     block_d = _block_d(D)
     args = [q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            H, Nq, Nk, D, scale * LOG2E, triton_configs.length_bucket(max(Nq, Nk))]
+            H, Nq, Nk, D, scale * LOG2E, configs.length_bucket(max(Nq, Nk))]
     meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
-    _launch("fwd", triton_fwd.attn_fwd_kernel, Nq, B * H, args, meta, q.dtype, q.device)
+    _launch("fwd", forward.attn_fwd_kernel, Nq, B * H, args, meta, q.dtype, q.device)
     return o, lse
 
 
@@ -234,18 +236,18 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     pre_block = 16 if interpreting() else 128
     grid = (triton.cdiv(Nq, pre_block), B * H)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        triton_bwd.bwd_preprocess_kernel[grid](o, do, delta, *_strides(o), *_strides(do), H, Nq, D,
+        backward.bwd_preprocess_kernel[grid](o, do, delta, *_strides(o), *_strides(do), H, Nq, D,
                                                BLOCK_M=pre_block, BLOCK_D=block_d)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    bucket = triton_configs.length_bucket(max(Nq, Nk))
+    bucket = configs.length_bucket(max(Nq, Nk))
     meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
     common = [H, Nq, Nk, D, scale, scale * LOG2E, bucket]
-    _launch("dkdv", triton_bwd.bwd_dkdv_kernel, Nk, B * H,
+    _launch("dkdv", backward.bwd_dkdv_kernel, Nk, B * H,
             [q, k, v, do, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
              *_strides(do), *_strides(dk), *_strides(dv), *common], meta, q.dtype, q.device)
-    _launch("dq", triton_bwd.bwd_dq_kernel, Nq, B * H,
+    _launch("dq", backward.bwd_dq_kernel, Nq, B * H,
             [q, k, v, do, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
              *_strides(do), *_strides(dq), *common], meta, q.dtype, q.device)
     return dq, dk, dv

@@ -19,6 +19,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..constants import LN2, LOG2E
+
+# @triton.jit code reads module globals only when they are tl.constexpr
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
+
 
 @triton.jit
 def _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
@@ -106,7 +112,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE,
                                   qk_scale, BLOCK_N, True, CAUSAL, PAD_D, DOT_PREC)
 
     acc = acc / l_i[:, None]                                        # normalise once, at the end
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453            # base 2 -> natural log
+    lse = (m_i + tl.math.log2(l_i)) * LN2_C                         # base 2 -> natural log
     row_ok = offs_m < n_q
     tl.store(LSE + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]

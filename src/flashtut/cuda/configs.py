@@ -1,0 +1,270 @@
+"""Launch configurations and budgets of the CUDA kernels, for every GPU architecture.
+
+Everything here is arithmetic on the kernels' tile shapes and the GPUs' published limits: no GPU,
+no CuPy. The runtime (``flashtut.cuda.attention``) asks these functions what to build and launch
+on the GPU it runs on; the CI compile test asks them what the runtime would build on a T4 (sm_75),
+an A100 (sm_80) and an H100/H200 (sm_90), and compiles exactly that; chapter 08 does its register
+and shared-memory budgets with them.
+
+Forward: :class:`LaunchConfig` per ladder step (:data:`VARIANTS`), chosen by :func:`launch_config`;
+the fast step's measured tile shapes are :data:`V3_TILES`. Backward: :class:`BackwardConfig`,
+chosen by :func:`pick_config`; :func:`kernel_builds` lists its kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..hardware import GPUS
+
+#: the forward ladder, in order: variant name -> what that step adds (the benchmark discovers
+#: the ladder from this dict; ``flashtut.cuda.attention.cuda_forward(..., variant=name)`` runs a step)
+VARIANTS = {
+    "v1": "one thread per query row, K/V tiles in shared memory, float32 CUDA-core math",
+    "v2": "a warp per 16 query rows, both products on tensor cores (mma.sync), P kept in registers",
+    "v3": "cp.async double buffering, ldmatrix, swizzled shared memory, exp2, causal tile skipping, "
+          "tile shapes chosen per head dim by measurement",
+}
+
+#: the variant ``cuda_attention`` uses
+FAST_VARIANT = "v3"
+
+#: element type -> the defines that select it in every kernel file (bfloat16 needs sm_80 or newer)
+DTYPE_DEFINES = {torch.float16: {"FT_BF16": 0}, torch.bfloat16: {"FT_BF16": 1}}
+#: dtypes the kernels take
+DTYPES = tuple(DTYPE_DEFINES)
+#: head dims the kernels are built for
+HEAD_DIMS = (64, 128)
+
+
+def _smem_by_arch() -> tuple[dict, dict]:
+    # the book's reference GPUs (flashtut.hardware: T4, A100, H100/H200), plus sm_86/89 (A10, L4:
+    # 99 KB per block, 100 KB per SM, from the CUDA guide's compute-capability table)
+    per_block, per_sm = {86: 99 * 1024, 89: 99 * 1024}, {86: 100 * 1024, 89: 100 * 1024}
+    for gpu in GPUS.values():
+        arch = 10 * gpu.compute_capability[0] + gpu.compute_capability[1]
+        per_block.setdefault(arch, gpu.smem_per_block_kib * 1024)
+        per_sm.setdefault(arch, gpu.smem_per_sm_kib * 1024)
+    return dict(sorted(per_block.items())), dict(sorted(per_sm.items()))
+
+
+#: opt-in shared memory per block, and shared memory per SM, of a typical GPU of each architecture
+#: (75, 80, 86, 89, 90): lets CI build exactly the configurations those GPUs would run, without them
+SMEM_PER_BLOCK, SMEM_PER_SM = _smem_by_arch()
+
+
+# -- forward ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one ladder step is built and launched for one (GPU, dtype, head dim)."""
+    source: str          # .cu file in flashtut/cuda/kernels
+    kernel: str          # extern "C" name
+    defines: tuple       # sorted (name, value) pairs passed as -D
+    block_m: int         # query rows per block
+    threads: int         # threads per block
+    dynamic_smem: int    # bytes of dynamic shared memory (0: static only)
+
+    @property
+    def define_dict(self) -> dict:
+        return dict(self.defines)
+
+
+#: the fast kernel's tile shapes, (warps, keys per K/V tile, 16-row m-tiles per warp), fastest
+#: first, as measured on an H200 (book/data/cuda_tiles_h200.json, book/perflog_cuda.md): at D = 128
+#: 8 warps of 16 rows with 128-key tiles; at D = 64, 4 warps of 32 rows, so that every K and V
+#: fragment read from shared memory feeds two MMAs
+V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)]}
+
+
+def v3_candidates(head_dim: int, arch: int):
+    """(warps, block_n, m_tiles, stages) in order of preference: every measured tile shape
+    double-buffered first, then single-buffered; before sm_80 there is no cp.async, so a second
+    buffer would buy nothing and only single buffers are tried."""
+    tiles = V3_TILES.get(head_dim, [(8, 64, 1), (4, 64, 1)])
+    stages = (2, 1) if arch >= 80 else (1,)
+    return [(w, n, mt, st) for st in stages for (w, n, mt) in tiles]
+
+
+def v3_smem_bytes(head_dim: int, warps: int, stages: int, block_n: int = 64, elem: int = 2,
+                  m_tiles: int = 1) -> int:
+    """Q tile (16 rows per m-tile per warp) + ``stages`` K tiles + ``stages`` V tiles, each row
+    ``head_dim`` 16-bit values."""
+    return (16 * m_tiles * warps + 2 * stages * block_n) * head_dim * elem
+
+
+def launch_config(variant: str, dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
+                  warps: int | None = None, block_n: int | None = None,
+                  m_tiles: int | None = None) -> LaunchConfig:
+    """The build and launch parameters of ``variant`` for this GPU (``arch`` = 75, 80, 90 ...).
+
+    For ``v3``, ``warps``, ``block_n`` (keys per K/V tile) and ``m_tiles`` (16-row tiles per warp)
+    override the defaults (8 warps, 64 keys, one m-tile; warps shrunk until the tiles fit
+    ``smem_limit``)."""
+    base = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim}
+    if (warps is not None or block_n is not None or m_tiles is not None) and variant != "v3":
+        raise ValueError(f"warps, block_n and m_tiles apply to variant 'v3' only, got variant {variant!r}")
+    if variant == "v1":
+        return LaunchConfig("fwd_v1_rows.cu", "flash_fwd_v1", tuple(sorted(base.items())), 64, 64, 0)
+    if variant == "v2":
+        return LaunchConfig("fwd_v2_mma.cu", "flash_fwd_v2", tuple(sorted({**base, "V2_WARPS": 4}.items())),
+                            64, 128, 0)
+    if variant == "v3":
+        if warps is not None and warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps!r}")
+        if block_n is not None and block_n not in (16, 32, 64, 128):
+            raise ValueError(f"block_n must be 16, 32, 64 or 128, got {block_n!r}")
+        if m_tiles is not None and m_tiles not in (1, 2):
+            raise ValueError(f"m_tiles must be 1 or 2, got {m_tiles!r}")
+        stages = (2, 1) if arch >= 80 else (1,)
+        if warps is None and block_n is None and m_tiles is None:
+            candidates = v3_candidates(head_dim, arch)
+        else:  # an experiment: what is not given keeps the plain defaults (8 or 4 warps, 64 keys, 1 m-tile)
+            candidates = [(w, block_n or 64, m_tiles or 1, st) for st in stages
+                          for w in ((8, 4) if warps is None else (warps,))]
+        for w, bn, mt, st in candidates:
+            smem = v3_smem_bytes(head_dim, w, st, bn, m_tiles=mt)
+            if smem <= smem_limit:
+                d = {**base, "V3_WARPS": w, "V3_STAGES": st, "V3_BLOCK_N": bn}
+                if mt != 1:
+                    d["V3_MT"] = mt
+                return LaunchConfig("fwd_v3_fast.cu", "flash_fwd_v3", tuple(sorted(d.items())),
+                                    16 * mt * w, 32 * w, smem)
+        raise RuntimeError(f"fwd_v3 with warps={warps}, block_n={block_n}, m_tiles={m_tiles} needs more than "
+                           f"the {smem_limit} bytes of shared memory per block this GPU allows at head dim {head_dim}")
+    raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+
+
+def forward_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfig]:
+    """Every (variant, dtype, head dim) build the runtime makes on a GPU of ``arch``."""
+    limit = SMEM_PER_BLOCK.get(arch, 48 * 1024) if smem_limit is None else smem_limit
+    dtypes = [torch.float16] + ([torch.bfloat16] if arch >= 80 else [])
+    return [launch_config(variant, dt, d, arch, limit)
+            for variant in VARIANTS for dt in dtypes for d in HEAD_DIMS]
+
+
+def register_budget(variant: str, head_dim: int, block_n: int = 64, m_tiles: int = 1) -> dict:
+    """32-bit registers per thread that each step's arrays need (what ptxas reports adds
+    addresses, loop counters and temporaries on top). The hardware allows 255 per thread.
+    ``m_tiles`` (v3): 16-row tiles per warp; every array but the K/V fragments grows with it."""
+    if variant == "v1":
+        return {"o row (float32)": head_dim, "m, l": 2}
+    if variant in ("v2", "v3"):
+        mt = m_tiles if variant == "v3" else 1
+        q = ({"Q fragments (2 x 16-bit each)": mt * head_dim // 16 * 4} if mt * head_dim <= 128
+             else {"Q fragments of one k-step (re-read from shared memory)": mt * 4})
+        return {
+            **q,
+            "S accumulators (float32)": mt * block_n // 8 * 4,
+            "P fragments (2 x 16-bit each)": mt * block_n // 16 * 4,
+            "O accumulators (float32)": mt * head_dim // 8 * 4,
+            "m, l for 2 rows": mt * 4,
+        }
+    raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+
+
+def shared_memory_budget(variant: str, head_dim: int, arch: int, smem_limit: int | None = None) -> dict:
+    """Bytes of shared memory per block of ``variant`` on a GPU of ``arch`` and how many blocks
+    of it fit on one SM by shared memory alone."""
+    limit = SMEM_PER_BLOCK.get(arch, 48 * 1024) if smem_limit is None else smem_limit
+    cfg = launch_config(variant, torch.float16, head_dim, arch, limit)
+    if variant == "v1":
+        bn = 32
+        smem = 2 * bn * head_dim * 2 + head_dim * 64 * 2 + bn * 64 * 4
+    elif variant == "v2":
+        smem = 2 * 64 * head_dim * 2
+    else:
+        smem = cfg.dynamic_smem
+    per_sm = SMEM_PER_SM.get(arch, limit)
+    return {"variant": variant, "arch": f"sm_{arch}", "head_dim": head_dim, "threads": cfg.threads,
+            "block_m": cfg.block_m, "smem_bytes": smem, "blocks_per_sm_by_smem": per_sm // smem,
+            "defines": cfg.define_dict}
+
+
+# -- backward ---------------------------------------------------------------------------------
+
+#: rows per block of the preprocessing kernel (one warp per row)
+PRE_WARPS = 4
+#: atomic-dQ variant: threads per block of the float32 -> 16-bit dQ copy
+CONVERT_THREADS = 256
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tile sizes and dQ strategy of one build: the defines of ``bwd_dkdv.cu`` and ``bwd_dq.cu``."""
+
+    head_dim: int
+    stages: int            # 2: prefetch the next tile with cp.async (sm_80+), 1: load, then compute
+    dkdv_block_m: int      # queries per step of the dK/dV kernel (its key block is 16 * warps)
+    dq_block_n: int        # keys per step of the dQ kernel (its query block is 16 * warps)
+    warps: int = 4         # per block, in both main kernels; each warp owns 16 rows
+    dq_atomic: bool = False  # True: dK/dV kernel adds dQ into float32 with atomics, no dQ pass
+
+    @property
+    def row_bytes(self) -> int:      # one padded shared-memory row of 16-bit elements
+        return (self.head_dim + 8) * 2
+
+    @property
+    def dkdv_smem(self) -> int:
+        keys = 16 * self.warps
+        kv = 2 * keys * self.row_bytes
+        ds = keys * (self.dkdv_block_m + 8) * 2 if self.dq_atomic else 0
+        stage = 2 * self.dkdv_block_m * self.row_bytes + 2 * self.dkdv_block_m * 4
+        return kv + ds + self.stages * stage
+
+    @property
+    def dq_smem(self) -> int:        # 0 in the atomic variant: there is no dQ kernel
+        if self.dq_atomic:
+            return 0
+        qdo = 2 * 16 * self.warps * self.row_bytes
+        return qdo + self.stages * 2 * self.dq_block_n * self.row_bytes
+
+
+def pick_config(head_dim: int, arch: int, smem_limit: int) -> BackwardConfig:
+    """The largest tiles that fit ``smem_limit`` bytes per block on compute capability ``arch``
+    (e.g. 90): D = 128 needs 103 KB on an H200 (two blocks per SM), 51 KB on a T4 (64 KB max)."""
+    stages = 2 if arch >= 80 else 1            # no cp.async before sm_80: nothing to overlap
+    for block in (64, 32, 16):
+        for st in sorted({stages, 1}, reverse=True):
+            cfg = BackwardConfig(head_dim, st, block, block)
+            if max(cfg.dkdv_smem, cfg.dq_smem) <= smem_limit:
+                return cfg
+    raise RuntimeError(f"no backward tile configuration for head dim {head_dim} fits "
+                       f"{smem_limit} bytes of shared memory per block")
+
+
+def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[str, str, dict]]:
+    """What one backward with ``cfg`` compiles and launches: step name -> (source file in
+    ``flashtut/cuda/kernels``, kernel name, defines)."""
+    base = {"HEAD_DIM": cfg.head_dim, **DTYPE_DEFINES[dtype]}
+    builds = {
+        "preprocess": ("bwd_preprocess.cu", "attn_bwd_preprocess", {**base, "PRE_WARPS": PRE_WARPS}),
+        "dkdv": ("bwd_dkdv.cu", "attn_bwd_dkdv",
+                 {**base, "DKDV_WARPS": cfg.warps, "DKDV_BLOCK_M": cfg.dkdv_block_m,
+                  "DKDV_STAGES": cfg.stages, "DKDV_DQ_ATOMIC": int(cfg.dq_atomic)}),
+    }
+    if cfg.dq_atomic:
+        builds["dq_convert"] = ("bwd_dq_convert.cu", "attn_bwd_dq_convert", base)
+    else:
+        builds["dq"] = ("bwd_dq.cu", "attn_bwd_dq",
+                        {**base, "DQ_WARPS": cfg.warps, "DQ_BLOCK_N": cfg.dq_block_n,
+                         "DQ_STAGES": cfg.stages})
+    return builds
+
+
+def backward_builds(arch: int) -> list[tuple[str, dict]]:
+    """Every (source, defines) the backward compiles on an sm_``arch`` GPU with the default tiles,
+    for both dQ strategies: the CI compile test builds exactly these."""
+    if arch not in SMEM_PER_BLOCK:
+        raise ValueError(f"arch must be one of {sorted(SMEM_PER_BLOCK)}, got {arch!r}")
+    out: list[tuple[str, dict]] = []
+    for dtype in (DTYPES if arch >= 80 else (torch.float16,)):
+        for d in HEAD_DIMS:
+            cfg = pick_config(d, arch, SMEM_PER_BLOCK[arch])
+            for atomic in (False, True):
+                for source, _, defines in kernel_builds(replace(cfg, dq_atomic=atomic), dtype).values():
+                    if (source, defines) not in out:
+                        out.append((source, defines))
+    return out
