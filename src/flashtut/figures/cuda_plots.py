@@ -190,3 +190,90 @@ def fast_vs_sdpa(rows, D: int = 128, key: str = "fwd_tflops"):
     ax.set_title(f"fast CUDA kernel (solid) vs SDPA flash (dashed), D = {D}")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     return fig
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def warp_tiles(block_m: int = 64, block_n: int = 64, warps: int = 4, mma_m: int = 16, mma_n: int = 8):
+    """The bridge from a Triton ``tl.dot`` to chapter 8: a ``block_m x block_n`` score tile split
+    into one strip of rows per warp, and one warp's strip cut into the ``mma_m x mma_n`` tiles of
+    ``mma.sync`` (each one instruction per step of k). Returns the ``Figure``."""
+    for name, val in (("block_m", block_m), ("block_n", block_n), ("warps", warps), ("mma_m", mma_m),
+                      ("mma_n", mma_n)):
+        _positive(name, val)
+    if block_m % (warps * mma_m) or block_n % mma_n:
+        raise ValueError(f"block_m ({block_m}) must be a multiple of warps * mma_m ({warps * mma_m}) "
+                         f"and block_n ({block_n}) of mma_n ({mma_n})")
+    rows = block_m // warps
+    fig, ax = subplots(figsize=(7.0, 4.6))
+    for w in range(warps):
+        y = block_m - (w + 1) * rows
+        ax.add_patch(Rectangle((0, y), block_n, rows, facecolor=PALETTE[w % len(PALETTE)], alpha=0.35,
+                               edgecolor=INK, linewidth=1.2))
+        ax.text(block_n + 1, y + rows / 2, f"warp {w}: rows {w * rows}..{(w + 1) * rows - 1}",
+                va="center", fontsize=10, color=INK)
+    y0 = block_m - rows                                    # warp 0's strip, cut into mma tiles
+    for r in range(rows // mma_m):
+        for c in range(block_n // mma_n):
+            ax.add_patch(Rectangle((c * mma_n, y0 + rows - (r + 1) * mma_m), mma_n, mma_m, fill=False,
+                                   edgecolor=INK, linewidth=0.6))
+    ax.text(mma_n / 2, block_m - mma_m / 2, f"{mma_m}×{mma_n}", ha="center", va="center", fontsize=8,
+            color=INK)
+    ax.set_xlim(0, block_n * 1.75)
+    ax.set_ylim(0, block_m)
+    ax.set_aspect("equal")
+    ax.set_xticks([0, block_n])
+    ax.set_yticks([0, block_m])
+    ax.set_xlabel(f"keys of the tile (block_n = {block_n})")
+    ax.set_ylabel(f"query rows (block_m = {block_m})")
+    ax.grid(False)
+    ax.set_title(f"S = Q Kᵀ for one tile: {warps} warps, warp 0 cut into mma.sync "
+                 f"m{mma_m}n{mma_n} tiles", loc="left", fontsize=10)
+    return fig
+
+
+def pipeline_timeline(n_tiles: int = 4, stages: int = 2):
+    """Load, compute and barrier of the key/value loop, one row per kind of work and one block per
+    tile: without overlap (each tile's load waits for the previous tile's compute) and with
+    ``stages``-deep ``cp.async`` buffering (tile ``j + 1`` loads while tile ``j`` computes).
+    Durations are illustrative: a load as long as the compute of a tile. Returns the ``Figure``."""
+    _positive("n_tiles", n_tiles)
+    _positive("stages", stages)
+    if stages < 2:
+        raise ValueError(f"stages must be at least 2 for any overlap, got {stages}")
+    load, mm1, soft, mm2 = 1.0, 0.4, 0.3, 0.4
+    comp = mm1 + soft + mm2
+    fig, axes = subplots(2, 1, figsize=(8.0, 4.2), sharex=True)
+    lanes = {"load K_j, V_j (cp.async)": 2, "S = Q K_jᵀ, O += P V_j (mma)": 1, "softmax": 0}
+    for ax, overlap in zip(axes, (False, True)):
+        t_load_end, comp_ends = [], []
+        comp_end = 0.0
+        for j in range(n_tiles):
+            if overlap:   # a buffer frees when the tile `stages` back has been computed
+                free = comp_ends[j - stages] if j >= stages else 0.0
+                start = max(t_load_end[j - 1] if j else 0.0, free)
+            else:
+                start = comp_end
+            t_load_end.append(start + load)
+            c0 = max(t_load_end[j], comp_end)
+            color = PALETTE[j % len(PALETTE)]
+            ax.broken_barh([(start, load)], (2 - 0.35, 0.7), facecolors=color, edgecolor=INK, lw=0.5)
+            ax.broken_barh([(c0, mm1), (c0 + mm1 + soft, mm2)], (1 - 0.35, 0.7), facecolors=color,
+                           edgecolor=INK, lw=0.5)
+            ax.broken_barh([(c0 + mm1, soft)], (-0.35, 0.7), facecolors=color, edgecolor=INK, lw=0.5)
+            ax.axvline(c0, color=INK, lw=0.6, ls=":")      # __syncthreads: the tile is in shared memory
+            ax.text(start + load / 2, 2, f"j={j}", ha="center", va="center", fontsize=9)
+            comp_end = c0 + comp
+            comp_ends.append(comp_end)
+        ax.set_yticks(list(lanes.values()), list(lanes.keys()))
+        ax.set_title(("with " + f"{stages}-stage cp.async buffering: the next tile loads during this one's math"
+                      if overlap else "no overlap: every load waits for the previous tile's math"),
+                     loc="left", fontsize=10)
+        ax.set_xlim(0, n_tiles * (load + comp) + 0.2)
+        ax.grid(False)
+    axes[1].set_xlabel("time (one tile's load = 1; dotted lines: barriers)")
+    return fig
