@@ -59,3 +59,10 @@ def test_show_table_renders_markdown():
 
     md = show_table(["a", "b|c"], [[1, "x|y"]]).data
     assert md.splitlines()[0].startswith("| a") and "x\\|y" in md and md.count("\n") == 2
+
+
+def test_diagram_figures_return_figures():
+    for make in (cuda_plots.ldmatrix_lanes, cuda_plots.backward_dataflow):
+        fig = make()
+        assert isinstance(fig, Figure)
+        plt.close(fig)

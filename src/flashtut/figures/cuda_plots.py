@@ -277,3 +277,73 @@ def pipeline_timeline(n_tiles: int = 4, stages: int = 2):
         ax.grid(False)
     axes[1].set_xlabel("time (one tile's load = 1; dotted lines: barriers)")
     return fig
+
+
+def ldmatrix_lanes():
+    """``ldmatrix.sync.aligned.m8n8.x4``: which lane gives the shared-memory address of which
+    16-byte row of a 16x16 half-precision operand (left), and which lane receives which two
+    elements of one 8x8 matrix (right; register ``r_i`` of every lane holds matrix ``i``)."""
+    fig, (ax_a, ax_r) = subplots(1, 2, figsize=(10.0, 4.8), gridspec_kw={"width_ratios": [1.35, 1]})
+    for m in range(4):                        # matrix m: rows 8*(m % 2).., columns 8*(m // 2)..
+        r0, c0 = 8 * (m % 2), 8 * (m // 2)
+        for r in range(8):
+            lane = 8 * m + r
+            ax_a.add_patch(Rectangle((c0, 15 - (r0 + r)), 8, 1, facecolor=PALETTE[m], alpha=0.45,
+                                     edgecolor=INK, linewidth=0.5))
+            ax_a.text(c0 + 4, 15 - (r0 + r) + 0.5, f"lane {lane} → row {r0 + r}, cols {c0}..{c0 + 7}",
+                      ha="center", va="center", fontsize=7, color="black")
+        ax_a.text(c0 + 4, 16.4 if m % 2 == 0 else -1.1, f"matrix {m} → r{m}", ha="center",
+                  fontsize=9, color=INK)
+    ax_a.set_xlim(-0.5, 16.5)
+    ax_a.set_ylim(-1.8, 17.2)
+    ax_a.set_title("addresses: one 16-byte row per lane", loc="left", fontsize=10)
+    ax_r.set_title("delivered: matrix 0 into r0 of each lane", loc="left", fontsize=10)
+    for ax in (ax_a, ax_r):
+        ax.set_aspect("equal")
+        ax.axis("off")
+    labels = [[f"T{4 * r + c // 2}" for c in range(8)] for r in range(8)]
+    colors = [[_lane_color(4 * r + c // 2) for c in range(8)] for r in range(8)]
+    _grid(ax_r, 8, 8, colors, labels, fontsize=7)
+    ax_r.set_xlim(-0.2, 8.2)
+    ax_r.set_ylim(-0.8, 8.6)
+    ax_r.text(4, -0.6, "lane t holds row t / 4, columns 2 (t mod 4) and 2 (t mod 4) + 1",
+              ha="center", fontsize=8, color=INK)
+    return fig
+
+
+def backward_dataflow():
+    """The backward pass of chapters 6 to 8 as data flow: what each kernel reads from HBM, what it
+    recomputes on chip, and what it writes. Returns the ``Figure``."""
+    fig, ax = subplots(figsize=(9.0, 5.0))
+    ax.axis("off")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6)
+
+    def box(x, y, w, h, text, color):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.3, edgecolor=INK, linewidth=1))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9, color="black")
+
+    def arrow(x0, y0, x1, y1):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=12,
+                                     color=INK, linewidth=1))
+
+    ax.text(0.1, 5.7, "HBM", fontsize=10, color=INK, weight="bold")
+    ax.text(3.4, 5.7, "on chip, per tile", fontsize=10, color=INK, weight="bold")
+    ax.text(8.3, 5.7, "HBM", fontsize=10, color=INK, weight="bold")
+    box(0.1, 4.3, 2.2, 1.0, "O, dO", PALETTE[7])
+    box(0.1, 2.6, 2.2, 1.2, "Q, K, V, dO,\nlse, Δ", PALETTE[7])
+    box(0.1, 0.5, 2.2, 1.2, "Q, K, V, dO,\nlse, Δ", PALETTE[7])
+    box(3.2, 4.3, 4.3, 1.0, "preprocess: Δ = rowsum(dO ∘ O)", PALETTE[5])
+    box(3.2, 2.2, 4.3, 1.9, "dK, dV kernel (one block per key block)\nP = exp(scale · Q Kᵀ − lse)\n"
+        "dV += Pᵀ dO,  dP = dO Vᵀ\ndS = P ∘ (dP − Δ),  dK += scale · dSᵀ Q", PALETTE[0])
+    box(3.2, 0.2, 4.3, 1.7, "dQ kernel (one block per query block)\nP, dP, dS recomputed\n"
+        "dQ += scale · dS K", PALETTE[1])
+    box(8.3, 4.3, 1.6, 1.0, "Δ", PALETTE[7])
+    box(8.3, 2.6, 1.6, 1.2, "dK, dV", PALETTE[7])
+    box(8.3, 0.5, 1.6, 1.2, "dQ", PALETTE[7])
+    for y in (4.8, 3.2, 1.1):
+        arrow(2.3, y, 3.2, y)
+        arrow(7.5, y, 8.3, y)
+    ax.set_title("the backward: Δ first, then two kernels that recompute P from the log-sum-exp",
+                 loc="left", fontsize=10)
+    return fig
