@@ -347,3 +347,13 @@ def test_traffic_ratio_is_about_m_over_2d2_as_the_glossary_says():
     t4 = GPUS["T4"].smem_per_block_kib * 1024 // 2
     assert io.hbm_traffic("standard", 16384, 128).elements == pytest.approx(
         io.hbm_traffic("flash2", 16384, 128, t4).elements, rel=0.01)
+
+
+def test_ch04_merge_checker_catches_a_merge_without_the_empty_guard():
+    def no_guard(m_a, d_a, m_b, d_b):
+        m = torch.maximum(m_a, m_b)
+        return m, d_a * torch.exp(m_a - m) + d_b * torch.exp(m_b - m)   # nan where both are empty
+
+    res = ch04.check_merge(no_guard)
+    assert not res and "got nan, expected 0" in res.message
+    assert ch04.check_merge(ch04.solution_merge) and ch04.check_merge(flashtut.merge_softmax_states)

@@ -54,7 +54,8 @@ def compare(actual, expected, atol: float = 1e-5, rtol: float = 1e-5, name: str 
     e = expected.detach().to("cpu", torch.float64)
     n = e.numel()
     diff = (a - e).abs()
-    bad = ~(diff <= atol + rtol * e.abs())          # NaN compares False, so NaN counts as bad
+    # NaN compares False, so NaN counts as bad; equal infinities (an empty state's -inf) match
+    bad = ~((diff <= atol + rtol * e.abs()) | (a == e))
     n_bad = int(bad.sum())
     finite = torch.isfinite(diff)
     max_err = float(diff[finite].max()) if bool(finite.any()) else float("nan")
