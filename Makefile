@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test test-fast gpu-test bench clean venv
+.PHONY: book test test-fast gpu-test gpu-check bench clean venv
 
 venv: $(STAMP)
 
@@ -36,5 +36,16 @@ test-fast: $(STAMP)
 gpu-test:
 	PYTHONPATH=src FLASHTUT_TRITON_AUTOTUNE=0 $(PYTHON) -m pytest -m gpu -q -rfE
 
+# the default benchmark sweep of this machine (the protocol on a GPU, a scaled-down one on the CPU),
+# then its figures
+bench: $(STAMP)
+	$(BIN)/python -m flashtut.bench run --out bench-results.json
+	$(BIN)/python -m flashtut.figures plot bench-results.json --out-dir bench-figures
+
+# the whole GPU check (tests, compute-sanitizer, protocol sweep; STAGES= picks) into $(OUT)
+OUT ?= .gpu_out
+gpu-check:
+	OUT=$(OUT) bash tools/gpu_check.sh
+
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache bench-figures

@@ -45,11 +45,11 @@ def test_help_lists_the_subcommands(capsys):
         cli.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for word in ("run", "memory", "roofline", "plot", "list", "examples:"):
+    for word in ("run", "memory", "roofline", "host", "list", "examples:", "python -m flashtut.figures plot"):
         assert word in out
 
 
-@pytest.mark.parametrize("sub", ["list", "run", "memory", "roofline", "plot"])
+@pytest.mark.parametrize("sub", ["list", "run", "memory", "roofline", "host"])
 def test_each_subcommand_has_help(sub, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([sub, "--help"])
@@ -96,11 +96,26 @@ def test_run_writes_checked_rows_with_provenance(tmp_path, capsys):
     (["run", "-N", "0"], "expected a positive integer, got 0"),
     (["run", "-N", "-5"], "expected a positive integer, got -5"),
     (["run", "--mode", "sideways"], "unknown mode 'sideways'"),
-    (["run", "--scale", "0"], "expected a positive number"),
+    (["run", "--scale", "0"], "expected a positive finite number"),
+    (["run", "--scale", "inf"], "expected a positive finite number, got 'inf'"),
+    (["run", "--scale", "nan"], "expected a positive finite number, got 'nan'"),
+    (["run", "--warmup-ms", "inf"], "expected a positive finite number, got 'inf'"),
+    (["run", "--warmup-ms", "1e300"], "expected at most 60000 ms"),
+    (["run", "--rep-ms", "-1"], "expected a positive finite number, got '-1'"),
+    (["run", "--ref-budget-gib", "nan"], "expected a positive finite number"),
+    (["run", "--seed", str(2**64)], "expected a seed from 0 to 2**63 - 1"),
+    (["run", "--seed", "-1"], "expected a seed from 0 to 2**63 - 1"),
+    (["run", "--seed", "1.5"], "expected an integer seed, got '1.5'"),
+    (["run", "--threads", str(10**9)], "expected at most 4096 threads"),
+    (["memory", "--seed", str(2**70)], "expected a seed from 0 to 2**63 - 1"),
+    (["roofline", "--warmup-ms", "inf"], "expected a positive finite number, got 'inf'"),
+    (["roofline", "--copy-mib", "0"], "expected a positive integer, got 0"),
+    (["host", "--calls", "-3"], "expected a positive integer, got -3"),
+    (["run", "-N", str(2**40)], "expected a positive integer up to 2**31 - 1"),
+    (["memory", "--n-max", str(10**20)], "expected a positive integer up to 2**31 - 1"),
     (["run", "--heads", "2", "--hidden", "64"], "not allowed with argument"),
     (["memory", "--n-min", "64", "--n-max", "32"], "--n-min (64) must not exceed --n-max (32)"),
     (["roofline", "--dtype", "int4"], "unknown matmul dtype 'int4'"),
-    (["plot", "/nonexistent/results.json"], "No such file"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_arguments_exit_nonzero_with_a_message(argv, message, capsys):
@@ -393,9 +408,11 @@ def _fake_gpu_rows():
 
 
 def test_plot_writes_every_figure_from_json(tmp_path, capsys):
+    from flashtut.figures.__main__ import main as figures_main
+
     src = save_results(tmp_path / "gpu.json", "speed", _fake_gpu_rows(), collect("cpu", ["run"]))
     outdir = tmp_path / "fig"
-    rc = cli.main(["plot", str(src), "--out-dir", str(outdir), "--format", "png"])
+    rc = figures_main(["plot", str(src), "--out-dir", str(outdir), "--format", "png"])
     text = capsys.readouterr().out
     assert rc == 0
     names = sorted(p.name for p in outdir.iterdir())
@@ -408,35 +425,184 @@ def test_plot_writes_every_figure_from_json(tmp_path, capsys):
     assert "wrote" in text
 
 
-def test_plot_functions_return_figures_and_read_the_anchor_layout(tmp_path):
+def test_plot_functions_return_figures(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from flashtut.bench import plot
+    from flashtut.figures import bench_plots as plot
 
     rows = _fake_gpu_rows()
     for fig in (plot.speed_figure(rows, D=128, mode="fwd"), plot.memory_figure(rows),
-                plot.ladder_figure(rows), plot.roofline_figure(rows, points=[("attention", 100.0)])):
+                plot.ladder_figure(rows), plot.ladder_figure(rows, causal=(False, True), others=("naive",)),
+                plot.roofline_figure(rows, points=[("attention", 100.0)])):
         assert isinstance(fig, Figure)
+    assert plot.roofs_from_rows(rows) == [("bfloat16", 700.0, 4300.0)]
     ratios = plot.ratio_table(rows)
     assert len(ratios) == 6 and ratios[0]["ratios"]["triton"] == pytest.approx(1.1)
     with pytest.raises(ValueError, match="D=64"):
         plot.speed_figure(rows, D=64)
+    with pytest.raises(ValueError, match="causal"):
+        plot.ladder_figure(rows, causal="yes")
 
+
+def test_a_legacy_layout_is_refused_with_what_is_accepted(tmp_path):
     anchors = {"what": "old layout", "rows": [
         {"impl": "sdpa-flash", "dtype": "float16", "D": 64, "N": 1024, "B": 16, "H": 32, "causal": False,
-         "fwd_tflops": 280.0, "bwd_tflops": 210.0},
-        {"mem": "naive", "N": 2048, "extra_peak_MiB": 640.0},
-        {"mem": "naive", "N": 32768, "extra_peak_MiB": "OOM"}]}
+         "fwd_tflops": 280.0, "bwd_tflops": 210.0}]}
     path = tmp_path / "anchors.json"
     path.write_text(json.dumps(anchors))
-    doc = load_results(path)
-    speed = [r for r in doc["rows"] if r["kind"] == "speed"]
-    assert {(r["mode"], r["tflops"]) for r in speed} == {("fwd", 280.0), ("bwd", 210.0)}
-    mem = [r for r in doc["rows"] if r["kind"] == "memory"]
-    assert [r["status"] for r in mem] == ["ok", "oom"] and mem[0]["peak_extra_bytes"] == 640 * MiB
-    assert isinstance(plot.speed_figure(doc["rows"], D=64, mode="bwd"), Figure)
+    with pytest.raises(ValueError, match="schema None, kind None; accepted: schema 'flashtut.bench/1'"):
+        load_results(path)
+
+
+# ------------------------------------------------------------- output paths and partial results
+def _not_measured(monkeypatch):
+    """Any measurement fails the test: a bad output path must be refused before measuring."""
+    def boom(*a, **k):
+        raise AssertionError("measured although the output path is unusable")
+    for name in ("run_speed", "run_memory", "copy_bandwidth", "matmul_rate"):
+        monkeypatch.setattr(cli, name, boom)
+
+
+@pytest.mark.parametrize("sub", ["run", "memory", "roofline"])
+@pytest.mark.parametrize("where", ["under-a-file", "a-folder", "trailing-slash"])
+def test_unusable_out_paths_exit_2_before_measuring(sub, where, tmp_path, monkeypatch, capsys):
+    _not_measured(monkeypatch)
+    afile = tmp_path / "results.json"
+    afile.write_text("{}")
+    out = {"under-a-file": str(afile / "child.json"), "a-folder": str(tmp_path),
+           "trailing-slash": str(tmp_path / "new") + "/"}[where]
+    with pytest.raises(SystemExit) as e:
+        cli.main([sub, "--device", "cpu", "--out", out])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and ("is a file, not a folder" in err or "is a folder" in err), err
+
+
+def test_figures_out_dir_that_is_a_file_exits_2(tmp_path, capsys):
+    from flashtut.figures.__main__ import main as figures_main
+
+    src = save_results(tmp_path / "gpu.json", "speed", _fake_gpu_rows(), collect("cpu", ["run"]))
+    for out_dir, message in ((src, "is a file"), (src / "sub", "is a file, not a folder")):
+        with pytest.raises(SystemExit) as e:
+            figures_main(["plot", str(src), "--out-dir", str(out_dir)])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        figures_main(["plot", str(src), "--format", "gif"])
+    assert e.value.code == 2 and "unknown format 'gif'" in capsys.readouterr().err
+
+
+def test_what_was_measured_is_written_when_a_later_step_fails(tmp_path, monkeypatch):
+    def broken_table(*a, **k):
+        raise RuntimeError("the table printer broke after the sweep")
+    monkeypatch.setattr(cli, "speed_table", broken_table)
+    out = tmp_path / "partial.json"
+    with pytest.raises(RuntimeError, match="table printer"):
+        cli.main(["run", "--impl", "naive", "-N", "33", "-D", "16", "--heads", "1", "--batch", "1",
+                  "--dtype", "float32", "--causal", "no", *FAST, "--out", str(out)])
+    rows = load_results(out)["rows"]
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+
+
+def test_roofline_rows_are_saved_as_they_are_measured(tmp_path, monkeypatch):
+    out = tmp_path / "roof.json"
+    real = cli.matmul_rate
+    calls = []
+
+    def second_fails(*a, **k):
+        calls.append(a)
+        if len(calls) == 2:
+            assert len(load_results(out)["rows"]) == 2      # the copy and the first matmul are on disk
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(cli, "matmul_rate", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["roofline", "--device", "cpu", "--dtype", "float32,float32", "--copy-mib", "1",
+                  "--matmul-n", "32", "--warmup-ms", "1", "--rep-ms", "2", "--out", str(out)])
+    assert [r["what"] for r in load_results(out)["rows"]] == ["copy", "matmul"]
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"N": "big"}, "row 1: N: got 'big'; accepted: a positive integer"),
+    ({"tflops": -1.0}, "row 1: tflops: got -1.0"),
+    ({"mode": "sideways"}, "row 1: mode: got 'sideways'"),
+    ({"impl": None}, "row 1: impl: got None"),
+    ({"causal": "yes"}, "row 1: causal: got 'yes'"),
+    ({"status": "ok", "tflops": None}, "row 1: tflops: missing"),
+    ({"kind": "weather"}, "row 1: kind: got 'weather'"),
+])
+def test_plot_on_malformed_rows_names_the_row_without_a_traceback(row, why, tmp_path):
+    good = {"kind": "speed", "impl": "naive", "mode": "fwd", "dtype": "float32", "B": 1, "H": 1, "N": 64,
+            "Nq": 64, "Nk": 64, "D": 16, "causal": False, "status": "ok", "tflops": 0.1, "ms": 1.0}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema": "flashtut.bench/1", "kind": "speed", "provenance": {}, "config": {},
+                                "rows": [good, dict(good, **row)]}))
+    res = subprocess.run([sys.executable, "-m", "flashtut.figures", "plot", str(path), "--out-dir",
+                          str(tmp_path / "f")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert why in res.stderr and str(path) in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("content, why", [
+    ("[1, 2]", "has no 'rows' list"),
+    ("{\"rows\": \"x\"}", "has no 'rows' list"),
+    ("not json", "is not valid JSON"),
+    ("{\"schema\": \"flashtut.bench/1\", \"kind\": \"speed\", \"provenance\": 3, \"rows\": []}",
+     "'provenance' must be an object"),
+])
+def test_plot_on_files_that_are_not_results(content, why, tmp_path):
+    from flashtut.figures.__main__ import main as figures_main
+
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit) as e:
+        figures_main(["plot", str(path), "--out-dir", str(tmp_path / "f")])
+    assert e.value.code == 2
+
+
+# -------------------------------------------------------------------- presets of the retired scripts
+def test_presets_carry_their_implementations(tmp_path, capsys):
+    out = tmp_path / "ladder.json"
+    rc = cli.main(["run", "--preset", "cuda-ladder", "-N", "33", "-D", "16", "--hidden", "16", "--tokens", "33",
+                   "--dtype", "float32", *FAST, "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = load_results(out)["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"naive", "cuda", "sdpa-flash"} <= impls and {r["mode"] for r in rows} == {"fwd", "bwd"}
+    assert all(r["status"] == "ok" for r in rows if r["impl"] == "naive")
+    assert all(r["status"] == "unavailable" and r["reason"] for r in rows if r["impl"] != "naive")
+    for name in ("triton-autotune", "triton-sweep", "cuda-tiles"):
+        assert name in cli.PRESETS and cli.PRESETS[name]["impls"]
+
+
+def test_the_tile_group_names_the_launch_parameters():
+    tiles = registry.expand("cuda-tiles")
+    names = [i.name for i in tiles]
+    assert names[0] == "cuda-v3[w8,n64,mt1]" and len(names) == len(set(names)) >= 6
+    impl = registry.get("cuda-v3[w4,n32,mt2]")
+    assert impl.check("cpu", torch.float16, 128) and "CUDA GPUs only" in impl.check("cpu", torch.float16, 128)
+    assert "not among TILE_CHOICES for D=64" in registry.get("cuda-v3[w4,n32,mt2]").check("cuda", torch.float16, 64)
+    with pytest.raises(ValueError, match="unknown implementation"):
+        registry.get("cuda-v3[w4,n32]")
+
+
+def test_host_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["host"])
+    assert e.value.code == 2 and "host needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_host_overhead_rows_on_gpu(tmp_path):
+    out = tmp_path / "host.json"
+    assert cli.main(["host", "--impl", "sdpa-flash", "--calls", "20", "--out", str(out)]) == 0
+    rows = load_results(out)["rows"]
+    assert [r["entry"] for r in rows] == ["sdpa-flash fwd", "sdpa-flash fwd+bwd"]
+    assert all(0 < r["us_per_call"] < 1e5 for r in rows)
 
 
 def test_provenance_is_hostname_free():
@@ -445,3 +611,66 @@ def test_provenance_is_hostname_free():
     host = socket.gethostname()
     if len(host) > 4:
         assert host not in json.dumps(prov)
+
+
+# ---------------------------------------------------------------------------------- tools/ and make
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tools_hold_no_second_harness_and_share_one_common_script():
+    tools = os.path.join(ROOT, "tools")
+    scripts = sorted(os.listdir(tools))
+    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "run_notebooks_plain.py",
+                                                             "sanitizer_launches.py"]
+    shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
+    assert "gpu_check.sh" in shells
+    for name in shells:
+        text = open(os.path.join(tools, name)).read()
+        assert "gpu_common.sh" in text, f"{name} does not source tools/gpu_common.sh"
+    check = open(os.path.join(tools, "gpu_check.sh")).read()
+    for stage in ("tests", "sanitizer", "protocol"):
+        assert f"want {stage}" in check and f"T_{stage.upper()}" in check, stage
+    assert "pytest" in open(os.path.join(tools, "gpu_common.sh")).read()
+    assert "memcheck" in check and "racecheck" in check and "sanitizer_launches.py" in open(
+        os.path.join(tools, "gpu_common.sh")).read()
+
+
+def test_every_phony_make_target_has_a_rule():
+    text = open(os.path.join(ROOT, "Makefile")).read()
+    phony = next(line for line in text.splitlines() if line.startswith(".PHONY:")).split(":", 1)[1].split()
+    for target in phony:
+        lines = text.splitlines()
+        i = next((i for i, line in enumerate(lines) if line.startswith(f"{target}:")), None)
+        assert i is not None, f"make {target}: no rule"
+        has_prerequisites = lines[i].split(":", 1)[1].strip() != ""
+        has_recipe = i + 1 < len(lines) and lines[i + 1].startswith("\t")
+        assert has_prerequisites or has_recipe, f"make {target}: a target with nothing to do"
+
+
+def test_the_data_readme_names_only_scripts_that_exist():
+    import re
+
+    readme = open(os.path.join(ROOT, "book", "data", "README.md")).read()
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+        for line in block.strip().splitlines():
+            if line.startswith("git checkout"):       # a past commit's own scripts
+                continue
+            for script in re.findall(r"tools/[\w.]+", line):
+                assert os.path.exists(os.path.join(ROOT, script)), f"{line}: {script} does not exist"
+
+
+def test_the_measuring_cli_and_its_tables_load_no_matplotlib():
+    code = ("import sys, flashtut.bench.cli, flashtut.bench.report, flashtut.results_data; "
+            "print('matplotlib' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+
+
+def test_plot_of_rows_that_cannot_be_drawn_says_why(tmp_path, capsys):
+    from flashtut.figures.__main__ import main as figures_main
+
+    failed = {"kind": "speed", "impl": "naive", "mode": "fwd", "dtype": "float32", "B": 1, "H": 1, "N": 64,
+              "Nq": 64, "Nk": 64, "D": 16, "causal": False, "status": "failed", "tflops": 0.1, "ms": 1.0}
+    src = save_results(tmp_path / "f.json", "speed", [failed], collect("cpu", ["run"]))
+    assert figures_main(["plot", str(src), "--out-dir", str(tmp_path / "out")]) == 1
+    assert "nothing written: no successful fwd speed rows with D=16" in capsys.readouterr().err

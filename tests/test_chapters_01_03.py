@@ -11,7 +11,9 @@ import torch
 matplotlib.use("Agg")
 
 import flashtut  # noqa: E402
-from flashtut import hardware  # noqa: E402
+from flashtut import hardware, results_data  # noqa: E402
+from flashtut.bench import roofline as bench_roofline  # noqa: E402
+from flashtut.bench.results import save_results  # noqa: E402
 from flashtut.bench.memory import peak_extra_memory  # noqa: E402
 from flashtut.costs import memory  # noqa: E402
 from flashtut.exercises import ch01, ch02, ch03  # noqa: E402
@@ -74,7 +76,7 @@ def test_attainable_tflops_is_the_roofline():
 
 
 def test_committed_roofline_data_has_provenance():
-    data = hardware.load_roofline_data()
+    data = results_data.load_roofline_data()
     assert set(data["provenance"]) >= {"provisional", "device", "note"}
     assert data["copy_bandwidth_GBps"] > 0
     assert set(data["matmul_tflops"]) >= {"float16", "bfloat16", "float32"}
@@ -85,33 +87,35 @@ def test_committed_roofline_data_has_provenance():
 def test_load_roofline_data_rejects_a_file_without_its_keys(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"copy_bandwidth_GBps": 1.0}))
-    with pytest.raises(ValueError, match="provenance"):
-        hardware.load_roofline_data(bad)
+    with pytest.raises(ValueError, match="not a flashtut.bench results file"):
+        results_data.load_roofline_data(bad)
+    speed = tmp_path / "speed.json"
+    save_results(speed, "speed", [], {"date": "x"})
+    with pytest.raises(ValueError, match="roofline"):
+        results_data.load_roofline_data(speed)
 
 
 def test_measurements_need_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="CUDA GPU"):
-        hardware.measure_roofline()
-    assert "H200" in hardware.roofline_data()["provenance"]["device"]
+        bench_roofline.measure_roofline()
+    assert "H200" in results_data.roofline_data()["provenance"]["device"]
 
 
 def test_ceilings_from_benchmark_rows():
-    from flashtut.bench.roofline import run_roofline
-
-    rows = run_roofline("cpu", dtypes=("float32", "tf32"), copy_bytes=4 << 20, matmul_n=64,
+    rows = bench_roofline.run_roofline("cpu", dtypes=("float32", "tf32"), copy_bytes=4 << 20, matmul_n=64,
                         warmup_ms=1, rep_ms=2)
-    data = hardware.ceilings_from_rows(rows, "cpu", "test")
+    data = bench_roofline.ceilings_from_rows(rows, "cpu", "test")
     assert data["copy_bandwidth_GBps"] > 0 and set(data["matmul_tflops"]) == {"float32"}
     assert data["provenance"] == {"provisional": False, "device": "cpu", "note": "test"}
     with pytest.raises(ValueError, match="copy"):
-        hardware.ceilings_from_rows([], "cpu", "test")
+        bench_roofline.ceilings_from_rows([], "cpu", "test")
 
 
 @pytest.mark.gpu
 def test_measurements_on_gpu():
-    data = hardware.measure_roofline()
+    data = bench_roofline.measure_roofline()
     assert data["provenance"]["provisional"] is False
     assert 10 < data["copy_bandwidth_GBps"] < 10_000
     assert 0.5 < data["matmul_tflops"]["float16"] < 3_000

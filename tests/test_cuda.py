@@ -271,25 +271,23 @@ def test_budgets_match_the_kernels():
 
 
 def test_chapter_figures_draw_from_the_committed_run():
-    import json
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flashtut import hardware
-    from flashtut.figures import cuda_plots
+    from flashtut import results_data
+    from flashtut.figures import bench_plots, cuda_plots
 
-    data = json.loads((hardware.data_dir() / "cuda_h200.json").read_text())
-    assert data["device"] and data["command"] and data["versions"]["cupy"]
-    ladder = {r["impl"] for r in data["rows"] if r.get("N") == 4096 and r.get("D") == 128}
+    rows, prov = results_data.load_results("cuda_h200.json")
+    assert prov[0]["device"]["name"] and prov[0]["command"] and prov[0]["versions"]["cupy"]
+    ladder = {r["impl"] for r in rows if r.get("N") == 4096 and r.get("D") == 128}
     assert {"naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"} <= ladder
+    bars = bench_plots.ladder_figure(rows, "fwd", dtype="float16", D=128, N=4096, causal=(False, True),
+                                     others=("naive", "sdpa-flash"))
     for fig in (cuda_plots.mma_fragment_layout(), cuda_plots.thread_ownership(), cuda_plots.swizzle_banks(),
-                cuda_plots.ladder_bars(data["rows"]), cuda_plots.fast_vs_sdpa(data["rows"])):
+                cuda_plots.fast_vs_sdpa(rows), bars):
         assert fig.axes
-        plt.close(fig)
-    # the bars are the committed numbers, not zeros
-    fig = cuda_plots.ladder_bars(data["rows"])
-    heights = [p.get_height() for p in fig.axes[0].patches]
-    assert min(heights) > 0
-    plt.close(fig)
+    # the bars are the committed numbers, not zeros: two masks x five implementations
+    widths = [p.get_width() for p in bars.axes[0].patches]
+    assert len(widths) == 10 and min(widths) > 0
+    plt.close("all")

@@ -69,10 +69,12 @@ def test_split_kv_low_precision_against_float64(gen, dtype, tol):
     torch.testing.assert_close(o.double(), ref, rtol=tol, atol=tol)
     torch.testing.assert_close(lse.double(), flashtut.attention_lse(q.double(), k.double()),
                                rtol=1e-5, atol=1e-5)
-    # the partial states are merged in float32, so the split result is no worse than tiled
+    # the partial states are merged in float32: each merge adds a rescaling and a division, so the
+    # split result may be a few float32 roundings worse than the tiled one, never more than that
     err_split = (o.double() - ref).abs().max()
     err_tiled = (flashtut.tiled_attention(q, k, v).double() - ref).abs().max()
-    assert err_split <= 1.5 * err_tiled + 1e-7
+    merge_roundings = 16 * torch.finfo(torch.float32).eps * ref.abs().max()
+    assert err_split <= 2 * err_tiled + merge_roundings
 
 
 def _states(gen, n, shape=(2, 3, 4, 8)):

@@ -132,17 +132,63 @@ def test_bad_arguments(tmp_path):
         results_data.load_results("broken.json", data_dir=tmp_path)
 
 
-def test_provisional_roofline_layout_becomes_rows(tmp_path):
+def test_every_committed_file_is_in_the_one_format():
+    for path in sorted(DATA.glob("*.json")):
+        doc = json.loads(path.read_text())
+        assert doc.get("schema") == "flashtut.bench/1" and doc.get("kind") in bench.results.KINDS, path.name
+        assert results_data.producer(path.name) is not None, f"{path.name}: no PRODUCERS entry"
+
+
+def test_a_legacy_layout_is_refused(tmp_path):
     doc = {"provenance": {"provisional": True, "device": "NVIDIA H200", "note": "placeholder figures"},
            "copy_bandwidth_GBps": 4321.5, "matmul_tflops": {"float16": 777.0, "float32": 51.0}}
     (tmp_path / "h200_roofline.json").write_text(json.dumps(doc))
-    rows, prov = results_data.load_results("h200_roofline.json", data_dir=tmp_path)
-    copy = [r for r in rows if r["what"] == "copy"]
-    assert copy == [dict(copy[0], gb_per_s=4321.5)] and copy[0]["device"] == "NVIDIA H200"
-    assert {r["dtype"]: r["tflops"] for r in rows if r["what"] == "matmul"} == {"float16": 777.0, "float32": 51.0}
-    assert "PROVISIONAL" in results_data.describe(prov[0]) and "placeholder figures" in results_data.describe(prov[0])
-    fig = bench.plot.roofline_figure(rows)            # the harness's plot takes the converted rows
-    assert fig.axes
+    with pytest.raises(ValueError, match="not a flashtut.bench results file"):
+        results_data.load_results("h200_roofline.json", data_dir=tmp_path)
+
+
+def _converter():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("convert_results", ROOT / "tools" / "convert_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_converter_copies_every_number_once(tmp_path):
+    shape = {"dtype": "float16", "D": 128, "N": 4096, "B": 4, "H": 16}
+    cuda = {"what": "w", "device": "NVIDIA H200", "capability": "sm_90", "versions": {"torch": "2.11"},
+            "date": "2026-11-29 12:58 UTC", "command": "old script", "rows": [
+                dict(shape, impl="cuda-v1", causal=False, fwd_err=1e-3, fwd_ms=2.0, fwd_tflops=50.0),
+                dict(shape, impl="sdpa-flash", causal=False, fwd_err=1e-4, fwd_ms=1.0, fwd_tflops=300.0),
+                dict(shape, impl="sdpa-flash", causal=False, fwd_err=1e-4, fwd_ms=1.1, fwd_tflops=290.0,
+                     dq_err=2e-4, dk_err=3e-4, dv_err=1e-4, bwd_ms=3.0, bwd_tflops=250.0),
+                dict(shape, impl="cuda-v2", causal=True, error="RuntimeError: boom")]}
+    host = {"what": "w", "provenance": {"date": "2026-11-29T12:30:21+00:00", "device": {"name": "NVIDIA H200"}},
+            "rows": [{"version": "before", "entry": "cuda_attention fwd", "us_per_call": 527.28}]}
+    (tmp_path / "cuda_h200.json").write_text(json.dumps(cuda))
+    (tmp_path / "host_overhead_h200.json").write_text(json.dumps(host))
+    conv = _converter()
+    assert sorted(conv.convert_folder(tmp_path)) == ["cuda_h200.json", "host_overhead_h200.json"]
+    assert conv.convert_folder(tmp_path) == []                 # converted files are left alone
+    rows, prov = results_data.load_results("cuda_h200.json", data_dir=tmp_path)
+    assert prov[0]["date"] == "2026-11-29T12:58:00+00:00" and prov[0]["device"]["compute_capability"] == "9.0"
+    assert prov[0]["command"] == "old script" and "tools/bench_cuda.py" in prov[0]["converted"]["from"]
+    got = {(r["impl"], r["mode"]): r for r in rows}
+    assert set(got) == {("cuda-v1", "fwd"), ("sdpa-flash", "fwd"), ("sdpa-flash", "bwd"), ("cuda-v2", "fwd")}
+    assert got["sdpa-flash", "fwd"]["tflops"] == 300.0              # the first measurement of a case
+    assert got["sdpa-flash", "bwd"]["err"] == {"dq": 2e-4, "dk": 3e-4, "dv": 1e-4}
+    assert got["cuda-v2", "fwd"]["status"] == "error" and "boom" in got["cuda-v2", "fwd"]["reason"]
+    host_rows, _ = results_data.load_results("host_overhead_h200.json", data_dir=tmp_path)
+    assert host_rows[0]["kind"] == "host" and host_rows[0]["us_per_call"] == 527.28
+
+
+def test_the_roofline_loader_takes_only_roofline_files(tmp_path):
+    data = results_data.load_roofline_data()
+    assert data["provenance"]["measured"]["command"].startswith("python -m flashtut.bench roofline")
+    with pytest.raises(ValueError, match="roofline"):
+        results_data.load_roofline_data(DATA / "memory_h200.json")
 
 
 def test_describe_prints_the_provenance(tmp_path):

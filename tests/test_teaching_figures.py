@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flashtut.bench import plot as bench_plot  # noqa: E402
+from flashtut.figures import bench_plots as bench_plot  # noqa: E402
 from flashtut.figures import cuda_plots, online_softmax_plots, style  # noqa: E402
 
 

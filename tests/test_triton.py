@@ -340,17 +340,20 @@ def test_ch07_window_exercise():
 
 
 def test_triton_figures_from_committed_data():
+    from flashtut import results_data
     from flashtut.figures import triton_plots
-    data = triton_plots.load_h200()
-    assert data["provenance"]["device"].startswith("NVIDIA")
-    assert len(data["rows"]) == 16
-    for r in data["rows"]:          # the targets, as committed
+    rows, prov = results_data.load_results("triton_h200.json")
+    sweep, _ = results_data.load_results("triton_h200_sweep.json")
+    assert prov[0]["device"]["name"].startswith("NVIDIA")
+    shapes = triton_plots.side_by_side(rows)
+    assert len(shapes) == 16
+    for r in shapes:                # the targets, as committed
         assert r["fwd_ratio"] >= 1.0 and r["bwd_ratio"] >= 0.8
         assert r.get("accuracy_ok", True)
-    table = triton_plots.results_table(data["rows"])
-    assert table.count("\n") == len(data["rows"]) + 1
-    for fig in (triton_plots.ratio_figure(data["rows"]),
-                triton_plots.speed_vs_n_figure(data["sweep"]["rows"]),
+    table = triton_plots.results_table(rows)
+    assert table.count("\n") == len(shapes) + 1
+    for fig in (triton_plots.ratio_figure(rows),
+                triton_plots.speed_vs_n_figure(sweep),
                 triton_plots.program_grid_figure(130, 100, 32, 32, causal=True)):
         assert fig.axes
 

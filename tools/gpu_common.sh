@@ -1,5 +1,10 @@
 # Shared by the tools/gpu_*.sh scripts (sourced, not run): their log, stage marks, the machine's
-# description and the GPU test run. The caller sets OUT and LOG first.
+# description, the GPU test run, the sanitizer run and one benchmark stage. The caller sets OUT
+# (created here) and may set LOG (default $OUT/run.log).
+mkdir -p "$OUT"
+LOG=${LOG:-$OUT/run.log}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
 stage() { echo "== $1 $(date -u +%H:%M:%S)" | tee -a "$LOG"; }
 
 machine_info() {
@@ -15,4 +20,26 @@ gpu_tests() {
     timeout "$limit" python3 -m pytest "$@" -m gpu $w -p no:cacheprovider -q -rfE --tb=short > "$log" 2>&1
     echo "pytest rc=$?" | tee -a "$log" "$LOG"
     tail -4 "$log" | tee -a "$LOG"
+}
+
+# sanitizer LIMIT_S TOOL: compute-sanitizer (memcheck, racecheck) over one small launch of every
+# CUDA kernel (tools/sanitizer_launches.py), compiled first outside the sanitizer (CuPy caches it)
+sanitizer() {
+    local limit=$1 tool=$2
+    if ! command -v compute-sanitizer > /dev/null; then
+        echo "sanitizer $tool: compute-sanitizer not found" | tee -a "$LOG"; return
+    fi
+    python3 tools/sanitizer_launches.py > /dev/null 2>&1
+    timeout "$limit" compute-sanitizer --tool "$tool" --print-limit 20 python3 tools/sanitizer_launches.py \
+        > "$OUT/$tool.log" 2>&1
+    echo "sanitizer $tool rc=$?" | tee -a "$LOG"
+    tail -4 "$OUT/$tool.log" | tee -a "$LOG"
+}
+
+# bench LIMIT_S NAME ARGS...: python -m flashtut.bench ARGS, its output in the log; every subcommand
+# rewrites its --out file as it goes, so a stage cut off by its limit keeps what it measured
+bench() {
+    local limit=$1 name=$2; shift 2
+    timeout "$limit" python3 -m flashtut.bench "$@" --no-progress >> "$LOG" 2>&1
+    echo "$name rc=$?" | tee -a "$LOG"
 }

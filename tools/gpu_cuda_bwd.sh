@@ -7,12 +7,12 @@
 # BENCH_N (sequence lengths timed), BENCH_D (head dims timed), BENCH_SWEEP=0 (no tile sweep),
 # PYTEST_K (a pytest -k selection), T_PYTEST, T_BENCH, T_SAN (per-step time limits, seconds).
 set -u -o pipefail
-export OUT=${OUT:-/tmp/gpu_cuda_bwd}
-mkdir -p "$OUT"
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+export OUT=${OUT:-/tmp/gpu_cuda_bwd}
+LOG="$OUT/gpu.txt"
+. tools/gpu_common.sh
+machine_info
+cat "$LOG"
 
 # 1. registers / spills of the builds the H200 runs (sm_90, both head dims, both dtypes)
 [ "${SKIP_PTXAS:-0}" = 1 ] || for d in 64 128; do for bf in 0 1; do for f in bwd_dkdv bwd_dq; do

@@ -16,75 +16,10 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT_REPO_URL = "https://github.com/flashtut/flash-attention-from-scratch"
-DEFAULT_BRANCH = "main"
-
-# In a source checkout this file is src/flashtut/colab.py, so the book root is two levels up.
-# An installed copy (site-packages) has no _config.yml there and falls back to the defaults.
-_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
-
-_URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(?::[0-9]+)?(/[A-Za-z0-9._~%/-]*)?$")
-_BRANCH_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
-
-
-def _check_repo_url(url) -> str:
-    if not isinstance(url, str):
-        raise TypeError(f"repo: expected a str URL, got {type(url).__name__}")
-    url = url.strip().rstrip("/")
-    if url.endswith(".git"):
-        url = url[:-4]
-    if not _URL_RE.match(url):
-        raise ValueError(f"repo: got {url!r}; accepted: an https:// repository URL without spaces, "
-                         "quotes or query, e.g. https://github.com/you/flash-attention-from-scratch")
-    return url
-
-
-def _check_branch(branch) -> str:
-    if not isinstance(branch, str):
-        raise TypeError(f"branch: expected a str, got {type(branch).__name__}")
-    if not _BRANCH_RE.match(branch) or ".." in branch or branch.startswith(("-", "/")):
-        raise ValueError(f"branch: got {branch!r}; accepted: a git branch name such as 'main'")
-    return branch
-
-
-def _repository_block(lines: list[str]) -> tuple[int, int]:
-    """Line span [start, end) of the top-level ``repository:`` mapping of a YAML file, start
-    pointing at the ``repository:`` line itself; (-1, -1) when there is none."""
-    for i, line in enumerate(lines):
-        if re.match(r"^repository:\s*(#.*)?$", line):
-            end = i + 1
-            while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
-                end += 1
-            return i, end
-    return -1, -1
-
-
-def _unquote(value: str) -> str:
-    value = re.sub(r"\s+#.*$", "", value.strip())
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        value = value[1:-1]
-    return value
-
-
-def read_repository(config_path: str | Path) -> tuple[str, str]:
-    """``(url, branch)`` from the ``repository:`` section of a Jupyter Book ``_config.yml``.
-
-    A line-based reader, so that ``flashtut`` needs no YAML library on a reader's machine; it
-    understands the block mapping that ``_config.yml`` uses (``url:`` and ``branch:`` keys).
-    """
-    lines = Path(config_path).read_text().splitlines()
-    start, end = _repository_block(lines)
-    url, branch = DEFAULT_REPO_URL, DEFAULT_BRANCH
-    if start < 0:
-        return url, branch
-    for line in lines[start + 1:end]:
-        m = re.match(r"^\s+(url|branch):\s*(.*)$", line)
-        if m and _unquote(m.group(2)):
-            if m.group(1) == "url":
-                url = _check_repo_url(_unquote(m.group(2)))
-            else:
-                branch = _check_branch(_unquote(m.group(2)))
-    return url, branch
+# the repository's URL and branch are read where the committed results are found (results_data,
+# a lower layer that downloads them); this module writes them into notebooks and _config.yml
+from .results_data import (_CHECKOUT_ROOT, BRANCH, DEFAULT_BRANCH, DEFAULT_REPO_URL, REPO_URL,  # noqa: F401
+                           _check_branch, _check_repo_url, _repository_block, read_repository)
 
 
 def write_repository(config_path: str | Path, url: str | None = None, branch: str | None = None) -> bool:
@@ -142,17 +77,6 @@ def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -
     )
 
 
-def _default_repository() -> tuple[str, str]:
-    config = _CHECKOUT_ROOT / "_config.yml"
-    if config.is_file():
-        try:
-            return read_repository(config)
-        except (OSError, ValueError):
-            pass
-    return DEFAULT_REPO_URL, DEFAULT_BRANCH
-
-
-REPO_URL, BRANCH = _default_repository()
 SETUP_CELL = setup_cell(REPO_URL, BRANCH)
 
 

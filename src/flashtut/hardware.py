@@ -1,4 +1,4 @@
-"""GPU facts for chapter 01, the roofline model, and two small measurements of the reader's GPU.
+"""GPU facts for chapter 01 and the roofline model: datasheets only (no I/O, no measuring).
 
 The table holds vendor figures (datasheets and architecture whitepapers, named in each entry's
 ``source``); the CUDA C++ Programming Guide's table of compute capabilities gives the shared-memory
@@ -10,12 +10,7 @@ decimal units: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes per second.
 """
 from __future__ import annotations
 
-import json
-import math
-import os
-import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -176,81 +171,3 @@ def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
     if isinstance(intensity, torch.Tensor):
         return torch.clamp(memory_roof, max=peak_tflops)
     return min(peak_tflops, memory_roof)
-
-
-# --- measurements on the reader's GPU ------------------------------------------------------------
-
-def measure_roofline(device=None) -> dict:
-    """The reader's GPU, measured with the benchmark tool (``flashtut.bench.roofline``): copy
-    bandwidth and matrix-multiply rates, in the layout of ``book/data/h200_roofline.json``."""
-    device = torch.device(device if device is not None else "cuda")
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError("this measurement needs a CUDA GPU; without one, load the committed H200 "
-                           "figures with flashtut.hardware.load_roofline_data()")
-    from .bench.roofline import run_roofline   # deferred: the benchmark package is only needed here
-
-    major, minor = torch.cuda.get_device_capability(device)
-    dtypes = ("float16", "bfloat16", "float32") if major >= 8 else ("float16", "float32")
-    note = (f"measured live with flashtut.bench.roofline (sm_{major}{minor}, torch {torch.__version__}) "
-            f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    return ceilings_from_rows(run_roofline(device, dtypes=dtypes), torch.cuda.get_device_name(device), note)
-
-
-def ceilings_from_rows(rows: list[dict], device_name: str, note: str) -> dict:
-    """Rows of ``flashtut.bench.roofline.run_roofline`` in the layout of
-    ``book/data/h200_roofline.json``; matrix rates that did not run (``status`` not ``ok``) are left out."""
-    copies = [r for r in rows if r.get("what") == "copy" and r.get("status") == "ok"]
-    if not copies:
-        raise ValueError(f"rows: no successful copy measurement among {len(rows)} rows")
-    rates = {r["dtype"]: round(r["tflops"], 1) for r in rows
-             if r.get("what") == "matmul" and r.get("status") == "ok"}
-    return {"provenance": {"provisional": False, "device": device_name, "note": note},
-            "copy_bandwidth_GBps": round(copies[0]["gb_per_s"], 1),
-            "matmul_tflops": rates}
-
-
-# --- committed data ------------------------------------------------------------------------------
-
-def data_dir() -> Path:
-    """The book's ``book/data`` folder (``$FLASHTUT_DATA`` if set); the search is
-    ``flashtut.results_data.local_data_dir``'s, so every chapter looks in the same places."""
-    from .results_data import local_data_dir
-
-    found = local_data_dir()
-    if found is None:
-        raise FileNotFoundError(
-            "book/data not found: run from a checkout of the book's repository, or set FLASHTUT_DATA "
-            "to its book/data folder (flashtut.results_data.data_path downloads single files)")
-    return found
-
-
-def load_roofline_data(path=None) -> dict:
-    """The committed copy bandwidth and matrix rates (``book/data/h200_roofline.json``, written by
-    ``python -m flashtut.bench roofline``), in the layout of :func:`ceilings_from_rows`, with the
-    file's ``provenance`` (device, versions, date, command) under ``provenance["measured"]``."""
-    from .results_data import data_path
-
-    path = Path(path) if path is not None else data_path("h200_roofline.json")
-    data = json.loads(Path(path).read_text())
-    if "rows" in data:  # the benchmark tool's layout
-        prov = data.get("provenance", {})
-        name = (prov.get("device") or {}).get("name", "unknown GPU")
-        note = f"measured on {prov.get('date', '?')} with `{prov.get('command', '?')}`"
-        out = ceilings_from_rows(data["rows"], name, note)
-        out["provenance"]["measured"] = prov
-        return out
-    for key in ("provenance", "copy_bandwidth_GBps", "matmul_tflops"):
-        if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}; accepted: the output of "
-                             "`python -m flashtut.bench roofline`, or a file with provenance, "
-                             "copy_bandwidth_GBps and matmul_tflops")
-    if not (isinstance(data["copy_bandwidth_GBps"], (int, float)) and math.isfinite(data["copy_bandwidth_GBps"])):
-        raise ValueError(f"{path}: copy_bandwidth_GBps must be a number, got {data['copy_bandwidth_GBps']!r}")
-    return data
-
-
-def roofline_data(device=None) -> dict:
-    """Measure the reader's GPU when there is one, else load the committed H200 figures."""
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        return measure_roofline(device)
-    return load_roofline_data()

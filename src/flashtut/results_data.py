@@ -16,7 +16,7 @@ Where a name is looked up, in order:
 3. the ``book/data`` folder of the checkout this package was installed from (editable install),
    else of the working directory or one of its parents;
 4. with no ``book/data`` folder anywhere (``pip install`` on Colab): the repository itself, read
-   from ``flashtut.colab``'s URL and branch, downloaded once into ``~/.cache/flashtut/data``.
+   from the URL and branch of the book's ``_config.yml``, downloaded once into ``~/.cache/flashtut/data``.
 
 A file that is not there raises :class:`ResultsMissing` (a ``FileNotFoundError``) whose message
 names the file and the command that produces it; ``missing="print"`` prints that message and
@@ -33,7 +33,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import torch
+
 from .bench import results as _results
+from .bench.roofline import ceilings_from_rows, measure_roofline
 
 DATA_ENV = "FLASHTUT_DATA"
 #: the folder of the committed results, relative to the repository root
@@ -43,7 +46,10 @@ REPO_DATA_DIR = "book/data"
 #: a GPU from the repository root; book/data/README.md repeats these (a test keeps them in step).
 #: Specific names come first: ``producer()`` answers with the first entry that matches. The
 #: H200 files were measured with ``FLASHTUT_TRITON_AUTOTUNE=0`` (Triton's first configuration;
-#: tools/gpu_final.sh sets it), which the files' provenance does not record, so it is written here.
+#: tools/gpu_check.sh sets it), which the files' provenance does not record, so it is written here.
+#: Files measured before the harness had a preset for them (the kernel chapters' runs, the host
+#: time) were converted to this format once by ``python tools/convert_results.py``; their
+#: provenance keeps the command that measured them, and the command here measures them again.
 _SWEEP = ("FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench run --preset protocol --warmup-ms 5 "
           "--rep-ms 25")
 _IMPLS = "naive,tiled,sdpa-flash,sdpa-cudnn,sdpa-efficient,triton,cuda,cuda-ladder"
@@ -71,25 +77,118 @@ PRODUCERS = {
                            "--out book/data/h200_roofline.json"),
     "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
                                "project's H200 anchor file", None),
-    # the kernel chapters' own runs, in their scripts' layouts (rows with fwd_tflops/bwd_tflops)
-    "triton_h200.json": ("chapter 07's Triton kernels against SDPA flash: speed, accuracy, autotuning",
-                         "OUT=<folder> bash tools/gpu_triton.sh"),
+    # the kernel chapters' own runs
+    "triton_h200.json": ("chapter 07's Triton kernels against SDPA flash, autotuned: speed, errors and the "
+                         "configurations the autotuner picked (the committed run, from the retired script, "
+                         "also holds every configuration's time per shape, which a re-run does not record)",
+                         "python -m flashtut.bench run --preset triton-autotune --warmup-ms 25 --rep-ms 150 "
+                         "--out book/data/triton_h200.json"),
+    "triton_h200_sweep.json": ("chapter 07's speed against N: Triton, SDPA flash and naive attention, "
+                               "D 128, float16, autotuned",
+                               "python -m flashtut.bench run --preset triton-sweep --warmup-ms 10 --rep-ms 60 "
+                               "--out book/data/triton_h200_sweep.json"),
     "cuda_h200.json": ("chapter 08's CUDA ladder and fast kernel against naive attention and SDPA flash",
-                       "OUT=<folder> bash tools/gpu_cuda.sh --quick"),
+                       "python -m flashtut.bench run --preset cuda-ladder --out book/data/cuda_h200.json"),
     "cuda_h200_v3_first.json": ("the same run with the fast kernel's first tile shape (8 warps of 16 rows, "
                                 "64-key tiles at both head dims), quoted by the perf logs' history",
                                 "git checkout f9f88b4 && OUT=<folder> bash tools/gpu_cuda.sh --quick"),
     "cuda_tiles_h200.json": ("the fast kernel's forward at other tile shapes (warps, keys per tile, rows "
                              "per warp), the measurement behind V3_TILES",
-                             "PYTHONPATH=src python3 tools/bench_cuda.py --explore-only "
-                             "--out book/data/cuda_tiles_h200.json"),
+                             "python -m flashtut.bench run --preset cuda-tiles --out book/data/cuda_tiles_h200.json"),
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
                                         "tile-shape change (perflog_cuda compares it with both)",
                                         "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
-                                "OUT=<folder> BEFORE=f9f88b4 SWEEP=0 bash tools/gpu_host_path.sh"),
+                                "python -m flashtut.bench host --label after --out book/data/host_overhead_h200.json"),
 }
+
+# --- the repository (its _config.yml names it; flashtut.colab writes it into notebooks) ---------
+
+DEFAULT_REPO_URL = "https://github.com/flashtut/flash-attention-from-scratch"
+DEFAULT_BRANCH = "main"
+
+# In a source checkout this file is src/flashtut/results_data.py, so the book root is two levels up.
+# An installed copy (site-packages) has no _config.yml there and falls back to the defaults.
+_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
+
+_URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(?::[0-9]+)?(/[A-Za-z0-9._~%/-]*)?$")
+_BRANCH_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+
+
+def _check_repo_url(url) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"repo: expected a str URL, got {type(url).__name__}")
+    url = url.strip().rstrip("/")
+    if url.endswith(".git"):
+        url = url[:-4]
+    if not _URL_RE.match(url):
+        raise ValueError(f"repo: got {url!r}; accepted: an https:// repository URL without spaces, "
+                         "quotes or query, e.g. https://github.com/you/flash-attention-from-scratch")
+    return url
+
+
+def _check_branch(branch) -> str:
+    if not isinstance(branch, str):
+        raise TypeError(f"branch: expected a str, got {type(branch).__name__}")
+    if not _BRANCH_RE.match(branch) or ".." in branch or branch.startswith(("-", "/")):
+        raise ValueError(f"branch: got {branch!r}; accepted: a git branch name such as 'main'")
+    return branch
+
+
+def _repository_block(lines: list[str]) -> tuple[int, int]:
+    """Line span [start, end) of the top-level ``repository:`` mapping of a YAML file, start
+    pointing at the ``repository:`` line itself; (-1, -1) when there is none."""
+    for i, line in enumerate(lines):
+        if re.match(r"^repository:\s*(#.*)?$", line):
+            end = i + 1
+            while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+                end += 1
+            return i, end
+    return -1, -1
+
+
+def _unquote(value: str) -> str:
+    value = re.sub(r"\s+#.*$", "", value.strip())
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return value
+
+
+def read_repository(config_path: str | Path) -> tuple[str, str]:
+    """``(url, branch)`` from the ``repository:`` section of a Jupyter Book ``_config.yml``.
+
+    A line-based reader, so that ``flashtut`` needs no YAML library on a reader's machine; it
+    understands the block mapping that ``_config.yml`` uses (``url:`` and ``branch:`` keys).
+    """
+    lines = Path(config_path).read_text().splitlines()
+    start, end = _repository_block(lines)
+    url, branch = DEFAULT_REPO_URL, DEFAULT_BRANCH
+    if start < 0:
+        return url, branch
+    for line in lines[start + 1:end]:
+        m = re.match(r"^\s+(url|branch):\s*(.*)$", line)
+        if m and _unquote(m.group(2)):
+            if m.group(1) == "url":
+                url = _check_repo_url(_unquote(m.group(2)))
+            else:
+                branch = _check_branch(_unquote(m.group(2)))
+    return url, branch
+
+
+
+def _default_repository() -> tuple[str, str]:
+    config = _CHECKOUT_ROOT / "_config.yml"
+    if config.is_file():
+        try:
+            return read_repository(config)
+        except (OSError, ValueError):
+            pass
+    return DEFAULT_REPO_URL, DEFAULT_BRANCH
+
+
+REPO_URL, BRANCH = _default_repository()
+
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")
@@ -156,14 +255,12 @@ def local_data_dir() -> Path | None:
 
 def raw_url(name: str, repo_url: str | None = None, branch: str | None = None) -> str:
     """The address of ``book/data/<name>`` as a plain file in the repository (default: the
-    repository and branch of ``flashtut.colab``, i.e. of the book's ``_config.yml``)."""
-    from . import colab
-
+    repository and branch of the book's ``_config.yml``)."""
     _check_name(name)
     if _GLOB_CHARS.search(name):
         raise ValueError(f"name: got the pattern {name!r}; a download needs one file name")
-    url = colab._check_repo_url(repo_url if repo_url is not None else colab.REPO_URL)
-    branch = colab._check_branch(branch if branch is not None else colab.BRANCH)
+    url = _check_repo_url(repo_url if repo_url is not None else REPO_URL)
+    branch = _check_branch(branch if branch is not None else BRANCH)
     m = re.match(r"^https://github\.com/([^/]+)/([^/]+)$", url)
     if m:
         return f"https://raw.githubusercontent.com/{m.group(1)}/{m.group(2)}/{branch}/{REPO_DATA_DIR}/{name}"
@@ -184,21 +281,17 @@ def _fetch(url: str) -> bytes:
 
 
 def _offline_detail(url: str, exc: Exception) -> str:
-    from . import colab
-
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:
-        return (f"The repository has no such file on branch {colab.BRANCH} ({url} answered 404): "
+        return (f"The repository has no such file on branch {BRANCH} ({url} answered 404): "
                 "it has not been committed yet.")
     reason = getattr(exc, "reason", None) or exc
     return (f"Downloading it from {url} failed ({reason}): no network here? Clone the repository "
-            f"(git clone {colab.REPO_URL}) and run from the checkout, or set ${DATA_ENV} to a "
+            f"(git clone {REPO_URL}) and run from the checkout, or set ${DATA_ENV} to a "
             "folder that holds the file.")
 
 
 def _download(name: str, refresh: bool) -> Path:
-    from . import colab
-
-    target = cache_dir() / colab.BRANCH / name
+    target = cache_dir() / BRANCH / name
     if target.is_file() and not refresh:
         return target
     url = raw_url(name)
@@ -216,15 +309,13 @@ def _download(name: str, refresh: bool) -> Path:
 
 def _remote_names(pattern: str) -> list[str]:
     """File names of the repository's book/data matching ``pattern`` (GitHub's contents API)."""
-    from . import colab
-
-    m = re.match(r"^https://github\.com/([^/]+)/([^/]+)$", colab.REPO_URL)
+    m = re.match(r"^https://github\.com/([^/]+)/([^/]+)$", REPO_URL)
     if not m:
         raise ResultsMissing(pattern, "in this installation, which has no book/data folder", _command(pattern),
-                             f"Listing files of {colab.REPO_URL} is only supported on GitHub: ask for one "
+                             f"Listing files of {REPO_URL} is only supported on GitHub: ask for one "
                              "exact file name, or clone the repository.")
     url = (f"https://api.github.com/repos/{m.group(1)}/{m.group(2)}/contents/{REPO_DATA_DIR}"
-           f"?ref={colab.BRANCH}")
+           f"?ref={BRANCH}")
     try:
         listing = json.loads(_fetch(url))
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
@@ -272,41 +363,12 @@ def data_path(name: str, data_dir=None, refresh: bool = False) -> Path:
 
 # --- what -----------------------------------------------------------------------------------------
 
-def _read(path: Path) -> dict:
-    """One file as a ``flashtut.bench`` results document. Besides the harness's own layout this
-    reads the anchors layout (via ``bench.results``) and the provisional roofline layout
-    (``copy_bandwidth_GBps`` and ``matmul_tflops``), which it turns into roofline rows."""
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if isinstance(raw, dict) and "rows" not in raw and "copy_bandwidth_GBps" in raw:
-        prov = dict(raw.get("provenance") or {})
-        if isinstance(prov.get("device"), str):
-            prov["device"] = {"name": prov["device"]}
-        rows = [{"kind": "roofline", "what": "copy", "gb_per_s": raw["copy_bandwidth_GBps"], "status": "ok"}]
-        rows += [{"kind": "roofline", "what": "matmul", "dtype": dt, "tflops": t, "status": "ok"}
-                 for dt, t in (raw.get("matmul_tflops") or {}).items()]
-        return {"schema": None, "kind": "roofline", "provenance": prov, "config": {}, "rows": rows}
-    doc = _results.load_results(path)
-    if isinstance(raw, dict) and "kind" not in raw:
-        # a script's own layout: its provenance is spread over the top level (what, device,
-        # date, command, versions, ...) or nested under "provenance"; keep both
-        prov = {k: v for k, v in raw.items() if k != "rows" and not isinstance(v, (list, dict))
-                or k in ("versions", "git")}
-        prov.update(raw.get("provenance") or {})
-        if isinstance(prov.get("device"), str):
-            prov["device"] = {"name": prov["device"]}
-        doc["provenance"] = prov
-    return doc
-
-
 def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
                  refresh: bool = False) -> tuple[list[dict], list[dict]]:
     """Rows and provenance of every committed file matching ``pattern_or_name``.
 
     Returns ``(rows, provenance_list)``. Rows are in ``flashtut.bench``'s layout (so
-    ``flashtut.bench.plot`` draws them), each tagged with ``source`` (its file's name) and
+    ``flashtut.figures.bench_plots`` draws them), each tagged with ``source`` (its file's name) and
     ``device`` (the GPU's name from the file's provenance, else the file's stem). When several
     files measure the same thing, the one with the latest provenance date wins. Each provenance
     entry is the file's ``provenance`` block plus ``file``, ``path``, ``kind``, ``config`` and
@@ -324,7 +386,7 @@ def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
         return [], []
     docs = []
     for path in paths:
-        doc = _read(path)
+        doc = _results.load_results(path)
         prov = dict(doc.get("provenance") or {})
         docs.append((str(prov.get("date") or ""), path, doc, prov))
     tagged, provenance = [], []
@@ -372,5 +434,44 @@ def describe(prov: dict, width: int = 100) -> str:
     return "\n".join(lines)
 
 
+# --- chapter 01's roofline ---------------------------------------------------------------------
+
+def data_dir() -> Path:
+    """The book's ``book/data`` folder (``$FLASHTUT_DATA`` if set), as :func:`local_data_dir`
+    finds it; ``FileNotFoundError`` when there is none."""
+    found = local_data_dir()
+    if found is None:
+        raise FileNotFoundError(
+            "book/data not found: run from a checkout of the book's repository, or set FLASHTUT_DATA "
+            "to its book/data folder (flashtut.results_data.data_path downloads single files)")
+    return found
+
+
+def load_roofline_data(path=None) -> dict:
+    """The committed copy bandwidth and matrix rates (``book/data/h200_roofline.json``, written by
+    ``python -m flashtut.bench roofline``), in the layout of
+    :func:`flashtut.bench.roofline.ceilings_from_rows`, with the file's ``provenance`` (device,
+    versions, date, command) under ``provenance["measured"]``."""
+    path = Path(path) if path is not None else data_path("h200_roofline.json")
+    doc = _results.load_results(path)
+    if doc.get("kind") != "roofline":
+        raise ValueError(f"{path}: holds {doc.get('kind')!r} results; accepted: the output of "
+                         "`python -m flashtut.bench roofline`")
+    prov = doc.get("provenance") or {}
+    name = (prov.get("device") or {}).get("name", "unknown GPU")
+    note = f"measured on {prov.get('date', '?')} with `{prov.get('command', '?')}`"
+    out = ceilings_from_rows(doc["rows"], name, note)
+    out["provenance"]["measured"] = prov
+    return out
+
+
+def roofline_data(device=None) -> dict:
+    """Measure the reader's GPU when there is one, else load the committed H200 figures."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        return measure_roofline(device)
+    return load_roofline_data()
+
+
 __all__ = ["DATA_ENV", "PRODUCERS", "ResultsMissing", "load_results", "data_path", "find", "describe",
-           "local_data_dir", "raw_url", "cache_dir", "producer"]
+           "local_data_dir", "raw_url", "cache_dir", "producer", "data_dir", "load_roofline_data",
+           "roofline_data", "read_repository", "REPO_URL", "BRANCH"]

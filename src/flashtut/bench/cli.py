@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from . import registry
 from ..costs.flops import MODES
 from .provenance import collect
-from .report import format_ratio_table, memory_table, notes, ratio_table, roofline_table, speed_table
+from .report import memory_table, notes, roofline_table, speed_table
 from .results import save_results
-from .roofline import MATMUL_DTYPES, run_roofline
+from .roofline import MATMUL_DTYPES, copy_bandwidth, matmul_rate
 from .sweeps import MEMORY_PRESETS, PRESETS, dtype_name, parse_dtype, protocol_cases, run_memory, run_speed
 
 EXAMPLES = """examples:
@@ -22,8 +25,17 @@ EXAMPLES = """examples:
   python -m flashtut.bench run --impl naive,tiled -N 200,333 --nk 257 -D 64 --heads 2 --batch 1 --dtype float32
   python -m flashtut.bench memory --preset protocol --impl naive,sdpa-flash,triton,cuda --out memory.json
   python -m flashtut.bench roofline --out roofline.json
-  python -m flashtut.bench plot speed.json memory.json roofline.json --out-dir figures
+  python -m flashtut.bench run --preset cuda-ladder --out ladder.json      # presets: see run --help
+  python -m flashtut.bench host --label after --out host.json
+  python -m flashtut.figures plot speed.json memory.json roofline.json --out-dir figures   # draw them
 """
+
+#: upper bounds of the numeric options: beyond them a run would not finish (a warm-up of hours) or
+#: a value cannot be used at all (torch seeds are 64-bit)
+MAX_BUDGET_MS = 60_000.0
+MAX_SEED = 2**63 - 1
+MAX_THREADS = 4096
+MAX_INT = 2**31 - 1            # sizes, counts: beyond it no tensor dimension or loop is meaningful
 
 
 # ------------------------------------------------------------------------------- parsing
@@ -34,6 +46,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**31 - 1, got {value}")
     return value
 
 
@@ -42,9 +56,68 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def _budget_ms(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_BUDGET_MS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_BUDGET_MS:g} ms per measurement, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**63 - 1, got {text!r}")
+    return value
+
+
+def _thread_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {value}")
+    return value
+
+
+def _writable_parent(path: Path, what: str) -> None:
+    """The first existing folder above ``path`` must be a writable folder (not a file)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{what} {str(path)!r} lies under {str(parent)!r}, which is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{what} {str(path)!r}: the folder {str(parent)!r} is not writable")
+
+
+def output_file(text: str) -> Path:
+    """An ``--out`` file, checked before anything is measured: not a folder, not under a file."""
+    path = Path(text).expanduser()
+    if not text or path.is_dir() or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; accepted: the path of a .json file to write")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not writable")
+    _writable_parent(path, "output file")
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """An ``--out-dir`` folder, checked before anything is drawn: a folder, or creatable as one."""
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a file; accepted: a folder (created if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"the folder {text!r} is not writable")
+        return path
+    _writable_parent(path, "output folder")
+    return path
 
 
 def _int_list(text: str) -> list[int]:
@@ -88,7 +161,7 @@ def _flatten(values):
 
 
 def _threads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=_positive_int,
+    p.add_argument("--threads", type=_thread_count,
                    help="CPU threads for torch (torch.set_num_threads); on a busy machine 1 gives steadier times")
 
 
@@ -97,10 +170,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", action="append", metavar="LIST",
                    help="implementations or groups, comma-separated or repeated (see `list`); "
                         "default: naive,tiled on the CPU, all on a GPU")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--force", action="store_true", help="run tiled even above its size limit")
     _threads(p)
-    p.add_argument("--out", metavar="FILE.json", help="write the rows and their provenance as JSON here")
+    p.add_argument("--out", metavar="FILE.json", type=output_file,
+                   help="write the rows and their provenance as JSON here (rewritten as the sweep goes)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="always show the progress bar (default: only on a terminal)")
@@ -110,8 +184,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m flashtut.bench",
-        description="Check, time and plot attention implementations side by side "
-                    "(naive, tiled, PyTorch SDPA backends, Triton, CUDA). Full documentation: "
+        description="Check and time attention implementations side by side "
+                    "(naive, tiled, PyTorch SDPA backends, Triton, CUDA) and write the results; "
+                    "python -m flashtut.figures plot draws them. Full documentation: "
                     "the docstring of flashtut.bench (python -c 'import flashtut.bench as b; help(b)').",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -146,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--tokens", type=_positive_int, help="total tokens: batch = tokens // N")
     p.add_argument("--causal", choices=sorted(_CAUSAL), help="causal masking: yes, no or both")
     p.add_argument("--scale", type=_positive_float, help="softmax scale (default 1/sqrt(D))")
-    p.add_argument("--warmup-ms", type=_positive_float, default=25.0, help="warm-up budget per measurement (ms)")
-    p.add_argument("--rep-ms", type=_positive_float, default=100.0, help="timing budget per measurement (ms)")
+    p.add_argument("--warmup-ms", type=_budget_ms, default=25.0, help="warm-up budget per measurement (ms)")
+    p.add_argument("--rep-ms", type=_budget_ms, default=100.0, help="timing budget per measurement (ms)")
     p.add_argument("--ref-budget-gib", type=_positive_float,
                    help="memory for the reference on a GPU (default 4): it runs on a slice of batch and heads that fits")
     p.add_argument("--memory", action="store_true", help="also record each call's peak extra memory")
@@ -179,25 +254,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"matmul dtypes, comma-separated, of {', '.join(MATMUL_DTYPES)}")
     p.add_argument("--copy-mib", type=_positive_int, help="bytes copied, MiB (default 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--matmul-n", type=_positive_int, help="matrix size n (default 8192 on a GPU, 1024 on the CPU)")
-    p.add_argument("--warmup-ms", type=_positive_float, default=25.0)
-    p.add_argument("--rep-ms", type=_positive_float, default=100.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-ms", type=_budget_ms, default=25.0)
+    p.add_argument("--rep-ms", type=_budget_ms, default=100.0)
+    p.add_argument("--seed", type=_seed, default=0)
     _threads(p)
-    p.add_argument("--out", metavar="FILE.json")
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
 
-    p = sub.add_parser("plot", help="draw the figures from result files",
-                       description="Draw TFLOP/s against N (per head dim and mode), memory against N, "
-                                   "the CUDA ladder, the roofline, and the table of ratios to the baseline.")
-    p.add_argument("files", nargs="+", metavar="FILE.json", help="results written by run, memory or roofline")
-    p.add_argument("--out-dir", default="bench-figures", help="where to write (default bench-figures/)")
-    p.add_argument("--format", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
-    p.add_argument("--baseline", default="sdpa-flash", help="implementation the ratio table divides by")
+    p = sub.add_parser("host", help="host time per call at a tiny size (per-call overhead)",
+                       description="Microseconds per call of each entry point, forward and forward + "
+                                   "backward, at B=1, H=1, N=128, D=64, float16: best of five runs of "
+                                   "back-to-back calls. GPU only.")
+    p.add_argument("--impl", action="append", metavar="LIST",
+                   help="implementations, comma-separated or repeated (default cuda,triton,sdpa-flash)")
+    p.add_argument("--calls", type=_positive_int, default=1000, help="calls per run (default 1000)")
+    p.add_argument("--label", default="this checkout", help="the version measured (default 'this checkout')")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
     return parser
 
 
 # ------------------------------------------------------------------------------- commands
-def _impls(parser, args, device):
-    spec = _flatten([[s] for s in args.impl]) if args.impl else (["naive", "tiled"] if device.type == "cpu" else ["all"])
+def _impls(parser, args, device, preset=None):
+    default = (["naive", "tiled"] if device.type == "cpu" else ["all"])
+    spec = _flatten([[s] for s in args.impl]) if args.impl else list((preset or {}).get("impls") or default)
     try:
         return registry.expand(spec)
     except ValueError as e:
@@ -243,7 +322,7 @@ def _cmd_list(args) -> int:
 def _cmd_run(parser, args, argv) -> int:
     device = args.device
     preset = PRESETS[args.preset or ("protocol" if device.type == "cuda" else "cpu")]
-    impls = _impls(parser, args, device)
+    impls = _impls(parser, args, device, preset)
     modes = _flatten(args.mode) or list(preset["modes"])
     dtypes = _flatten(args.dtype) or [parse_dtype(d) for d in preset["dtypes"]]
     seqlens = _flatten(args.seqlen) or list(preset["seqlens"])
@@ -268,6 +347,8 @@ def _cmd_run(parser, args, argv) -> int:
         rows = run_speed(impls, cases, modes, device, args.warmup_ms, args.rep_ms, args.seed, args.force,
                          budget, args.memory, args.progress, on_row=saver)
     finally:                            # an interrupted sweep still leaves what it measured
+        if any(i.name == "triton" for i in impls):
+            config["triton_configs"] = registry.triton_tuning()
         saver.flush()
     print(speed_table(rows, args.baseline, args.markdown))
     for line in notes(rows):
@@ -326,41 +407,44 @@ def _cmd_roofline(parser, args, argv) -> int:
         if d not in MATMUL_DTYPES:
             parser.error(f"unknown matmul dtype {d!r}; accepted: {', '.join(MATMUL_DTYPES)}")
     copy_bytes = args.copy_mib * 2**20 if args.copy_mib else None
-    rows = run_roofline(args.device, dtypes, copy_bytes, args.matmul_n, args.warmup_ms, args.rep_ms, args.seed)
+    saver = _Saver(args.out, "roofline", collect(args.device, argv),
+                   {"dtypes": dtypes, "copy_bytes": copy_bytes, "matmul_n": args.matmul_n}, every_s=0.0)
+    try:
+        saver(copy_bandwidth(args.device, copy_bytes, args.warmup_ms, args.rep_ms, args.seed))
+        for dtype in dtypes:                # each row is saved as soon as it is measured
+            saver(matmul_rate(args.device, dtype, args.matmul_n, args.warmup_ms, args.rep_ms, args.seed))
+    finally:
+        saver.flush()
+    rows = saver.rows
     print(f"roofline ceilings on {args.device}:")
     print(roofline_table(rows))
     if args.out:
-        save_results(args.out, "roofline", rows, collect(args.device, argv),
-                     {"dtypes": dtypes, "copy_bytes": copy_bytes, "matmul_n": args.matmul_n})
         print(f"wrote {len(rows)} rows to {args.out}")
-    return 0
+    return 1 if any(r.get("status") == "error" for r in rows) else 0
 
 
-def _cmd_plot(parser, args) -> int:
-    import matplotlib
+def _cmd_host(parser, args, argv) -> int:
+    from .host import HOST_IMPLS, run_host
 
-    matplotlib.use("Agg")           # files only: no display needed
-    from .plot import draw_all
-    from .results import load_rows
-
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    for f in formats:
-        if f not in ("png", "svg", "pdf"):
-            parser.error(f"unknown format {f!r}; accepted: png, svg, pdf")
+    if not torch.cuda.is_available():
+        parser.error("host needs a CUDA GPU (it times kernel launches); torch sees none")
+    spec = _flatten([[s] for s in args.impl]) if args.impl else list(HOST_IMPLS)
     try:
-        rows = load_rows(*args.files)
-    except (OSError, ValueError) as e:
+        impls = [i.name for i in registry.expand(spec)]
+    except ValueError as e:
         parser.error(str(e))
-    written = draw_all(rows, args.out_dir, formats, args.baseline)
-    if not written:
-        print("nothing to draw: no successful rows in " + ", ".join(args.files), file=sys.stderr)
-        return 1
-    for path in written:
-        print(f"wrote {path}")
-    table = ratio_table(rows, args.baseline)
-    if table:
-        print(format_ratio_table(table, args.baseline))
-    return 0
+    saver = _Saver(args.out, "host", collect(torch.device("cuda"), argv),
+                   {"impls": impls, "calls": args.calls, "label": args.label}, every_s=0.0)
+    try:
+        run_host(impls, args.calls, args.label, seed=args.seed, on_row=saver)
+    finally:
+        saver.flush()
+    for r in saver.rows:
+        value = f"{r['us_per_call']:8.1f} us per call" if r["us_per_call"] is not None else f"{r['status']}: {r['reason']}"
+        print(f"{args.label:>14s}  {r['entry']:24s} {value}")
+    if args.out:
+        print(f"wrote {len(saver.rows)} rows to {args.out}")
+    return 1 if any(r["status"] == "error" for r in saver.rows) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +459,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_run(parser, args, argv)
     if args.command == "memory":
         return _cmd_memory(parser, args, argv)
-    if args.command == "roofline":
-        return _cmd_roofline(parser, args, argv)
-    return _cmd_plot(parser, args)
+    if args.command == "host":
+        return _cmd_host(parser, args, argv)
+    return _cmd_roofline(parser, args, argv)

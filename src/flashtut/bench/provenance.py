@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..version import __version__
+
 
 def _dist_version(name: str) -> str | None:
     try:
@@ -86,8 +88,6 @@ def command_line(argv: list[str] | None) -> str | None:
 def collect(device, argv: list[str] | None = None, call: str | None = None) -> dict:
     """Provenance of a run on ``device``; ``argv`` is the CLI's argument list, ``call`` a
     description of a Python-level call when there was no command line."""
-    from .. import __version__
-
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

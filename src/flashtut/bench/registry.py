@@ -7,8 +7,11 @@ other modules and imported only when asked about, so a machine without triton, c
 gets a reason instead of a traceback.
 
 Names: ``naive``, ``tiled``, ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``,
-``triton``, ``cuda``, and the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
-time from ``flashtut.cuda.VARIANTS``. Groups: ``all``, ``sdpa``, ``cuda-ladder``.
+``triton``, ``cuda``, the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
+time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
+``cuda-v3[wW,nN,mtM]`` (W warps, N keys per tile, M 16-row tiles per warp; the launch function's
+``warps``, ``block_n`` and ``m_tiles``). Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles``
+(the shapes of :data:`TILE_CHOICES`).
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
 to see the correctness check catch it).
@@ -20,6 +23,7 @@ import importlib
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -244,7 +248,41 @@ def _builtin() -> dict[str, Impl]:
 
 _REGISTRY: dict[str, Impl] = _builtin()
 _LADDER_RE = re.compile(r"^cuda-(v\d+\w*)$")
-GROUPS = ("all", "sdpa", "cuda-ladder")
+_TILE_RE = re.compile(r"^cuda-v3\[w(\d+),n(\d+),mt(\d+)\]$")
+GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles")
+
+#: (warps, keys per tile, 16-row tiles per warp) of the fast kernel tried by the group ``cuda-tiles``,
+#: per head dim: the exploration behind the kernel's default tile shapes
+TILE_CHOICES = {128: [(8, 64, 1), (8, 128, 1), (4, 64, 1), (4, 32, 2), (8, 32, 2), (4, 64, 2)],
+                64: [(8, 64, 1), (8, 128, 1), (4, 128, 1), (4, 64, 2), (8, 64, 2), (4, 128, 2)]}
+
+
+def tile_name(warps: int, block_n: int, m_tiles: int) -> str:
+    return f"cuda-v3[w{warps},n{block_n},mt{m_tiles}]"
+
+
+def _tile_impl(name: str, warps: int, block_n: int, m_tiles: int) -> Impl:
+    def fwd(q, k, v, causal, scale):
+        from ..cuda.attention import cuda_forward
+        return cuda_forward(q, k, v, causal=causal, scale=scale, variant="v3", warps=warps,
+                            block_n=block_n, m_tiles=m_tiles)
+
+    cuda_ok = _cuda_available("flashtut.cuda.attention")
+
+    def available(device, dtype, D):
+        if (warps, block_n, m_tiles) not in TILE_CHOICES.get(D, ()):
+            return False, f"tile shape {name} is not among TILE_CHOICES for D={D}"
+        return cuda_ok(device, dtype, D)
+
+    return Impl(name, f"the fast CUDA forward at {warps} warps, {block_n} keys per tile, {m_tiles} 16-row "
+                "tiles per warp (forward only)", fwd, None, available=available, group="cuda-tiles")
+
+
+def triton_tuning() -> dict:
+    """The configuration Triton's autotuner picked for each key so far (empty when the Triton
+    kernels were not imported, or autotuning is off): recorded with a run's results."""
+    mod = sys.modules.get("flashtut.triton.attention")   # not imported: the kernels never ran
+    return mod.best_configs() if mod is not None else {}
 
 
 # ------------------------------------------------------------------------------ the ladder
@@ -313,6 +351,9 @@ def get(name: str) -> Impl:
     """The implementation called ``name``; ``ValueError`` listing the known names if none."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    m = _TILE_RE.match(name)
+    if m:
+        return _tile_impl(name, *(int(g) for g in m.groups()))
     m = _LADDER_RE.match(name)
     if m:
         variants, reason = ladder_variants()
@@ -339,6 +380,8 @@ def expand(spec) -> list[Impl]:
                 group = [n for n in _REGISTRY if _REGISTRY[n].group == "sdpa"]
             elif name == "cuda-ladder":
                 group = [f"cuda-{v}" for v in ladder_variants()[0]]
+            elif name == "cuda-tiles":
+                group = list(dict.fromkeys(tile_name(*t) for ts in TILE_CHOICES.values() for t in ts))
             else:
                 get(name)            # raises for an unknown name
                 group = [name]

@@ -1,7 +1,26 @@
 """Text tables of results: what the CLI prints at the end and what a notebook can show."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+
+IMPL_ORDER = ["naive", "tiled", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "triton", "cuda"]
+
+
+def ladder_key(name: str):
+    """Sort key of a CUDA ladder step's name: ``cuda-v2`` before ``cuda-v10``."""
+    m = re.match(r"cuda-v(\d+)(.*)", name)
+    return (int(m.group(1)), m.group(2)) if m else (10**6, name)
+
+
+def impl_order(names) -> list[str]:
+    """Reference implementations first, then PyTorch's, then ours, then the ladder in order."""
+    names = list(dict.fromkeys(names))
+    known = [n for n in IMPL_ORDER if n in names]
+    ladder = sorted((n for n in names if n.startswith("cuda-v")), key=ladder_key)
+    rest = sorted(n for n in names if n not in known and n not in ladder)
+    return known + ladder + rest
+
 
 SPEED_KEY = ("mode", "dtype", "B", "H", "Nq", "Nk", "D", "causal")
 
@@ -125,8 +144,6 @@ def ratio_table(rows: list[dict], baseline: str = "sdpa-flash") -> list[dict]:
 
 def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown: bool = True) -> str:
     """``ratio_table`` as text: one line per case, one column per implementation."""
-    from .plot import impl_order
-
     impls = impl_order(i for e in table for i in e["ratios"])
     devices = len({e.get("device") for e in table}) > 1
     header = (["device"] if devices else []) + ["mode", "dtype", "D", "N", "causal", f"{baseline} TFLOP/s"] \

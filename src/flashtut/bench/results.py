@@ -1,11 +1,10 @@
-"""JSON files of benchmark results: one schema for speed, memory and roofline runs.
+"""JSON files of benchmark results: one schema for every measurement the book commits.
 
-A file is ``{"schema": ..., "kind": "speed" | "memory" | "roofline", "provenance": {...},
-"config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement each) so a notebook can
-filter them with a list comprehension or load them into a DataFrame.
-
-``normalise_rows`` also accepts the older layout of ``shared/anchors/h200.json`` (one row per
-shape with ``fwd_tflops``/``bwd_tflops``, and ``mem`` rows), so plots work on both.
+A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host",
+"provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
+each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
+``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
+names the file and row that is malformed.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline")
+KINDS = ("speed", "memory", "roofline", "host")
 
 
 def _clean(x):
@@ -40,30 +39,94 @@ def save_results(path, kind: str, rows: list[dict], provenance: dict, config: di
     return path
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def check_row(row, kind: str | None = None) -> str | None:
+    """Why ``row`` is not a valid results row (of ``kind``, else of its own ``kind``), or None."""
+    if not isinstance(row, dict):
+        return f"expected an object, got {type(row).__name__}"
+    kind = row.get("kind", kind)
+    if kind not in KINDS:
+        return f"kind: got {kind!r}; accepted: {', '.join(KINDS)}"
+    status = row.get("status", "ok")
+    if not isinstance(status, str):
+        return f"status: got {status!r}; accepted: a string such as 'ok'"
+    optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
+                        "roofline": ("tflops", "gb_per_s", "ms"), "host": ()}[kind]
+    for key in optional_numbers:
+        if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
+            return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
+    if kind in ("speed", "memory"):
+        if not isinstance(row.get("impl"), str):
+            return f"impl: got {row.get('impl')!r}; accepted: an implementation name"
+        for key in ("B", "H", "N", "D"):
+            if not _count(row.get(key)):
+                return f"{key}: got {row.get(key)!r}; accepted: a positive integer"
+        if not isinstance(row.get("dtype"), str):
+            return f"dtype: got {row.get('dtype')!r}; accepted: a dtype name such as 'float16'"
+        if not isinstance(row.get("causal", False), bool):
+            return f"causal: got {row.get('causal')!r}; accepted: true or false"
+    if kind == "speed":
+        if row.get("mode") not in ("fwd", "bwd"):
+            return f"mode: got {row.get('mode')!r}; accepted: 'fwd' or 'bwd'"
+        if status == "ok" and row.get("tflops") is None:
+            return "tflops: missing in a row whose status is 'ok'"
+    if kind == "roofline":
+        if row.get("what") not in ("copy", "matmul"):
+            return f"what: got {row.get('what')!r}; accepted: 'copy' or 'matmul'"
+        if row["what"] == "matmul" and not isinstance(row.get("dtype"), str):
+            return f"dtype: got {row.get('dtype')!r}; accepted: a matmul dtype name"
+        if status == "ok" and row.get("gb_per_s" if row["what"] == "copy" else "tflops") is None:
+            return "a row whose status is 'ok' has no measured rate"
+    if kind == "host":
+        if not isinstance(row.get("entry"), str):
+            return f"entry: got {row.get('entry')!r}; accepted: the name of what was called"
+        if not (_number(row.get("us_per_call")) and row["us_per_call"] > 0):
+            return f"us_per_call: got {row.get('us_per_call')!r}; accepted: a positive number"
+    return None
+
+
 def load_results(path) -> dict:
-    """Read one results file; a file without ``kind`` (the anchors layout) is normalised."""
+    """Read one results file, checking its layout and every row; ``ValueError`` names the file
+    and, for a malformed row, its index and what is wrong with it."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"{path} has no 'rows' list: not a flashtut.bench results file")
-    if "kind" not in doc:
-        doc = {"schema": None, "kind": "mixed", "provenance": {"what": doc.get("what")},
-               "config": {}, "rows": doc["rows"]}
-    doc["rows"] = normalise_rows(doc["rows"], kind=doc["kind"])
+    if doc.get("schema") != SCHEMA or doc.get("kind") not in KINDS:
+        raise ValueError(f"{path}: schema {doc.get('schema')!r}, kind {doc.get('kind')!r}; accepted: "
+                         f"schema {SCHEMA!r} and kind one of {', '.join(KINDS)} (the files "
+                         "`python -m flashtut.bench` writes)")
+    if not isinstance(doc.get("provenance"), dict):
+        raise ValueError(f"{path}: 'provenance' must be an object (where the measurement came from)")
+    for i, row in enumerate(doc["rows"]):
+        why = check_row(row, doc["kind"])
+        if why:
+            raise ValueError(f"{path}: row {i}: {why}")
+    doc["rows"] = [dict(r, kind=r.get("kind", doc["kind"])) for r in doc["rows"]]
     return doc
 
 
 def measurement_key(row: dict) -> tuple:
     """What one measurement is of: two rows with the same key measured the same thing (on the same
-    device), so a newer one replaces an older one. Rows of a layout this module does not know
-    (kind ``mixed``) are never merged."""
-    if row.get("kind") not in ("speed", "memory", "roofline"):
+    device), so a newer one replaces an older one."""
+    if row.get("kind") not in KINDS:
         return ("unmerged", id(row))
     if row.get("kind") == "roofline":
         return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
+    if row.get("kind") == "host":
+        return ("host", row.get("device"), row.get("entry"), row.get("version"))
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
             row.get("D"), bool(row.get("causal")))
@@ -98,32 +161,3 @@ def load_rows(*paths) -> list[dict]:
             rows.append(r)
         tagged.append((str(prov.get("date") or ""), Path(p).name, rows))
     return merge_latest(tagged)
-
-
-def normalise_rows(rows: list[dict], kind: str | None = None) -> list[dict]:
-    """Rows in this module's layout: ``anchors``-style rows are split per mode and tagged."""
-    out = []
-    for r in rows:
-        if "kind" in r:
-            out.append(r)
-        elif "mem" in r:        # anchors: {"mem": impl, "N": .., "extra_peak_MiB": ..}
-            mib = r.get("extra_peak_MiB")
-            mib = mib if isinstance(mib, (int, float)) and not isinstance(mib, bool) else None  # "OOM"
-            out.append({"kind": "memory", "impl": r["mem"], "mode": "fwd", "N": r["N"],
-                        "Nq": r["N"], "Nk": r["N"], "B": r.get("B", 1), "H": r.get("H", 16),
-                        "D": r.get("D", 128), "dtype": r.get("dtype", "float16"), "causal": False,
-                        "status": "ok" if mib is not None else "oom",
-                        "peak_extra_bytes": None if mib is None else int(mib * 2**20)})
-        elif "fwd_tflops" in r or "bwd_tflops" in r:
-            for mode in ("fwd", "bwd"):
-                t = r.get(f"{mode}_tflops")
-                if t is None:
-                    continue
-                row = {k: v for k, v in r.items() if not k.endswith("_tflops")}
-                row.update(kind="speed", mode=mode, tflops=t, status="ok",
-                           Nq=r.get("N"), Nk=r.get("N"), causal=r.get("causal", False),
-                           dtype=r.get("dtype", "float32"))
-                out.append(row)
-        else:
-            out.append(dict(r, kind=kind))
-    return out

@@ -8,9 +8,11 @@ kernels with fewer FLOPs per byte than that are memory-bound here (Williams et a
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
+from ..devices import default_device
 from .memory import is_oom, release_cached
 from .timing import time_fn, timer_name
 
@@ -80,9 +82,34 @@ def run_roofline(device=None, dtypes=("float16", "bfloat16", "float32"), copy_by
                  matmul_n: int | None = None, warmup_ms: float = 25, rep_ms: float = 100,
                  seed: int = 0) -> list[dict]:
     """Copy bandwidth and matrix-multiply rates: the roofline's two ceilings."""
-    from .sweeps import default_device
-
     device = torch.device(device) if device is not None else default_device()
     rows = [copy_bandwidth(device, copy_bytes, warmup_ms, rep_ms, seed)]
     rows += [matmul_rate(device, d, matmul_n, warmup_ms, rep_ms, seed) for d in dtypes]
     return rows
+
+
+def ceilings_from_rows(rows: list[dict], device_name: str, note: str) -> dict:
+    """The roofline's two ceilings from rows of :func:`run_roofline`: ``{"provenance": {...},
+    "copy_bandwidth_GBps": float, "matmul_tflops": {dtype: float}}``; matrix rates that did not
+    run (``status`` not ``ok``) are left out."""
+    copies = [r for r in rows if r.get("what") == "copy" and r.get("status") == "ok"]
+    if not copies:
+        raise ValueError(f"rows: no successful copy measurement among {len(rows)} rows")
+    rates = {r["dtype"]: round(r["tflops"], 1) for r in rows
+             if r.get("what") == "matmul" and r.get("status") == "ok"}
+    return {"provenance": {"provisional": False, "device": device_name, "note": note},
+            "copy_bandwidth_GBps": round(copies[0]["gb_per_s"], 1),
+            "matmul_tflops": rates}
+
+
+def measure_roofline(device=None) -> dict:
+    """The reader's GPU: copy bandwidth and matrix-multiply rates, as :func:`ceilings_from_rows`."""
+    device = torch.device(device if device is not None else "cuda")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("this measurement needs a CUDA GPU; without one, load the committed H200 "
+                           "figures with flashtut.results_data.load_roofline_data()")
+    major, minor = torch.cuda.get_device_capability(device)
+    dtypes = ("float16", "bfloat16", "float32") if major >= 8 else ("float16", "float32")
+    note = (f"measured live with flashtut.bench.roofline (sm_{major}{minor}, torch {torch.__version__}) "
+            f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return ceilings_from_rows(run_roofline(device, dtypes=dtypes), torch.cuda.get_device_name(device), note)

@@ -22,6 +22,7 @@ from ..costs.flops import MODES, attention_flops, tflops
 from .memory import cpu_method, is_oom, peak_extra_memory, release_cached
 from .registry import AUTOGRAD, Impl
 from .timing import time_fn, timer_name
+from ..devices import default_device
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16,
@@ -74,10 +75,11 @@ class Case:
 
 
 # ------------------------------------------------------------------------------- presets
-#: name -> what it is, and the sweep (tokens: batch = tokens // N; heads from hidden // D)
+#: name -> what it is, and the sweep (tokens: batch = tokens // N; heads from hidden // D); ``impls``
+#: (when there) is the preset's default list of implementations
 PRESETS = {
     "protocol": dict(
-        what="DESIGN.md performance protocol (FlashAttention-2 paper sweep): 16k tokens, hidden 2048",
+        what="the book's performance protocol (FlashAttention-2 paper sweep): 16k tokens, hidden 2048",
         tokens=16384, hidden=2048, head_dims=(64, 128), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
         dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
     "cpu": dict(
@@ -88,10 +90,29 @@ PRESETS = {
         what="a seconds-long check that everything runs: 2 heads, N 61 and 128 (odd on purpose)",
         tokens=128, hidden=64, head_dims=(32,), seqlens=(61, 128), dtypes=("float32",),
         causal=(False, True), modes=("fwd", "bwd")),
+    "triton-autotune": dict(
+        what="chapter 07: the Triton kernels against SDPA flash at the protocol's long shapes (run it "
+             "with autotuning on; the picked configurations are saved with the results)",
+        impls=("triton", "sdpa-flash"), tokens=16384, hidden=2048, head_dims=(64, 128), seqlens=(4096, 16384),
+        dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
+    "triton-sweep": dict(
+        what="chapter 07's speed against N: Triton, SDPA flash and naive attention, D 128, float16",
+        impls=("triton", "sdpa-flash", "naive"), tokens=16384, hidden=2048, head_dims=(128,),
+        seqlens=(512, 1024, 2048, 4096, 8192, 16384), dtypes=("float16",), causal=(False, True),
+        modes=("fwd", "bwd")),
+    "cuda-ladder": dict(
+        what="chapter 08: naive attention, every CUDA forward step (forward only), the fast kernel and SDPA "
+             "flash, forward and backward, N 4096 and 16384, D 128 and 64, float16 and bfloat16",
+        impls=("naive", "cuda-ladder", "cuda", "sdpa-flash"), tokens=16384, hidden=2048, head_dims=(128, 64),
+        seqlens=(4096, 16384), dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
+    "cuda-tiles": dict(
+        what="the fast CUDA forward at other tile shapes (registry.TILE_CHOICES), float16, N 4096 and 16384",
+        impls=("cuda-tiles", "cuda"), tokens=16384, hidden=2048, head_dims=(128, 64), seqlens=(4096, 16384),
+        dtypes=("float16",), causal=(False, True), modes=("fwd",)),
 }
 
 MEMORY_PRESETS = {
-    "protocol": dict(what="DESIGN.md memory sweep: one forward, B=1, H=16, D=128, float16",
+    "protocol": dict(what="the book's memory sweep: one forward, B=1, H=16, D=128, float16",
                      B=1, H=16, D=128, dtype="float16", n_min=1024, n_max=131072),
     "cpu": dict(what="the memory sweep scaled down for a CPU: B=1, H=2, D=64, float32",
                 B=1, H=2, D=64, dtype="float32", n_min=256, n_max=4096),
@@ -118,10 +139,6 @@ def preset_cases(name: str) -> tuple[list[Case], tuple]:
     p = PRESETS[name]
     return (protocol_cases(p["tokens"], p["seqlens"], p["head_dims"], p["dtypes"], p["causal"], hidden=p["hidden"]),
             p["modes"])
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ------------------------------------------------------------------------------- helpers

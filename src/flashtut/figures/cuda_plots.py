@@ -1,5 +1,6 @@
 """Figures of chapter 08 (CUDA): who holds which data, the mma fragment layout, the swizzle, and
-the measured ladder. Every function returns a matplotlib Figure drawn in the book's style."""
+the fast kernel against SDPA flash (from ``flashtut.bench`` speed rows). Every function returns a
+matplotlib Figure drawn in the book's style."""
 from __future__ import annotations
 
 import numpy as np
@@ -139,33 +140,10 @@ def swizzle_banks(rows: int = 8, chunks: int = 8):
     return fig
 
 
-def ladder_bars(rows, N: int = 4096, D: int = 128, dtype: str = "float16"):
-    """Forward TFLOP/s of naive attention, each ladder step and SDPA-flash, non-causal and
-    causal, from benchmark rows (``book/data/cuda_h200.json`` or a live run)."""
-    order = ["naive", "cuda-v1", "cuda-v2", "cuda-v3", "sdpa-flash"]
-    fig, ax = subplots(figsize=(7.5, 3.4))
-    width = 0.38
-    for i, causal in enumerate((False, True)):
-        vals = []
-        for name in order:
-            match = [r for r in rows if r.get("impl") == name and r.get("N") == N and r.get("D") == D
-                     and r.get("dtype") == dtype and r.get("causal") == causal and "fwd_tflops" in r]
-            vals.append(match[0]["fwd_tflops"] if match else 0.0)
-        x = np.arange(len(order)) + (i - 0.5) * width
-        bars = ax.bar(x, vals, width, label="causal" if causal else "full", color=PALETTE[i])
-        for b, val in zip(bars, vals):
-            ax.text(b.get_x() + b.get_width() / 2, val, f"{val:.0f}" if val >= 10 else f"{val:.1f}",
-                    ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(order)), order)
-    ax.set_ylabel("forward TFLOP/s")
-    ax.set_title(f"the ladder, N = {N}, D = {D}, {dtype}")
-    ax.legend()
-    return fig
-
-
-def fast_vs_sdpa(rows, D: int = 128, key: str = "fwd_tflops"):
-    """TFLOP/s against N of the fast CUDA kernel and SDPA-flash, for each dtype and causal.
-    Where a run measured a point twice (the ladder and the fast-kernel sweep), the first counts."""
+def fast_vs_sdpa(rows, D: int = 128, mode: str = "fwd"):
+    """TFLOP/s against N of the fast CUDA kernel and SDPA-flash, for each dtype and causal, from
+    ``flashtut.bench`` speed rows of pass ``mode``. Where rows measured a point twice, the first
+    counts. (The ladder's bars are ``flashtut.figures.bench_plots.ladder_figure``.)"""
     fig, ax = subplots(figsize=(7, 3.8))
     styles = {"cuda": "-", "sdpa-flash": "--"}
     short = {"float16": "fp16", "bfloat16": "bf16"}
@@ -176,8 +154,8 @@ def fast_vs_sdpa(rows, D: int = 128, key: str = "fwd_tflops"):
                 pts = {}
                 for r in rows:
                     if (r.get("impl") == impl and r.get("D") == D and r.get("dtype") == dtype
-                            and r.get("causal") == causal and key in r):
-                        pts.setdefault(r["N"], r[key])
+                            and r.get("causal") == causal and r.get("mode") == mode and r.get("tflops")):
+                        pts.setdefault(r["N"], r["tflops"])
                 if pts:
                     xs = sorted(pts)
                     ax.plot(xs, [pts[x] for x in xs], ls, marker="o", color=PALETTE[k % len(PALETTE)],
@@ -186,7 +164,7 @@ def fast_vs_sdpa(rows, D: int = 128, key: str = "fwd_tflops"):
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("sequence length N")
-    ax.set_ylabel(key.replace("_", " ").replace("tflops", "TFLOP/s"))
+    ax.set_ylabel(f"{mode} TFLOP/s")
     ax.set_title(f"fast CUDA kernel (solid) vs SDPA flash (dashed), D = {D}")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     return fig

@@ -1,15 +1,14 @@
 """Figures and tables of chapter 07 (Triton): the grid of programs, and the measured speed.
 
-The measured ones take the rows of ``book/data/triton_h200.json`` (or rows of the same shape
-measured live on the reader's GPU). Every figure function returns a matplotlib Figure in the
-book's style; ``results_table`` returns Markdown. ``versus_flash_table`` and
-``final_measurement_markdown`` turn ``flashtut.bench`` speed rows (``bench_h200_kernels.json``,
-the Triton and the CUDA kernels against SDPA flash) into the tables of the perf logs' "Final
-measurement" sections; ``untuned_vs_tuned_lines`` compares that run with the autotuned one.
+The measured ones take ``flashtut.bench`` speed rows (``results_data.load_results(
+"triton_h200.json")`` and ``"triton_h200_sweep.json"``, or rows measured live on the reader's
+GPU); nothing here opens a file. Every figure function returns a matplotlib Figure in the book's
+style; ``results_table`` returns Markdown. ``versus_flash_table`` and
+``final_measurement_markdown`` turn speed rows (``bench_h200_kernels.json``, the Triton and the
+CUDA kernels against SDPA flash) into the tables of the perf logs' "Final measurement" sections;
+``untuned_vs_tuned_lines`` compares that run with the autotuned one.
 """
 from __future__ import annotations
-
-import json
 
 from matplotlib.patches import Rectangle
 
@@ -20,10 +19,34 @@ _IMPL_STYLE = {"triton": (PALETTE[0], "o", "flashtut Triton"),
                "naive": (PALETTE[3], "^", "naive (PyTorch ops)")}
 
 
-def load_h200() -> dict:
-    """The committed H200 measurements of the Triton kernels (``book/data/triton_h200.json``)."""
-    from ..results_data import data_path
-    return json.loads(data_path("triton_h200.json").read_text())
+def side_by_side(rows, impl: str = "triton", other: str = "sdpa-flash") -> list[dict]:
+    """One dict per shape measured for both ``impl`` and ``other`` (speed rows, status ok): D, N,
+    B, H, dtype, causal, ``{mode}_tflops_{name}``, ``{mode}_ms_{name}``, ``{mode}_ratio`` (impl /
+    other), ``err_vs_fp32_{name}`` (the errors of both passes, where recorded) and ``accuracy_ok``
+    (impl's FlashAttention criterion, where recorded); ``name`` is the implementation with ``-``
+    written ``_``. In the order the rows first name each shape."""
+    shapes: dict = {}
+    for r in rows:
+        if r.get("kind") != "speed" or r.get("status") != "ok" or r.get("impl") not in (impl, other):
+            continue
+        key = (r["D"], r["N"], r["dtype"], bool(r["causal"]))
+        e = shapes.setdefault(key, {"D": r["D"], "N": r["N"], "B": r["B"], "H": r["H"], "dtype": r["dtype"],
+                                    "causal": bool(r["causal"])})
+        name = r["impl"].replace("-", "_")
+        e[f"{r['mode']}_tflops_{name}"] = r["tflops"]
+        e[f"{r['mode']}_ms_{name}"] = r.get("ms")
+        if r.get("err"):
+            e.setdefault(f"err_vs_fp32_{name}", {}).update(r["err"])
+        if r["impl"] == impl and r.get("fa_criterion") is not None:
+            e["accuracy_ok"] = e.get("accuracy_ok", True) and bool(r["fa_criterion"])
+    a, b = impl.replace("-", "_"), other.replace("-", "_")
+    out = []
+    for e in shapes.values():
+        if all(f"{m}_tflops_{a}" in e and f"{m}_tflops_{b}" in e for m in ("fwd", "bwd")):
+            for m in ("fwd", "bwd"):
+                e[f"{m}_ratio"] = round(e[f"{m}_tflops_{a}"] / e[f"{m}_tflops_{b}"], 3)
+            out.append(e)
+    return out
 
 
 def program_grid_figure(n_q: int = 300, n_k: int = 300, block_m: int = 64, block_n: int = 64,
@@ -63,14 +86,15 @@ def program_grid_figure(n_q: int = 300, n_k: int = 300, block_m: int = 64, block
 
 def speed_vs_n_figure(rows, title: str = ""):
     """TFLOP/s against N for each implementation; forward and backward, non-causal and causal.
-    ``rows``: dicts with impl, N, causal, fwd_tflops, bwd_tflops."""
+    ``rows``: ``flashtut.bench`` speed rows."""
     fig, axes = subplots(2, 2, figsize=(9.5, 6.4), sharex=True)
     for r, causal in enumerate((False, True)):
         for c, pas in enumerate(("fwd", "bwd")):
             ax = axes[r][c]
             for impl, (color, marker, label) in _IMPL_STYLE.items():
-                pts = sorted((x["N"], x[f"{pas}_tflops"]) for x in rows
-                             if x["impl"] == impl and bool(x["causal"]) == causal)
+                pts = sorted((x["N"], x["tflops"]) for x in rows
+                             if x.get("kind") == "speed" and x["impl"] == impl and x["mode"] == pas
+                             and x.get("status") == "ok" and bool(x["causal"]) == causal)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
             ax.set_xscale("log", base=2)
@@ -88,8 +112,9 @@ def speed_vs_n_figure(rows, title: str = ""):
 
 
 def ratio_figure(rows):
-    """Ours over SDPA flash, forward and backward, for every shape of the issue's protocol,
+    """Ours over SDPA flash, forward and backward, for every shape measured for both (speed rows),
     with the targets (forward 1.0x, backward 0.8x)."""
+    rows = side_by_side(rows)
     labels = [f"{'fp16' if r['dtype'] == 'float16' else 'bf16'} D{r['D']} N{r['N'] // 1024}k"
               + (" c" if r["causal"] else "") for r in rows]
     fig, ax = subplots(figsize=(10, 3.6))
@@ -108,14 +133,16 @@ def ratio_figure(rows):
 
 def results_table(rows) -> str:
     """Markdown table: shape, dtype, causal, forward and backward TFLOP/s of ours and of SDPA
-    flash, their ratios, and (where measured) the max errors against the fp32 reference."""
+    flash, their ratios, and (where measured) the max errors against the fp32 reference.
+    ``rows``: speed rows of ``triton`` and ``sdpa-flash``."""
+    rows = side_by_side(rows)
     head = ("| D | N | dtype | causal | fwd ours | fwd SDPA | ratio | bwd ours | bwd SDPA | ratio "
             "| max err ours (o, dq, dk, dv) | max err SDPA flash |\n"
             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|\n")
     lines = []
     for r in rows:
         errs = ["", ""]
-        if "err_vs_fp32_triton" in r:
+        if len(r.get("err_vs_fp32_triton", ())) == 4 and len(r.get("err_vs_fp32_sdpa_flash", ())) == 4:
             errs = [", ".join(f"{r[key][n]:.1e}" for n in ("o", "dq", "dk", "dv"))
                     for key in ("err_vs_fp32_triton", "err_vs_fp32_sdpa_flash")]
         lines.append(f"| {r['D']} | {r['N']} | {r['dtype']} | {'yes' if r['causal'] else 'no'} "
@@ -187,16 +214,15 @@ def versus_flash_table(rows, impl: str, modes=("fwd", "bwd")) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(summary)
 
 
-def final_measurement_markdown(impl: str, modes=("fwd", "bwd"),
-                               name: str = "bench_h200_kernels.json") -> str:
-    """The perf logs' "Final measurement" section body: the provenance of the committed file
-    ``name`` and :func:`versus_flash_table` of its rows. Printed by
+def final_measurement_markdown(rows, provenance: dict, impl: str, modes=("fwd", "bwd")) -> str:
+    """The perf logs' "Final measurement" section body: the ``provenance`` of one committed file
+    (an entry of ``results_data.load_results``'s second list) and :func:`versus_flash_table` of its
+    ``rows``. Printed by
 
-        python -c "from flashtut.figures import triton_plots as t; print(t.final_measurement_markdown('triton'))"
+        python -c "from flashtut import results_data as d; from flashtut.figures import triton_plots as t; \
+            rows, prov = d.load_results('bench_h200_kernels.json'); print(t.final_measurement_markdown(rows, prov[0], 'triton'))"
     """
-    from ..results_data import load_results
-    rows, prov = load_results(name)
-    p = prov[0]
+    p = provenance
     dev = p.get("device") or {}
     ver = p.get("versions") or {}
     cfg = p.get("config") or {}
@@ -210,9 +236,9 @@ def final_measurement_markdown(impl: str, modes=("fwd", "bwd"),
 
 def untuned_vs_tuned_lines(rows, tuned_rows) -> str:
     """Markdown lines comparing Triton rows of a ``flashtut.bench`` file (autotuning off) with
-    the autotuned run of ``book/data/triton_h200.json`` (its ``rows``), shape by shape: the
+    the autotuned run (speed rows of ``book/data/triton_h200.json``), shape by shape: the
     smallest and largest ratio untuned / autotuned TFLOP/s per pass and per head dimension."""
-    tuned = {(r["D"], r["N"], r["dtype"], bool(r["causal"])): r for r in tuned_rows}
+    tuned = {(r["D"], r["N"], r["dtype"], bool(r["causal"])): r for r in side_by_side(tuned_rows)}
     ratios: dict = {}
     for e in versus_flash_rows(rows, "triton"):
         t = tuned.get((e["D"], e["N"], e["dtype"], e["causal"]))

@@ -1,36 +1,17 @@
 """Figures of benchmark results, in the book's style (``flashtut.figures.style``).
 
-Every function takes loaded rows (``flashtut.bench.results.load_rows(path)``, or what
-``run_speed``/``run_memory``/``run_roofline`` returned) and returns a matplotlib ``Figure``, so a
-notebook can show it; ``draw_all`` writes every figure the rows allow to files (the ``plot``
-subcommand). An implementation keeps its colour and marker in every figure.
+Every function takes rows (``flashtut.results_data.load_results(name)``, or what
+``flashtut.bench.run_speed``/``run_memory``/``run_roofline`` returned) and returns a matplotlib
+``Figure``, so a notebook can show it; ``all_figures`` lists every figure the rows allow, which
+``python -m flashtut.figures plot`` writes to files. Nothing here opens a file. An
+implementation keeps its colour and marker in every figure.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from ..figures import style as _style
-from ..figures.style import PALETTE, subplots
-from .report import format_ratio_table, ratio_table
-from .results import normalise_rows
-
-_ORDER = ["naive", "tiled", "sdpa-math", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "triton", "cuda"]
-
-
-def _ladder_key(name: str):
-    m = re.match(r"cuda-v(\d+)(.*)", name)
-    return (int(m.group(1)), m.group(2)) if m else (10**6, name)
-
-
-def impl_order(names) -> list[str]:
-    """Reference implementations first, then PyTorch's, then ours, then the ladder in order."""
-    names = list(dict.fromkeys(names))
-    known = [n for n in _ORDER if n in names]
-    ladder = sorted((n for n in names if n.startswith("cuda-v")), key=_ladder_key)
-    rest = sorted(n for n in names if n not in known and n not in ladder)
-    return known + ladder + rest
-
+from ..bench.report import IMPL_ORDER, format_ratio_table, impl_order, ladder_key, ratio_table  # noqa: F401  (re-exported for notebooks)
+from . import roofline as _roofline
+from . import style as _style
+from .style import PALETTE, subplots
 
 _OTHERS: dict[str, int] = {}
 
@@ -38,14 +19,14 @@ _OTHERS: dict[str, int] = {}
 def impl_style(name: str) -> dict:
     """Colour, marker and line style of an implementation: the one table of
     ``flashtut.figures.style.IMPL_STYLE``; other names get the next spare colour, in order seen."""
-    base = name.split(" [")[0]
+    base = name.split(" [")[0]                     # "impl [device]" keeps the impl's look
     return _style.impl_style(base, _OTHERS.setdefault(base, len(_OTHERS)))
 
 
 def _rows(rows, kind):
     """Rows of one kind; when they come from more than one device, each row's ``series`` names
     its device too (``"impl [device]"``), so results of two machines are never mixed up."""
-    out = [dict(r) for r in normalise_rows(rows) if r.get("kind") == kind]
+    out = [dict(r) for r in rows if r.get("kind") == kind]
     devices = {r.get("device") for r in out}
     for r in out:
         name = r.get("impl", r.get("what", ""))
@@ -135,12 +116,17 @@ def memory_figure(rows, mode: str = "fwd", title: str | None = None):
 
 
 def ladder_figure(rows, mode: str = "fwd", dtype: str | None = None, D: int | None = None,
-                  N: int | None = None, causal: bool = False, others=("naive", "sdpa-flash", "cuda"),
+                  N: int | None = None, causal=False, others=("naive", "sdpa-flash", "cuda"),
                   title: str | None = None):
     """Bars of TFLOP/s for each CUDA ladder step (and ``others`` for comparison) on one case:
-    by default the largest N with the most ladder results, float16 if present, D=128 if present."""
+    by default the largest N with the most ladder results, float16 if present, D=128 if present.
+    ``causal`` is one mask (``False``, ``True``) or several (``(False, True)``: one bar each,
+    side by side)."""
+    masks = tuple(causal) if isinstance(causal, (tuple, list)) else (causal,)
+    if not masks or any(not isinstance(c, bool) for c in masks):
+        raise ValueError(f"causal: got {causal!r}; accepted: True, False or a tuple of them")
     speed = [r for r in _rows(rows, "speed") if r.get("mode") == mode and r.get("tflops")
-             and r.get("status", "ok") == "ok" and bool(r.get("causal")) == causal]
+             and r.get("status", "ok") == "ok" and bool(r.get("causal")) in masks]
     ladder = [r for r in speed if r["impl"].startswith("cuda-v")]
     if not ladder:
         raise ValueError(f"no successful {mode} rows of the CUDA ladder (cuda-v*) to plot")
@@ -155,87 +141,70 @@ def ladder_figure(rows, mode: str = "fwd", dtype: str | None = None, D: int | No
         N = max(ns, key=lambda n: (ns.count(n), n))
     case = [r for r in speed if r["dtype"] == dtype and r["D"] == D and r["N"] == N]
     names = [n for n in impl_order(r["impl"] for r in case) if n.startswith("cuda-v") or n in others]
-    vals = [max(r["tflops"] for r in case if r["impl"] == n) for n in names]
-    fig, ax = subplots(figsize=(6.4, 0.45 * len(names) + 1.4))
+    height = 0.8 / len(masks)
+    fig, ax = subplots(figsize=(6.4, (0.3 + 0.25 * len(masks)) * len(names) + 1.4))
     ypos = list(range(len(names)))[::-1]
-    ax.barh(ypos, vals, color=[impl_style(n)["color"] for n in names])
+    for m, c in enumerate(masks):
+        vals = [max((r["tflops"] for r in case if r["impl"] == n and bool(r.get("causal")) == c), default=0.0)
+                for n in names]
+        ys = [y + (len(masks) - 1) / 2 * height - m * height for y in ypos]
+        if len(masks) == 1:
+            ax.barh(ys, vals, height, color=[impl_style(n)["color"] for n in names])
+        else:
+            ax.barh(ys, vals, height, color=PALETTE[m], label="causal" if c else "not causal")
+        for y, val in zip(ys, vals):
+            ax.annotate(f"{val:.3g}", (val, y), textcoords="offset points", xytext=(4, -3), fontsize=8)
     ax.set_yticks(ypos)
     ax.set_yticklabels(names)
-    for y, val in zip(ypos, vals):
-        ax.annotate(f"{val:.3g}", (val, y), textcoords="offset points", xytext=(4, -3), fontsize=8)
     ax.set_xlabel(f"{mode} TFLOP/s")
     ax.grid(axis="y", visible=False)
+    if len(masks) > 1:
+        ax.legend()
     first = case[0]
     ax.set_title(title or f"CUDA ladder: B={first['B']}, H={first['H']}, N={N}, D={D}, {dtype}"
-                 + (", causal" if causal else ""))
+                 + (", causal" if masks == (True,) else ""))
     return fig
 
 
-def roofline_figure(rows, points=None, title: str | None = None):
-    """The roofline from measured ceilings: one roof per matmul dtype over the copy bandwidth.
-    ``points`` is an optional list of ``(label, flops_per_byte)`` drawn as vertical marks."""
+def roofs_from_rows(rows) -> list[tuple[str, float, float]]:
+    """``(dtype, TFLOP/s, copy GB/s)`` per successful matmul row of roofline rows, fastest first:
+    the ``roofs`` of :func:`flashtut.figures.roofline.roofline_figure`."""
     roof = _rows(rows, "roofline")
     copy = [r for r in roof if r.get("what") == "copy" and r.get("gb_per_s")]
     mm = [r for r in roof if r.get("what") == "matmul" and r.get("tflops")]
     if not copy or not mm:
         raise ValueError("need a copy row and at least one matmul row to draw a roofline")
-    import numpy as np
-
-    bw = copy[0]["gb_per_s"] * 1e9
-    fig, ax = subplots(figsize=(6.4, 4.0))
-    x = np.logspace(-1, 4, 200)
-    for i, r in enumerate(sorted(mm, key=lambda r: -r["tflops"])):
-        peak = r["tflops"] * 1e12
-        ax.plot(x, np.minimum(peak, bw * x) / 1e12, color=PALETTE[i % len(PALETTE)],
-                label=f"{r['dtype']}: {r['tflops']:.3g} TFLOP/s, ridge {peak / bw:.3g} FLOP/B")
-    for label, ai in points or ():
-        ax.axvline(ai, color=PALETTE[-1], linestyle=":")
-        ax.annotate(label, (ai, ax.get_ylim()[0]), rotation=90, fontsize=8, xytext=(3, 8),
-                    textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of memory traffic)")
-    ax.set_ylabel("attainable TFLOP/s")
-    ax.set_title(title or f"Roofline: copy bandwidth {copy[0]['gb_per_s']:.0f} GB/s")
-    ax.legend(fontsize=8)
-    return fig
+    return [(r["dtype"], r["tflops"], copy[0]["gb_per_s"]) for r in sorted(mm, key=lambda r: -r["tflops"])]
 
 
-def draw_all(rows, out_dir, formats=("png", "svg"), baseline: str = "sdpa-flash") -> list[Path]:
-    """Write every figure the rows allow (and the ratio table as Markdown) under ``out_dir``."""
-    import matplotlib.pyplot as plt
+def roofline_figure(rows, points=None, title: str | None = None):
+    """The roofline from measured ceilings (roofline rows): one roof per matmul dtype over the
+    copy bandwidth, drawn by :func:`flashtut.figures.roofline.roofline_figure`; ``points`` is an
+    optional list of ``(label, flops_per_byte)`` placed on the fastest roof."""
+    roofs = roofs_from_rows(rows)
+    return _roofline.roofline_figure(roofs, points or (),
+                                     title=title or f"Roofline: copy bandwidth {roofs[0][2]:.0f} GB/s")
 
-    rows = normalise_rows(rows)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
 
-    def save(fig, stem):
-        for fmt in formats:
-            path = out_dir / f"{stem}.{fmt}"
-            fig.savefig(path, bbox_inches="tight")
-            written.append(path)
-        plt.close(fig)
-
+def all_figures(rows, baseline: str = "sdpa-flash") -> tuple[list[tuple[str, object]], str | None]:
+    """Every figure the rows allow, as ``(file stem, Figure)``, and the Markdown table of ratios
+    to ``baseline`` (None when the baseline was not measured)."""
+    figures = []
     speed = [r for r in rows if r.get("kind") == "speed" and r.get("tflops")]
     for D, mode in sorted({(r["D"], r["mode"]) for r in speed}):
-        save(speed_figure(rows, D, mode), f"speed_D{D}_{mode}")
+        figures.append((f"speed_D{D}_{mode}", speed_figure(rows, D, mode)))
     for mode in sorted({r.get("mode", "fwd") for r in rows if r.get("kind") == "memory"
                         and r.get("status") == "ok"}):
-        save(memory_figure(rows, mode), "memory" if mode == "fwd" else f"memory_{mode}")
+        figures.append(("memory" if mode == "fwd" else f"memory_{mode}", memory_figure(rows, mode)))
     for mode in sorted({r["mode"] for r in speed if r["impl"].startswith("cuda-v")}):
         for causal in sorted({bool(r.get("causal")) for r in speed if r["impl"].startswith("cuda-v")}):
-            save(ladder_figure(rows, mode, causal=causal), f"ladder_{mode}" + ("_causal" if causal else ""))
+            figures.append((f"ladder_{mode}" + ("_causal" if causal else ""), ladder_figure(rows, mode, causal=causal)))
     if any(r.get("kind") == "roofline" and r.get("what") == "copy" for r in rows) and \
             any(r.get("kind") == "roofline" and r.get("tflops") for r in rows):
-        save(roofline_figure(rows), "roofline")
+        figures.append(("roofline", roofline_figure(rows)))
     table = ratio_table(rows, baseline)
-    if table:
-        path = out_dir / f"ratios_to_{baseline}.md"
-        path.write_text(format_ratio_table(table, baseline) + "\n")
-        written.append(path)
-    return written
+    return figures, (format_ratio_table(table, baseline) if table else None)
 
 
-__all__ = ["speed_figure", "memory_figure", "ladder_figure", "roofline_figure", "ratio_table",
-           "format_ratio_table", "draw_all", "impl_style", "impl_order"]
+__all__ = ["speed_figure", "memory_figure", "ladder_figure", "roofline_figure", "roofs_from_rows", "ratio_table",
+           "format_ratio_table", "all_figures", "impl_style", "impl_order"]
