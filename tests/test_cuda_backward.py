@@ -100,10 +100,13 @@ def _valid(gen, dtype=torch.float16, D=64):
     (lambda a: {**a, "do": a["do"].to(torch.bfloat16)}, ValueError, "do must have the dtype of q"),
     (lambda a: {**a, "lse": a["lse"][..., :4]}, ValueError, "lse must have shape"),
     (lambda a: {**a, "lse": a["lse"].half()}, ValueError, "lse has dtype float16"),
-    (lambda a: {**a, "k": a["k"][:, :1]}, ValueError, "batch and head dims must match"),
+    (lambda a: {**a, "k": a["k"][:, :1]}, ValueError, "k and v must have the same number of heads"),
+    (lambda a: {**a, "k": torch.cat([a["k"]] * 2), "v": torch.cat([a["v"]] * 2)}, ValueError,
+     "batch and head dims must match"),
     (lambda a: {**a, "q": a["q"].numpy()}, TypeError, "q must be a torch.Tensor"),
     (lambda a: {**a, "scale": -0.5}, ValueError, "scale must be a positive"),
-    (lambda a: {**a, "causal": "yes"}, TypeError, "causal must be a bool"),
+    (lambda a: {**a, "causal": "yes"}, ValueError, "causal must be False, True, 'top-left' or 'bottom-right'"),
+    (lambda a: {**a, "causal": 2}, TypeError, "causal must be a bool"),
 ])
 def test_bad_inputs_are_refused(gen, change, error, match):
     q, k, v, o, lse, do = _valid(gen)

@@ -160,7 +160,8 @@ def test_suggest_num_splits():
     (dict(num_splits=2.5), ValueError, "num_splits"),
     (dict(num_splits=True), ValueError, "num_splits"),
     (dict(scale=-1.0), ValueError, "scale"),
-    (dict(causal="yes"), TypeError, "causal"),
+    (dict(causal="yes"), ValueError, "causal"),
+    (dict(causal=2), TypeError, "causal"),
 ])
 def test_split_kv_bad_arguments(gen, bad, err, match):
     q, k, v = _qkv(gen, 1, 1, 2, 9, 8)
@@ -281,3 +282,28 @@ def test_split_kv_on_gpu_matches_sdpa(gen, dtype, causal):
                                                            is_causal=causal)
     tol = 2e-3 if dtype == torch.float16 else 1.6e-2
     torch.testing.assert_close(o.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("Hkv", [1, 2, 4])
+@pytest.mark.parametrize("Nq, Nk, num_splits, window", [
+    (1, 1, 1, None),             # the first generated token: a cache of one key
+    (1, 997, 7, None),           # one new token against a long cache
+    (6, 301, 5, None),           # a prefill of several tokens at once
+    (6, 301, 5, 40),             # the same through a sliding window
+    (1, 130, 300, 17),           # more splits than keys, most of them behind the window
+])
+def test_split_kv_reads_a_grouped_query_kv_cache(gen, Hkv, Nq, Nk, num_splits, window):
+    """Decoding: the new tokens sit at the end of the cache (causal='bottom-right')."""
+    q = torch.randn(2, 4, Nq, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, Hkv, Nk, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, Hkv, Nk, 16, generator=gen, dtype=torch.float64)
+    o, lse = split_kv_attention(q, k, v, num_splits, causal="bottom-right", window=window, return_lse=True)
+    # query h, row i: its key/value head h // (4 // Hkv), the keys j <= i + Nk - Nq in its window
+    for h in range(4):
+        for i in range(Nq):
+            hi = i + Nk - Nq + 1
+            lo = 0 if window is None else max(0, hi - window)
+            s = q[:, h, i:i + 1] @ k[:, h // (4 // Hkv), lo:hi].transpose(-1, -2) / 4.0
+            want = torch.softmax(s, -1) @ v[:, h // (4 // Hkv), lo:hi]
+            torch.testing.assert_close(o[:, h, i:i + 1], want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(lse[:, h, i], torch.logsumexp(s, -1)[:, 0], rtol=1e-12, atol=1e-12)

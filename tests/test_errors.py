@@ -42,7 +42,7 @@ def test_mismatches(fn):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="batch and head dims must match"):
         fn(q, k[:1], v[:1])
-    with pytest.raises(ValueError, match="batch and head dims must match"):
+    with pytest.raises(ValueError, match="heads: q has H = 2 heads and k, v have Hkv = 3"):
         fn(q[:, :2], k, v)
     with pytest.raises(ValueError, match="head dim D must match: q has D = 8, k has 4"):
         fn(q, k[..., :4], v)
@@ -86,8 +86,10 @@ def test_scale_of_wrong_type(fn):
 
 @pytest.mark.parametrize("fn", fwd_fns())
 def test_causal_of_wrong_type(fn):
-    with pytest.raises(TypeError, match="causal must be a bool, got str"):
+    with pytest.raises(ValueError, match="causal must be False, True, 'top-left' or 'bottom-right', got 'yes'"):
         fn(*qkv(), causal="yes")
+    with pytest.raises(TypeError, match="causal must be a bool, 'top-left' or 'bottom-right', got int"):
+        fn(*qkv(), causal=2)
 
 
 @pytest.mark.parametrize("name", ["block_m", "block_n"])

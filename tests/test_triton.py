@@ -167,8 +167,10 @@ def test_rejects_bad_scale_and_causal():
     x = torch.randn(1, 1, 4, 16)
     with pytest.raises(ValueError, match="scale must be a positive"):
         tk.triton_forward(x, x, x, scale=-1.0)
-    with pytest.raises(TypeError, match="causal must be a bool"):
+    with pytest.raises(ValueError, match="causal must be False, True, 'top-left' or 'bottom-right'"):
         tk.triton_forward(x, x, x, causal="yes")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        tk.triton_forward(x, x, x, causal=2)
 
 
 def test_backward_checks_its_extra_inputs():

@@ -10,6 +10,8 @@ Layers, bottom up (each uses only the ones below it):
 """
 from __future__ import annotations
 
+import sys
+
 from .checks import accum_dtype
 from .reference import attention_lse, causal_mask, naive_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
@@ -24,6 +26,9 @@ def _load_kernel_module(module: str, package: str, how: str):
     that says how to install it (``import flashtut`` itself never needs triton or cupy)."""
     import importlib
 
+    loaded = sys.modules.get(f"{__name__}.{module}")
+    if loaded is not None:               # a look-up that torch.compile traces without a graph break
+        return loaded
     try:
         return importlib.import_module(f"{__name__}.{module}")
     except ModuleNotFoundError as exc:
@@ -32,26 +37,50 @@ def _load_kernel_module(module: str, package: str, how: str):
         raise
 
 
-def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
+_TRITON_HOW = "pip install triton (Linux with a CUDA GPU of sm_80 or newer)"
+
+
+def triton_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused Triton attention, forward and backward (``flashtut.triton``).
 
     Returns ``o``; ``o.backward()`` runs the Triton backward, which recomputes the
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
+    ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window.
+    A PyTorch custom operator: ``torch.compile(model, fullgraph=True)`` compiles a model calling
+    it without graph breaks once the kernel module is loaded (any eager call, or
+    ``import flashtut.triton.attention``, before the first compiled call).
     """
-    attention = _load_kernel_module("triton.attention", "triton",
-                                    "pip install triton (Linux with a CUDA GPU of sm_80 or newer)")
-    return attention.triton_attention(q, k, v, causal=causal, scale=scale)
+    attention = _load_kernel_module("triton.attention", "triton", _TRITON_HOW)
+    return attention.triton_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: float | None = None,
+                     window: int | None = None, backend: str = "triton"):
+    """Attention over a batch of sequences of different lengths packed without padding
+    (``flashtut.triton.attention.varlen_attention``).
+
+    ``q`` is ``(total_q, H, D)``, ``k``/``v`` ``(total_k, Hkv, D)``; ``cu_seqlens_q``/``_k`` are
+    int32 ``[0, len_0, len_0 + len_1, ..., total]``. Sequence ``b`` (rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]``) attends only within itself, with ``causal`` and
+    ``window`` applied per sequence. Returns ``(total_q, H, D)``. ``backend``: ``"naive"`` (the
+    reference, one sequence at a time, autograd; needs only PyTorch) or ``"triton"`` (one fused
+    launch for the whole batch, forward and backward).
+    """
+    attention = _load_kernel_module("triton.attention", "triton", _TRITON_HOW)
+    return attention.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                                      window=window, backend=backend)
+
+
+def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
     """
     attention = _load_kernel_module("cuda.attention", "cupy",
                                     "pip install cupy-cuda12x (CUDA 12 drivers, e.g. Colab) or cupy-cuda13x")
-    return attention.cuda_attention(q, k, v, causal=causal, scale=scale)
+    return attention.cuda_attention(q, k, v, causal=causal, scale=scale, window=window)
 
 
 __all__ = [
@@ -59,5 +88,5 @@ __all__ = [
     "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
     "tiled_attention", "tiled_attention_backward",
     "split_kv_attention", "merge_attention_states",
-    "triton_attention", "cuda_attention",
+    "triton_attention", "cuda_attention", "varlen_attention",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 #: dtypes the PyTorch-level functions accept
@@ -51,16 +52,62 @@ def check_block(name: str, value) -> int:
     return int(value)
 
 
-def check_causal(causal) -> bool:
-    if not isinstance(causal, (bool, int)) or isinstance(causal, float):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return bool(causal)
+CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 
 
-def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES):
+def check_causal(causal) -> str | None:
+    """Resolve ``causal`` to its alignment: ``None`` (not causal), ``"top-left"`` or ``"bottom-right"``.
+
+    ``False``/``True`` (Python or NumPy bools) mean no mask and ``"top-left"``. Another string is a
+    ``ValueError``, another type (an int like ``2`` included) a ``TypeError``.
+    """
+    if isinstance(causal, str):
+        if causal not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"causal must be False, True, 'top-left' or 'bottom-right', got {causal!r}")
+        return causal
+    # numpy.bool_ is not a subclass of bool (masks computed with NumPy give it); ints are refused
+    # so that causal=2 cannot mean something by accident
+    if isinstance(causal, (bool, np.bool_)):
+        return "top-left" if bool(causal) else None
+    raise TypeError(f"causal must be a bool, 'top-left' or 'bottom-right', got {type(causal).__name__}"
+                    f" ({causal!r})")
+
+
+def check_window(window, alignment: str | None) -> int | None:
+    """``window``: ``None`` or a positive int, only together with a causal alignment."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral):
+        raise TypeError(f"window must be None or a positive int, got {type(window).__name__}")
+    if window < 1:
+        raise ValueError(f"window must be None or a positive int, got {window}")
+    if alignment is None:
+        raise ValueError(f"window={window} needs a causal alignment (causal=True, 'top-left' or "
+                         "'bottom-right'); got causal=False")
+    return int(window)
+
+
+def check_mask(causal, window=None) -> tuple[str | None, int | None]:
+    """The one normaliser of the masking options: returns ``(alignment, window)``.
+
+    ``alignment`` is ``None``, ``"top-left"`` or ``"bottom-right"``; ``window`` is ``None`` or a
+    positive int. Every attention function calls this, so all of them accept the same values.
+    """
+    alignment = check_causal(causal)
+    return alignment, check_window(window, alignment)
+
+
+def diag_offset(alignment: str | None, n_q: int, n_k: int) -> int:
+    """Query ``i`` sees key ``j`` when ``j <= i + diag_offset``: 0 for top-left, ``Nk - Nq`` for
+    bottom-right (the last query sees the last key, as for a block of new tokens after a cache)."""
+    return n_k - n_q if alignment == "bottom-right" else 0
+
+
+def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa: bool = False):
     """Check the ``(B, H, Nq, D)``, ``(B, H, Nk, D)``, ``(B, H, Nk, D)`` layout of API.md.
 
-    Returns ``(B, H, Nq, Nk, D)``.
+    With ``gqa=True``, ``k`` and ``v`` may have ``Hkv`` heads where ``H % Hkv == 0`` (grouped-query
+    and multi-query attention). Returns ``(B, H, Nq, Nk, D)``; ``Hkv`` is ``k.shape[1]``.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
@@ -75,7 +122,16 @@ def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES):
         raise ValueError(
             f"q, k and v must be on one device, got q: {q.device}, k: {k.device}, v: {v.device}")
     B, H, Nq, D = q.shape
-    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch and head dims must match: q has batch B = {B}, k has {k.shape[0]}, v has {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads, got k: {k.shape[1]}, v: {v.shape[1]}")
+    Hkv = k.shape[1]
+    if gqa:
+        if Hkv < 1 or H % Hkv:
+            raise ValueError(f"heads: q has H = {H} heads and k, v have Hkv = {Hkv}; accepted: "
+                             "Hkv dividing H (query head h uses key/value head h // (H // Hkv))")
+    elif Hkv != H:
         raise ValueError(
             f"batch and head dims must match: q has (B, H) = {(B, H)}, "
             f"k has {tuple(k.shape[:2])}, v has {tuple(v.shape[:2])}")
@@ -111,3 +167,44 @@ def check_lse(lse, B: int, H: int, Nq: int, device) -> torch.Tensor:
         raise ValueError(f"lse must be on {device} like q, got {lse.device}")
     check_float_dtype("lse", lse, (torch.float32, torch.float64), "float32 or float64")
     return lse
+
+
+def check_cu_seqlens(name: str, cu, total: int, device) -> list[int]:
+    """``cu_seqlens``: int32, ``[0, ..., total]``, non-decreasing. Returns it as a list."""
+    check_tensor(name, cu)
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} must have dtype int32, got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D tensor of length batch + 1 >= 2, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+    vals = cu.tolist()
+    if vals[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {vals[0]}")
+    if any(b < a for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name} must be non-decreasing (running totals of lengths), got {vals}")
+    if vals[-1] != total:
+        raise ValueError(f"{name} must end at the number of packed rows, {total}, got {vals[-1]}")
+    return vals
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
+    """Checks of ``varlen_attention``'s arguments; returns ``(bounds_q, bounds_k, mask, scale)``
+    with the ``cu_seqlens`` as lists and ``mask = (alignment, window)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+        if t.dim() != 3:
+            rows = "total_q" if name == "q" else "total_k"
+            raise ValueError(f"{name} must be a 3-D packed tensor ({rows}, heads, D), got shape {tuple(t.shape)}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of rows total_k, got k: {k.shape[0]}, v: {v.shape[0]}")
+    # the head, dtype, device and D checks of the dense layout, on a (1, heads, rows, D) view
+    _, _, _, _, D = check_qkv(*(t.permute(1, 0, 2)[None] for t in (q, k, v)), gqa=True)
+    cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    ck = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
+                         f"got {len(cq) - 1} and {len(ck) - 1}")
+    mask = check_mask(causal, window)
+    scale = check_scale(scale, D)
+    return cq, ck, mask, scale

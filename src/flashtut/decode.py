@@ -29,10 +29,10 @@ import math
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_causal, check_float_dtype, check_qkv,
-                     check_scale, check_tensor)
+from .checks import (accum_dtype, check_block, check_float_dtype, check_mask, check_qkv,
+                     check_scale, check_tensor, diag_offset)
 from .softmax import merge_softmax_states
-from .tiled import tiled_attention
+from .tiled import attention_loops, tiled_attention
 
 _LSE_DTYPES = (torch.float32, torch.float64)
 
@@ -113,54 +113,63 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     return o.to(o_a.dtype), lse
 
 
-def _split_state(q, k_chunk, v_chunk, k_start: int, causal: bool, scale: float):
+def _split_state(q, k_chunk, v_chunk, k_start: int, alignment, off: int, window, scale: float):
     """Partial state of all query rows against one chunk of keys starting at ``k_start``.
 
     Inputs arrive already in the accumulation dtype, so the partial output is not rounded
     to float16/bfloat16 before the merge (a kernel keeps these partials in float32 too).
+    Query ``i`` sees global key ``j <= i + off``, which is chunk key ``j - k_start <= i + off -
+    k_start``: the chunk runs the tiled loops with its diagonal shifted by ``-k_start``.
     """
-    B, H, Nq, D = q.shape
-    if not causal:
+    if alignment is None:
         return tiled_attention(q, k_chunk, v_chunk, scale=scale, return_lse=True)
-    # Top-left causal: row i sees keys j <= i. Rows above the chunk's first key see none of
-    # it. Handing tiled_attention the rows from k_start on puts its own top-left diagonal
-    # at (k_start, k_start), which is where the global diagonal crosses this chunk.
-    o, lse = empty_attention_state((B, H, Nq, D), q.device, q.dtype)
-    if k_start < Nq:
-        o[:, :, k_start:], lse[:, :, k_start:] = tiled_attention(
-            q[:, :, k_start:], k_chunk, v_chunk, causal=True, scale=scale, return_lse=True)
-    return o, lse
+    return attention_loops(q, k_chunk, v_chunk, alignment, off - k_start, window, scale, 64, 64)
 
 
-def split_kv_attention(q, k, v, num_splits: int, causal: bool = False, scale: float | None = None,
-                       return_lse: bool = False):
+def _chunk_visible(k0: int, k1: int, n_q: int, alignment, off: int, window) -> bool:
+    """Whether any query row may see a key of ``[k0, k1)``."""
+    if k0 == k1:
+        return False
+    if alignment is None:
+        return True
+    if k0 > n_q - 1 + off:                       # right of the last row's diagonal
+        return False
+    return window is None or k1 - 1 > off - window   # the first row's window reaches it
+
+
+def split_kv_attention(q, k, v, num_splits: int, causal=False, scale: float | None = None,
+                       return_lse: bool = False, window: int | None = None):
     """Attention computed as ``num_splits`` independent key chunks whose states are merged.
 
-    Layout, ``scale`` and ``causal`` (top-left: query ``i`` sees keys ``j <= i``) as in
-    ``API.md``; the result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
+    Layout, ``scale``, ``causal`` and ``window`` as in the API: ``k``/``v`` are the key/value
+    cache and may have fewer heads than ``q`` (grouped-query); ``causal="bottom-right"`` places
+    the ``Nq`` queries at the end of the cache (query ``i`` sees keys ``j <= i + Nk - Nq``), so
+    decoding one new token is ``Nq = 1`` and a prefill of several tokens is ``Nq > 1`` against
+    the same cache. The result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
     each chunk would be its own thread block, which is what lets a decoding step with one
     query row per sequence spread over all the SMs instead of ``B * H`` of them; see the
     module docstring. ``num_splits`` may exceed ``Nk``: the surplus chunks are empty and
-    contribute the neutral state. Under ``causal``, a chunk that lies wholly right of a
-    row's diagonal contributes the empty state to that row, not NaN.
+    contribute the neutral state. A chunk that no row may see (right of every diagonal, or
+    behind every window) contributes the empty state without being computed, not NaN.
 
     Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``, with
     ``lse`` of shape ``(B, H, Nq)`` in float32 (float64 for float64 inputs). A non-integer
     or non-positive ``num_splits`` raises ``ValueError``.
     """
-    B, H, Nq, Nk, D = check_qkv(q, k, v)
+    B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     num_splits = check_block("num_splits", num_splits)
-    causal = check_causal(causal)
+    alignment, window = check_mask(causal, window)
     scale = check_scale(scale, D)
+    off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
     qa = q.to(acc_t)
     partials = []
     for k0, k1 in split_bounds(Nk, num_splits):
-        if k0 == k1 or (causal and k0 >= Nq):   # no key here, or none any row may see
+        if not _chunk_visible(k0, k1, Nq, alignment, off, window):
             partials.append(empty_attention_state((B, H, Nq, D), q.device, acc_t))
         else:
             partials.append(_split_state(qa, k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t),
-                                         k0, causal, scale))
+                                         k0, alignment, off, window, scale))
     o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
     o = o.to(q.dtype)
     return (o, lse) if return_lse else o

@@ -7,47 +7,106 @@ from __future__ import annotations
 
 import torch
 
-from .checks import accum_dtype, check_causal, check_qkv, check_scale
+from .checks import accum_dtype, check_mask, check_qkv, check_scale, diag_offset as _diag_offset
 
 
-def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int = 0) -> torch.Tensor:
-    """Boolean mask, True where key ``j`` is *hidden* from query ``i`` (``j > i``).
+def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int = 0,
+                diag_offset: int = 0, window: int | None = None) -> torch.Tensor:
+    """Boolean mask, True where key ``j`` is *hidden* from query ``i``.
 
-    Top-left alignment, as ``scaled_dot_product_attention(is_causal=True)``: query ``i`` sees
-    keys ``0..i`` whatever ``Nk`` is. ``q_start``/``k_start`` place a tile inside the matrix.
+    Query ``i`` sees key ``j`` when ``j <= i + diag_offset`` and, with a ``window``, when
+    ``j > i + diag_offset - window``. ``diag_offset = 0`` is the top-left alignment of
+    ``scaled_dot_product_attention(is_causal=True)`` (query ``i`` sees keys ``0..i`` whatever
+    ``Nk`` is); ``Nk - Nq`` is bottom-right. ``q_start``/``k_start`` place a tile in the matrix.
     """
-    rows = torch.arange(q_start, q_start + n_q, device=device)[:, None]
+    rows = torch.arange(q_start, q_start + n_q, device=device)[:, None] + diag_offset
     cols = torch.arange(k_start, k_start + n_k, device=device)[None, :]
-    return cols > rows
+    hidden = cols > rows
+    if window is not None:
+        hidden = hidden | (cols <= rows - window)
+    return hidden
 
 
-def naive_attention(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+def _grouped_scores(q, k, acc, scale):
+    """``q k^T * scale`` with query heads grouped over their key/value head, as
+    ``(B, Hkv, G, Nq, Nk)``: K is broadcast over the group, never copied per query head."""
+    B, H, Nq, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.to(acc).reshape(B, Hkv, (H // Hkv) * Nq, D)
+    s = torch.matmul(qg, k.to(acc).transpose(-2, -1)) * scale
+    return s.reshape(B, Hkv, H // Hkv, Nq, k.shape[2])
+
+
+def visible_keys(i, n_k: int, diag_offset: int, window: int | None):
+    """``[lo, hi)``: the keys query row(s) ``i`` may see (``hi <= lo``: none), for a causal mask."""
+    hi = i + diag_offset + 1
+    lo = hi - window if window is not None else hi * 0
+    if isinstance(i, torch.Tensor):
+        return lo.clamp(min=0), hi.clamp(max=n_k)
+    return max(lo, 0), min(hi, n_k)
+
+
+def _masked_scores(q, k, causal, scale, window):
+    """Scores ``(B, Hkv, G, Nq, Nk)`` with hidden keys at ``-inf``, and the ``(Nq, 1)`` rows that
+    see no key at all (``None`` when every row sees one)."""
+    _, _, Nq, Nk, D = check_qkv(q, k, k, gqa=True)
+    alignment, window = check_mask(causal, window)
+    scale = check_scale(scale, D)
+    s = _grouped_scores(q, k, accum_dtype(q.dtype), scale)
+    empty = None
+    if alignment is not None:
+        off = _diag_offset(alignment, Nq, Nk)
+        s = s.masked_fill(causal_mask(Nq, Nk, q.device, diag_offset=off, window=window), float("-inf"))
+        lo, hi = visible_keys(torch.arange(Nq, device=q.device), Nk, off, window)
+        if bool((hi <= lo).any()):
+            empty = (hi <= lo)[:, None]
+    return s, empty
+
+
+def naive_attention(q, k, v, causal=False, scale: float | None = None,
+                    window: int | None = None) -> torch.Tensor:
     """``softmax(q k^T * scale) v`` with the ``(B, H, Nq, Nk)`` matrices materialised.
 
     Scores and probabilities are float32 (float64 for float64 inputs); the softmax subtracts
-    the row maximum. The output has the shape and dtype of ``q``.
+    the row maximum. The output has the shape and dtype of ``q``. ``k``/``v`` may have fewer
+    heads than ``q`` (grouped-query); ``causal`` is ``False``, ``True``/``"top-left"`` or
+    ``"bottom-right"``; ``window`` limits each query to its ``window`` most recent visible keys.
+    A query row that sees no key gets output 0.
     """
-    _, _, Nq, Nk, D = check_qkv(q, k, v)
-    causal = check_causal(causal)
-    scale = check_scale(scale, D)
-    acc = accum_dtype(q.dtype)
-    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale     # (B, H, Nq, Nk)
-    if causal:
-        s = s.masked_fill(causal_mask(Nq, Nk, q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1)                                         # (B, H, Nq, Nk)
-    return torch.matmul(p, v.to(acc)).to(q.dtype)
+    check_qkv(q, k, v, gqa=True)
+    s, empty = _masked_scores(q, k, causal, scale, window)              # (B, Hkv, G, Nq, Nk)
+    p = torch.softmax(s, dim=-1)
+    if empty is not None:                # the softmax of a row of -inf is NaN; such a row sees nothing
+        p = p.masked_fill(empty, 0.0)
+    B, H, Nq, D = q.shape
+    o = torch.matmul(p.flatten(2, 3), v.to(p.dtype))                    # (B, Hkv, G*Nq, D)
+    return o.reshape(B, H, Nq, D).to(q.dtype)
 
 
-def attention_lse(q, k, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+def attention_lse(q, k, causal=False, scale: float | None = None,
+                  window: int | None = None) -> torch.Tensor:
     """The natural-log log-sum-exp of each query row's scaled, masked scores, ``(B, H, Nq)``.
 
-    A reference for the ``lse`` that the tiled and fused kernels return.
+    A reference for the ``lse`` that the tiled and fused kernels return; ``-inf`` for a row
+    that sees no key.
     """
-    _, _, Nq, Nk, D = check_qkv(q, k, k)
-    causal = check_causal(causal)
-    scale = check_scale(scale, D)
-    acc = accum_dtype(q.dtype)
-    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
-    if causal:
-        s = s.masked_fill(causal_mask(Nq, Nk, q.device), float("-inf"))
-    return torch.logsumexp(s, dim=-1)
+    s, _ = _masked_scores(q, k, causal, scale, window)
+    return torch.logsumexp(s, dim=-1).flatten(1, 2)
+
+
+def naive_varlen_attention(q, k, v, bounds_q, bounds_k, causal=False, scale=None, window=None):
+    """Packed-batch attention by the reference, one sequence at a time (autograd works through it).
+
+    ``q`` is ``(total_q, H, D)``, ``k``/``v`` ``(total_k, Hkv, D)``; ``bounds_q``/``bounds_k`` are
+    the ``cu_seqlens`` as lists. Sequence ``b`` attends only within itself.
+    """
+    outs = []
+    for (q0, q1), (k0, k1) in zip(zip(bounds_q, bounds_q[1:]), zip(bounds_k, bounds_k[1:])):
+        if q1 == q0:
+            continue
+        if k1 == k0:                     # no key at all: every row sees nothing, output 0
+            outs.append(torch.zeros_like(q[q0:q1]) + 0 * q[q0:q1])
+            continue
+        seq = [t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1])]   # (1, H, n, D)
+        outs.append(naive_attention(*seq, causal=causal, scale=scale, window=window)[0].transpose(0, 1))
+    return torch.cat(outs, dim=0)

@@ -75,6 +75,11 @@ PRODUCERS = {
     "h200_roofline.json": ("copy bandwidth and matrix-multiply rates",
                            "python -m flashtut.bench roofline --dtype float16,bfloat16,float32,tf32 "
                            "--out book/data/h200_roofline.json"),
+    "capstone_h200.json": ("chapter 12's small GPT with each attention backend: loss per step, tokens/s and "
+                           "peak memory against context, KV-cache generation against recompute, packed "
+                           "against padded batches",
+                           "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.model.measure "
+                           "--out book/data/capstone_h200.json"),
     "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
                                "project's H200 anchor file", None),
     # the kernel chapters' own runs

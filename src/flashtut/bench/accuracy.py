@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from ..checks import check_causal, check_scale
+from ..checks import check_mask, check_scale, diag_offset
 from ..reference import attention_lse, causal_mask, naive_attention
 
 #: relative error floor of the gate, per input dtype
@@ -48,14 +48,21 @@ def reference_dtype(device, dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def lowp_attention(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+def lowp_attention(q, k, v, causal=False, scale: float | None = None,
+                   window: int | None = None) -> torch.Tensor:
     """Attention with every operation in the input dtype (no upcast): the error PyTorch itself
-    makes in float16/bfloat16, which the FlashAttention criterion compares against."""
-    causal = check_causal(causal)
+    makes in float16/bfloat16, which the FlashAttention criterion compares against. Grouped-query
+    ``k``/``v`` are repeated over their group (autograd sums the group's gradients back)."""
+    alignment, window = check_mask(causal, window)
     scale = check_scale(scale, q.shape[-1])
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    if alignment is not None:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        s = s.masked_fill(causal_mask(Nq, Nk, q.device, diag_offset=diag_offset(alignment, Nq, Nk),
+                                      window=window), float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
@@ -84,19 +91,25 @@ def max_abs_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 class Reference:
     """Reference results for one case, computed lazily on a slice of batch and heads."""
 
-    def __init__(self, q, k, v, do, causal: bool, scale: float | None, budget_bytes: int | None = None):
-        self.causal, self.scale, self.dtype = causal, scale, q.dtype
+    def __init__(self, q, k, v, do, causal, scale: float | None, budget_bytes: int | None = None,
+                 window: int | None = None):
+        self.causal, self.scale, self.window, self.dtype = causal, scale, window, q.dtype
         self.ref_dtype = reference_dtype(q.device, q.dtype)
         B, H, Nq, D = q.shape
         itemsize = torch.finfo(self.ref_dtype).bits // 8
         self.b, self.h = slice_counts(B, H, Nq, k.shape[2], itemsize, budget_bytes)
-        self.q, self.k, self.v, self.do = (t[:self.b, :self.h] for t in (q, k, v, do))
+        # grouped-query heads: whole groups only, so the sliced k/v are what the sliced q reads
+        group = H // k.shape[1]
+        self.h = max(group, self.h - self.h % group)
+        self.q, self.do = (t[:self.b, :self.h] for t in (q, do))
+        self.k, self.v = (t[:self.b, :self.h // group] for t in (k, v))
         self._fwd = None
         self._bwd = None
 
-    def part(self, x: torch.Tensor) -> torch.Tensor:
-        """The slice of a full-size result that the reference covers."""
-        return x[:self.b, :self.h]
+    def part(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """The slice of a full-size result that the reference covers (``heads``: of a K/V-sized
+        result, its own count of heads)."""
+        return x[:self.b, :self.h if heads is None else heads]
 
     def info(self) -> dict:
         return {"dtype": str(self.ref_dtype).replace("torch.", ""), "batch": self.b, "heads": self.h}
@@ -112,9 +125,10 @@ class Reference:
 
     def _compute_forward(self) -> dict:
         q, k, v = (self._up(t) for t in (self.q, self.k, self.v))
-        o = naive_attention(q, k, v, causal=self.causal, scale=self.scale)
-        lse = attention_lse(q, k, causal=self.causal, scale=self.scale)
-        base = lowp_attention(self.q, self.k, self.v, causal=self.causal, scale=self.scale)
+        kw = dict(causal=self.causal, scale=self.scale, window=self.window)
+        o = naive_attention(q, k, v, **kw)
+        lse = attention_lse(q, k, **kw)
+        base = lowp_attention(self.q, self.k, self.v, **kw)
         return {"o": o, "lse": lse, "base": {"o": max_abs_err(base, o)}}
 
     def backward(self) -> dict:
@@ -125,12 +139,13 @@ class Reference:
 
     def _compute_backward(self) -> dict:
         leaves = [self._up(t).requires_grad_() for t in (self.q, self.k, self.v)]
-        o = naive_attention(*leaves, causal=self.causal, scale=self.scale)
+        kw = dict(causal=self.causal, scale=self.scale, window=self.window)
+        o = naive_attention(*leaves, **kw)
         o.backward(self._up(self.do))
         grads = {n: t.grad for n, t in zip(GRAD_NAMES, leaves)}
         del o, leaves
         low = [t.detach().clone().requires_grad_() for t in (self.q, self.k, self.v)]
-        lowp_attention(*low, causal=self.causal, scale=self.scale).backward(self.do)
+        lowp_attention(*low, **kw).backward(self.do)
         base = {n: max_abs_err(t.grad, grads[n]) for n, t in zip(GRAD_NAMES, low)}
         return {**grads, "base": base}
 
@@ -158,7 +173,7 @@ class Reference:
 
     def check_backward(self, grads, o: torch.Tensor | None = None) -> dict:
         ref = self.backward()
-        errs = {n: max_abs_err(self.part(g), ref[n]) for n, g in zip(GRAD_NAMES, grads)}
+        errs = {n: max_abs_err(self.part(g, ref[n].shape[1]), ref[n]) for n, g in zip(GRAD_NAMES, grads)}
         refs = {n: ref[n] for n in GRAD_NAMES}
         base = dict(ref["base"])
         if o is not None:

@@ -270,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default="this checkout", help="the version measured (default 'this checkout')")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", metavar="FILE.json", type=output_file)
+
+    p = sub.add_parser("real-models", help="grouped-query heads, a sliding window and packed batches: "
+                                           "Triton against SDPA flash",
+                       description="Grouped-query heads (32 over 8, D 128, N 16384), a window of 4096 at "
+                                   "N 16384 (TFLOP/s of visible keys: SDPA flash has no window and runs full "
+                                   "causal), and packed against padded batches of the same 16384 tokens; "
+                                   "each checked against a reference before it is timed, forward and backward.")
+    p.add_argument("--device", type=_device, default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--small", action="store_true", help="tiny sizes (for a CPU: Triton through its interpreter)")
+    p.add_argument("--warmup-ms", type=_budget_ms, default=25.0, help="warm-up budget per measurement (ms)")
+    p.add_argument("--rep-ms", type=_budget_ms, default=100.0, help="timing budget per measurement (ms)")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
     return parser
 
 
@@ -447,6 +460,24 @@ def _cmd_host(parser, args, argv) -> int:
     return 1 if any(r["status"] == "error" for r in saver.rows) else 0
 
 
+def _cmd_real_models(parser, args, argv) -> int:
+    from .real_models import run_real_models, summary
+
+    if args.device.type == "cpu" and not args.small:
+        parser.error("real-models at full size needs a CUDA GPU; add --small for a CPU run")
+    config = {"small": args.small, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "seed": args.seed}
+    saver = _Saver(args.out, "speed", collect(args.device, argv), config, every_s=0.0)
+    try:
+        run_real_models(args.device, args.warmup_ms, args.rep_ms, args.seed, small=args.small, on_row=saver)
+    finally:
+        saver.flush()
+    for line in summary(saver.rows):
+        print(line)
+    if args.out:
+        print(f"wrote {len(saver.rows)} rows to {args.out}")
+    return 1 if any(r["status"] in ("failed", "error") for r in saver.rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -461,4 +492,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_memory(parser, args, argv)
     if args.command == "host":
         return _cmd_host(parser, args, argv)
+    if args.command == "real-models":
+        return _cmd_real_models(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

@@ -1,6 +1,6 @@
 """JSON files of benchmark results: one schema for every measurement the book commits.
 
-A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host",
+A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model",
 "provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
 each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
 ``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
@@ -13,7 +13,9 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline", "host")
+KINDS = ("speed", "memory", "roofline", "host", "model")
+#: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
+MODEL_SECTIONS = ("loss", "generation", "packed", "scaling")
 
 
 def _clean(x):
@@ -58,7 +60,8 @@ def check_row(row, kind: str | None = None) -> str | None:
     if not isinstance(status, str):
         return f"status: got {status!r}; accepted: a string such as 'ok'"
     optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
-                        "roofline": ("tflops", "gb_per_s", "ms"), "host": ()}[kind]
+                        "roofline": ("tflops", "gb_per_s", "ms"), "host": (),
+                        "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops")}[kind]
     for key in optional_numbers:
         if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
             return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
@@ -89,6 +92,11 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"entry: got {row.get('entry')!r}; accepted: the name of what was called"
         if not (_number(row.get("us_per_call")) and row["us_per_call"] > 0):
             return f"us_per_call: got {row.get('us_per_call')!r}; accepted: a positive number"
+    if kind == "model":          # flashtut.model.measure: the small GPT of chapter 12
+        if row.get("section") not in MODEL_SECTIONS:
+            return f"section: got {row.get('section')!r}; accepted: {', '.join(MODEL_SECTIONS)}"
+        if not isinstance(row.get("backend"), str):
+            return f"backend: got {row.get('backend')!r}; accepted: an attention backend name"
     return None
 
 
@@ -127,6 +135,9 @@ def measurement_key(row: dict) -> tuple:
         return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
     if row.get("kind") == "host":
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
+    if row.get("kind") == "model":
+        return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
+                row.get("layout"), row.get("context"), row.get("prompt"))
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
             row.get("D"), bool(row.get("causal")))

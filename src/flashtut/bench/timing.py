@@ -102,3 +102,26 @@ def timer_name(device) -> str:
     if torch.device(device).type == "cuda":
         return "triton.testing.do_bench(median)" if _have_triton_bench() else "cuda-events(median)"
     return "perf_counter(median)"
+
+
+def time_wall(fn: Callable, device, runs: int = 3, warmup: int = 1) -> float:
+    """Median wall-clock milliseconds of ``fn()`` over ``runs`` calls after ``warmup`` calls, the
+    GPU synchronised before and after each: for end-to-end loops (a training step with its
+    optimiser, a whole generation) whose host-side work is part of what is measured, and which are
+    too long to repeat for ``do_bench``'s budget."""
+    device = torch.device(device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, runs)):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)

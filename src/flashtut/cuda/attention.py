@@ -14,6 +14,12 @@
 * ``cuda_attention(q, k, v, causal, scale)``: the fast forward and the backward behind one
   autograd Function, which saves only ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats).
 
+Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
+``h / kv_group``), and ``causal`` may be ``"bottom-right"`` (the kernels see query ``i`` and key
+``j`` when ``j <= i + diag_offset``); both in the fast forward (``v3``) and the backward. The
+backward's dK/dV kernel writes each query head's share and the shares of a group are summed in
+float32 afterwards (a loop over the group inside that kernel made it spill registers at D = 128).
+
 Every entry point goes through :func:`prepare_inputs`: the arguments first, then the machine.
 Tile sizes and launch shapes come from ``flashtut.cuda.configs``.
 """
@@ -26,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, diag_offset
 from ..constants import LOG2E
 from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
 from .configs import (CONVERT_THREADS, DTYPES, FAST_VARIANT, HEAD_DIMS, PRE_WARPS, VARIANTS,
@@ -41,6 +47,9 @@ class Prepared(NamedTuple):
     causal: bool
     scale: float
     arch: int               # the GPU's compute capability as an int: 75, 80, 90 ...
+    kv_group: int = 1       # query heads per K/V head
+    diag_offset: int = 0    # causal: query i sees key j iff j <= i + diag_offset
+    alignment: str | None = None   # None, "top-left" or "bottom-right"
 
 
 def _ready(t: torch.Tensor) -> torch.Tensor:
@@ -69,16 +78,24 @@ def _check_gpu(x: torch.Tensor, what: str) -> int:
     return major * 10 + minor
 
 
+#: the forward ladder steps that take grouped-query heads and the bottom-right alignment
+REAL_MODEL_VARIANTS = (FAST_VARIANT,)
+
+
 def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=None,
-                   what: str = "the CUDA kernels") -> Prepared:
+                   what: str = "the CUDA kernels", window=None) -> Prepared:
     """The checks every CUDA entry point shares, in one order: every argument first (TypeError
     for a non-tensor, ValueError naming the argument), then the machine (RuntimeError: no GPU,
     a GPU older than sm_75, bfloat16 before sm_80). Pass ``o``, ``lse`` and ``do`` for the
     backward. Returns the tensors contiguous and 16-byte aligned, ``causal`` as a bool, the
     scale as a float and the GPU's architecture."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES,
-                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)")
-    causal = check_causal(causal)
+                                dtype_names="float16 or bfloat16 (the CUDA kernels' element types)",
+                                gqa=True)
+    alignment, window = check_mask(causal, window)
+    if window is not None:
+        raise ValueError(f"window={window} is not supported by the CUDA kernels; accepted: None "
+                         "(flashtut.triton_attention and tiled_attention take windows)")
     scale = check_scale(scale, D)
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels; accepted: "
@@ -97,7 +114,8 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
     tensors = (q, k, v, o, do) if backward else (q, k, v)
     return Prepared(tuple(_ready(t) for t in tensors),
                     lse.to(torch.float32).contiguous() if backward else None,
-                    (B, H, Nq, Nk, D), causal, scale, arch)
+                    (B, H, Nq, Nk, D), alignment is not None, scale, arch, H // k.shape[1],
+                    diag_offset(alignment, Nq, Nk), alignment)
 
 
 # -- forward ----------------------------------------------------------------------------------
@@ -111,7 +129,11 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     p = prepare_inputs(q, k, v, causal, scale, what="the CUDA forward kernels")
-    return _forward(*p.tensors, p.causal, p.scale, variant, warps, block_n, m_tiles)
+    if (p.kv_group != 1 or p.diag_offset != 0) and variant not in REAL_MODEL_VARIANTS:
+        raise ValueError(f"variant {variant!r} takes k and v with q's heads and top-left causal only; "
+                         f"accepted for grouped-query heads or causal='bottom-right': {REAL_MODEL_VARIANTS}")
+    return _forward(*p.tensors, p.causal, p.scale, variant, warps, block_n, m_tiles,
+                    kv_group=p.kv_group, diag_offset=p.diag_offset)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +150,8 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, wa
 
 
 def _forward(q, k, v, causal: bool, scale: float, variant: str = FAST_VARIANT, warps: int | None = None,
-             block_n: int | None = None, m_tiles: int | None = None):
+             block_n: int | None = None, m_tiles: int | None = None, *, kv_group: int = 1,
+             diag_offset: int = 0):
     # inputs already through prepare_inputs
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
@@ -137,8 +160,10 @@ def _forward(q, k, v, causal: bool, scale: float, variant: str = FAST_VARIANT, w
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        launch(fn, grid, (cfg.threads, 1, 1),
-               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal)), cfg.dynamic_smem)
+        args = (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal))
+        if variant in REAL_MODEL_VARIANTS:
+            args += (kv_group, diag_offset)
+        launch(fn, grid, (cfg.threads, 1, 1), args, cfg.dynamic_smem)
     return o, lse
 
 
@@ -148,8 +173,9 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
                   out=None, config: BackwardConfig | None = None):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
 
-    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, H, Nk, D)``, CUDA, float16 or bfloat16 (bf16 from
-    sm_80), D in {64, 128}; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
+    ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0`` (``dk``, ``dv``
+    sum their group's gradients), CUDA, float16 or bfloat16 (bf16 from sm_80), D in {64, 128};
+    ``causal``: ``False``, ``True``/``"top-left"`` or ``"bottom-right"``; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
     log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
     nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
@@ -197,9 +223,16 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.dq_atomic \
             else np.uint64(0)
         set_max_dynamic_smem(fns["dkdv"], cfg.dkdv_smem)
+        # grouped-query heads: each query head writes its share of dK/dV, summed below in float32
+        G, off = p.kv_group, p.diag_offset
+        dk_h, dv_h = (dk, dv) if G == 1 else \
+            (torch.empty((B, H, Nk, D), dtype=q.dtype, device=q.device) for _ in range(2))
         launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
-               (q, k, v, do, lse2, delta, dk, dv, Nq, Nk, scale, scale_log2, int(causal), dq_acc),
-               shared_mem=cfg.dkdv_smem)
+               (q, k, v, do, lse2, delta, dk_h, dv_h, Nq, Nk, scale, scale_log2, int(causal), dq_acc,
+                G, off), shared_mem=cfg.dkdv_smem)
+        if G > 1:
+            for share, total in ((dk_h, dk), (dv_h, dv)):
+                total.copy_(share.view(B, H // G, G, Nk, D).sum(2, dtype=torch.float32))
 
         if cfg.dq_atomic:
             n = dq_acc.numel()
@@ -208,7 +241,7 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
         else:
             set_max_dynamic_smem(fns["dq"], cfg.dq_smem)
             launch(fns["dq"], (math.ceil(Nq / (16 * cfg.warps)), B * H), (threads,),
-                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal)),
+                   (q, k, v, do, lse2, delta, dq, Nq, Nk, scale, scale_log2, int(causal), G, off),
                    shared_mem=cfg.dq_smem)
     return dq, dk, dv
 
@@ -219,10 +252,12 @@ class CudaAttention(torch.autograd.Function):
     """Autograd wrapper: ``forward`` runs ``fwd_v3_fast.cu``, ``backward`` the CUDA backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float):
-        o, lse = _forward(q, k, v, causal, scale, FAST_VARIANT)     # checked once, in cuda_attention
+    def forward(ctx, q, k, v, alignment, scale: float):
+        # checked once, in cuda_attention; alignment is None, "top-left" or "bottom-right"
+        o, lse = _forward(q, k, v, alignment is not None, scale, FAST_VARIANT, kv_group=q.shape[1] // k.shape[1],
+                          diag_offset=diag_offset(alignment, q.shape[2], k.shape[2]))
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale = alignment or False, scale
         return o
 
     @staticmethod
@@ -232,10 +267,13 @@ class CudaAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def cuda_attention(q, k, v, causal: bool = False, scale: float | None = None):
+def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80, D in {64, 128}.
 
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward.
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
+    ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
+    (the Triton kernels have it).
     """
-    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention")
-    return CudaAttention.apply(*p.tensors, p.causal, p.scale)
+    p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention", window=window)
+    return CudaAttention.apply(*p.tensors, p.alignment, p.scale)

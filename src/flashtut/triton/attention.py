@@ -2,10 +2,17 @@
 
 Public functions (``flashtut.triton_attention`` calls the first):
 
-* ``triton_attention(q, k, v, causal=False, scale=None) -> o``, differentiable; the autograd
-  node saves only ``q, k, v, o`` and the log-sum-exp.
-* ``triton_forward(q, k, v, causal=False, scale=None) -> (o, lse)``
-* ``triton_backward(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``
+* ``triton_attention(q, k, v, causal=False, scale=None, window=None) -> o``, differentiable; a
+  PyTorch custom operator (``torch.ops.flashtut.triton_attention_fwd`` with its backward
+  ``triton_attention_bwd``), so ``torch.compile(..., fullgraph=True)`` keeps it in one graph.
+  The autograd node saves only ``q, k, v, o`` and the log-sum-exp.
+* ``triton_forward(q, k, v, causal=False, scale=None, window=None) -> (o, lse)``
+* ``triton_backward(q, k, v, o, lse, do, causal=False, scale=None, window=None) -> (dq, dk, dv)``
+* ``varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None, window=None,
+  backend="triton")``: packed sequences of different lengths, ``(total, H, D)``.
+
+``k``/``v`` may have fewer heads than ``q`` (grouped-query), ``causal`` is ``False``, ``True``/
+``"top-left"`` or ``"bottom-right"``, ``window`` a sliding window (with a causal alignment).
 
 The kernels live in ``flashtut.triton.forward`` and ``flashtut.triton.backward``, their search
 space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once
@@ -20,8 +27,9 @@ import os
 
 import torch
 
-from ..checks import check_causal, check_like, check_lse, check_qkv, check_scale
+from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor, check_varlen
 from ..constants import LOG2E
+from ..reference import naive_varlen_attention
 from . import configs
 from .configs import TileConfig
 
@@ -77,10 +85,11 @@ def _require_runtime(t: torch.Tensor) -> None:
                        f"TRITON_INTERPRET=1), got tensors on {t.device}")
 
 
-def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
-    """Argument errors first (ValueError/TypeError), then whether the kernels can run here."""
-    B, H, Nq, Nk, D = check_qkv(q, k, v)
-    causal = check_causal(causal)
+def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None):
+    """Argument errors first (ValueError/TypeError), then whether the kernels can run here.
+    Returns ``(B, H, Nq, Nk, D, mask, scale)`` with ``mask = (alignment, window)``."""
+    B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
+    mask = check_mask(causal, window)
     scale = check_scale(scale, D)
     if q.dtype not in KERNEL_DTYPES:
         raise ValueError(
@@ -89,7 +98,8 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {D} is not supported by the Triton kernels; accepted: "
                          f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded)")
-    if do is not None:
+    if do is not None or o is not None or lse is not None:
+        check_tensor("do", do)
         check_like("o", o, q)
         check_like("do", do, q)
         check_lse(lse, B, H, Nq, q.device)
@@ -99,7 +109,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None):
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
                          "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
-    return B, H, Nq, Nk, D, causal, scale
+    return B, H, Nq, Nk, D, mask, scale
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -135,7 +145,7 @@ def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
         def bench(fn, quantiles):  # shorter than the default 25 ms + 100 ms per config
             return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
 
-        _TUNED[key] = triton.autotune(configs=candidates, key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+        _TUNED[key] = triton.autotune(configs=candidates, key=["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"],
                                       do_bench=bench)(jit_fn)
     return _TUNED[key]
 
@@ -154,6 +164,7 @@ def use_configs(**pinned):
     for name, cfg in pinned.items():
         if not isinstance(cfg, TileConfig):
             raise TypeError(f"use_configs: {name} must be a TileConfig, got {type(cfg).__name__}")
+        configs.check_tile_config(name, cfg)
     saved = dict(_FORCED)
     _FORCED.update(pinned)
     try:
@@ -209,87 +220,232 @@ def best_configs() -> dict:
 
 
 def _strides(t: torch.Tensor):
+    """(batch, head, row) strides: of a ``(B, H, N, D)`` tensor, or of a packed ``(total, H, D)``
+    one (batch stride 0: its sequences are told apart by ``cu_seqlens``)."""
+    if t.dim() == 3:
+        return 0, t.stride(1), t.stride(0)
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _forward(q, k, v, causal: bool, scale: float):
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
+def _mask_meta(mask) -> dict:
+    alignment, window = mask
+    return dict(CAUSAL=alignment is not None, BOTTOM_RIGHT=alignment == "bottom-right",
+                WINDOW=window is not None)
+
+
+class _Layout:
+    """Shapes and row bookkeeping of one call: dense ``(B, H, N, D)`` or packed ``(total, H, D)``
+    with ``cu_seqlens`` (then B is the number of sequences and N the longest one)."""
+
+    def __init__(self, q, k, cu_q=None, cu_k=None, max_q=None, max_k=None):
+        self.varlen = cu_q is not None
+        if self.varlen:
+            self.B, self.H, self.Hkv, self.D = cu_q.numel() - 1, q.shape[1], k.shape[1], q.shape[2]
+            self.Nq, self.Nk = max_q, max_k
+            self.cu_q, self.cu_k = cu_q, cu_k
+            # lse and delta: (H, total_q)
+            self.lse_shape = (self.H, q.shape[0])
+            self.lse_strides = (0, q.shape[0])
+        else:
+            self.B, self.H, self.Nq, self.D = q.shape
+            self.Hkv, self.Nk = k.shape[1], k.shape[2]
+            self.cu_q = self.cu_k = q            # unused by the kernels when VARLEN is False
+            self.lse_shape = (self.B, self.H, self.Nq)
+            self.lse_strides = (self.H * self.Nq, self.Nq)
+        self.group = self.H // self.Hkv
+
+
+def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
+    L = layout or _Layout(q, k)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    block_d = _block_d(D)
-    args = [q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            H, Nq, Nk, D, scale * LOG2E, configs.length_bucket(max(Nq, Nk))]
-    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
-    _launch("fwd", forward.attn_fwd_kernel, Nq, B * H, args, meta, q.dtype, q.device)
+    lse = torch.empty(L.lse_shape, dtype=torch.float32, device=q.device)
+    block_d = _block_d(L.D)
+    args = [q, k, v, o, lse, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+            *L.lse_strides, L.H, L.group, L.Nq, L.Nk, L.D, scale * LOG2E, mask[1] or 0,
+            configs.length_bucket(max(L.Nq, L.Nk))]
+    meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
+                DOT_PREC=_dot_precision(q.dtype))
+    _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype, q.device)
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
+def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None):
+    L = layout or _Layout(q, k)
     q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
     lse = lse.to(torch.float32).contiguous()
-    block_d = _block_d(D)
-    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    block_d = _block_d(L.D)
+    delta = torch.empty(L.lse_shape, dtype=torch.float32, device=q.device)
+    # Delta is row by row: a packed (total, H, D) tensor is read as one (1, H, total, D) sequence
+    o4, do4 = (t.permute(1, 0, 2)[None] if L.varlen else t for t in (o, do))
     pre_block = 16 if interpreting() else 128
-    grid = (triton.cdiv(Nq, pre_block), B * H)
+    grid = (triton.cdiv(o4.shape[2], pre_block), o4.shape[0] * L.H)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        backward.bwd_preprocess_kernel[grid](o, do, delta, *_strides(o), *_strides(do), H, Nq, D,
-                                               BLOCK_M=pre_block, BLOCK_D=block_d)
+        backward.bwd_preprocess_kernel[grid](o4, do4, delta, *_strides(o4), *_strides(do4), L.H,
+                                               o4.shape[2], L.D, BLOCK_M=pre_block, BLOCK_D=block_d)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    bucket = configs.length_bucket(max(Nq, Nk))
-    meta = dict(CAUSAL=causal, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PREC=_dot_precision(q.dtype))
-    common = [H, Nq, Nk, D, scale, scale * LOG2E, bucket]
-    _launch("dkdv", backward.bwd_dkdv_kernel, Nk, B * H,
-            [q, k, v, do, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
-             *_strides(do), *_strides(dk), *_strides(dv), *common], meta, q.dtype, q.device)
-    _launch("dq", backward.bwd_dq_kernel, Nq, B * H,
-            [q, k, v, do, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
-             *_strides(do), *_strides(dq), *common], meta, q.dtype, q.device)
+    bucket = configs.length_bucket(max(L.Nq, L.Nk))
+    meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
+                DOT_PREC=_dot_precision(q.dtype))
+    common = [*L.lse_strides, L.group, L.Nq, L.Nk, L.D, scale, scale * LOG2E, mask[1] or 0, bucket]
+    _launch("dkdv", backward.bwd_dkdv_kernel, L.Nk, L.B * L.Hkv,
+            [q, k, v, do, dk, dv, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
+             *_strides(do), *_strides(dk), *_strides(dv), *common[:2], L.Hkv, *common[2:]],
+            meta, q.dtype, q.device)
+    _launch("dq", backward.bwd_dq_kernel, L.Nq, L.B * L.H,
+            [q, k, v, do, dq, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
+             *_strides(do), *_strides(dq), *common[:2], L.H, *common[2:]], meta, q.dtype, q.device)
     return dq, dk, dv
 
 
-def triton_forward(q, k, v, causal: bool = False, scale: float | None = None):
+def triton_forward(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
     """Fused forward. Returns ``(o, lse)``: ``o`` like ``q``; ``lse`` ``(B, H, Nq)`` float32,
-    the natural-log log-sum-exp of each row's scaled, masked scores."""
-    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale)
-    return _forward(q, k, v, causal, scale)
+    the natural-log log-sum-exp of each row's scaled, masked scores (``-inf`` for a row that
+    sees no key, whose output is 0)."""
+    _, _, _, _, _, mask, scale = _check_inputs(q, k, v, causal, scale, window=window)
+    return _forward(q, k, v, mask, scale)
 
 
-def triton_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None):
+def triton_backward(q, k, v, o, lse, do, causal=False, scale: float | None = None,
+                    window: int | None = None):
     """Fused backward with recomputation from ``lse``. Returns ``(dq, dk, dv)`` in the inputs'
-    dtype; no autograd involved."""
-    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do)
-    return _backward(q, k, v, o, lse, do, causal, scale)
+    dtype (``dk``, ``dv`` with ``k``'s heads, each summed over its group); no autograd involved."""
+    _, _, _, _, _, mask, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, window=window)
+    return _backward(q, k, v, o, lse, do, mask, scale)
 
 
 class TritonAttention(torch.autograd.Function):
     """``o = softmax(scale * q k^T [causal mask]) v``; saves ``q, k, v, o, lse`` only."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = _forward(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, mask, scale):
+        o, lse = _forward(q, k, v, mask, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
+        ctx.mask = mask
         ctx.scale = scale
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), ctx.causal, ctx.scale)
+        dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), ctx.mask, ctx.scale)
         return dq, dk, dv, None, None
 
 
-def triton_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """Fused Triton attention; ``o.backward()`` runs the fused Triton backward."""
-    _, _, _, _, _, causal, scale = _check_inputs(q, k, v, causal, scale)
-    return TritonAttention.apply(q, k, v, causal, scale)
+# -- the custom operator: what torch.compile sees -----------------------------------------
+# The mask travels as two ints (schemas have no Optional[str] union): alignment 0 = none,
+# 1 = top-left, 2 = bottom-right; window 0 = none.
+_ALIGN_CODE = {None: 0, "top-left": 1, "bottom-right": 2}
+_ALIGN_NAME = {c: a for a, c in _ALIGN_CODE.items()}
+
+
+@torch.library.custom_op("flashtut::triton_attention_fwd", mutates_args=())
+def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, align: int, scale: float,
+            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, (_ALIGN_NAME[align], window or None), scale)
+
+
+@_op_fwd.register_fake
+def _(q, k, v, align, scale, window):
+    B, H, Nq, _ = q.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((B, H, Nq), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashtut::triton_attention_bwd", mutates_args=())
+def _op_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+            do: torch.Tensor, align: int, scale: float,
+            window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, o, lse, do, (_ALIGN_NAME[align], window or None), scale)
+
+
+@_op_bwd.register_fake
+def _(q, k, v, o, lse, do, align, scale, window):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, align, scale, window = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.mask = (align, scale, window)
+    ctx.mark_non_differentiable(lse)
+
+
+def _op_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _op_bwd(q, k, v, o, lse, do.to(q.dtype), *ctx.mask)
+    return dq, dk, dv, None, None, None
+
+
+_op_fwd.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
+def triton_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None):
+    """Fused Triton attention; ``o.backward()`` runs the fused Triton backward. A PyTorch custom
+    operator underneath, so ``torch.compile(model, fullgraph=True)`` compiles a model calling it."""
+    _, _, _, _, _, (alignment, window), scale = _check_inputs(q, k, v, causal, scale, window=window)
+    o, _ = _op_fwd(q, k, v, _ALIGN_CODE[alignment], scale, window or 0)
+    return o
+
+
+# -- packed variable-length batches -----------------------------------------------------------
+
+class TritonVarlenAttention(torch.autograd.Function):
+    """Packed-batch attention: one launch for all sequences; saves ``q, k, v, o, lse`` only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, mask, scale):
+        layout = _Layout(q, k, cu_q, cu_k, max_q, max_k)
+        o, lse = _forward(q, k, v, mask, scale, layout)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (layout, mask, scale)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        layout, mask, scale = ctx.args
+        dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), mask, scale, layout)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+VARLEN_BACKENDS = ("naive", "triton")
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: float | None = None,
+                     window: int | None = None, backend: str = "triton"):
+    """Packed batches (``flashtut.varlen_attention``): ``backend="naive"`` runs the reference one
+    sequence at a time (PyTorch only, autograd), ``"triton"`` one fused launch for the batch."""
+    if backend not in VARLEN_BACKENDS:
+        raise ValueError(f"backend must be one of {VARLEN_BACKENDS}, got {backend!r}")
+    bounds_q, bounds_k, mask, scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window)
+    if backend == "naive":
+        return naive_varlen_attention(q, k, v, bounds_q, bounds_k, mask[0] or False, scale, mask[1])
+    return varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale)
+
+
+def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask, scale):
+    """The Triton path of :func:`varlen_attention` (arguments already checked)."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise ValueError(
+            f"q, k and v have dtype {str(q.dtype).replace('torch.', '')}; the Triton kernels accept "
+            "float16, bfloat16 or float32 (for float64 use backend='naive')")
+    if q.shape[2] > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D = {q.shape[2]} is not supported by the Triton kernels; accepted: "
+                         f"1 to {MAX_HEAD_DIM}")
+    _require_runtime(q)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
+                         "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
+    max_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
+    max_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+    return TritonVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_q, 1), max(max_k, 1),
+                                       mask, scale)
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
-           "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM"]
+           "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
+           "varlen_attention", "varlen_triton"]

@@ -17,6 +17,14 @@ are no atomic additions and the result is deterministic.
 
 The kernels take the transposed view in the dK/dV kernel (``S^T = K Q^T``), so that ``P^T``
 comes out of the product directly and needs no transpose before ``P^T dO``.
+
+Grouped-query heads: a dK/dV program belongs to one key/value head and loops over the query
+heads of its group, adding their contributions into the same on-chip accumulators, then
+writes ``dK``/``dV`` once. That keeps the kernel free of atomics and deterministic, reads each
+K/V tile once per group, and needs neither a per-query-head copy of K/V nor a per-query-head
+``dK``/``dV`` buffer to reduce afterwards (``H / Hkv`` times the memory of ``dK`` and ``dV``).
+The query loops use ``query_range``, the inverse of the forward's ``key_range``, so query
+blocks that see none of the program's keys (before the diagonal, past the window) are skipped.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..constants import LOG2E
+from .forward import key_range, seq_bounds, visible
 
 # @triton.jit code reads module globals only when they are tl.constexpr
 LOG2E_C = tl.constexpr(LOG2E)
@@ -41,30 +50,63 @@ def bwd_preprocess_kernel(O, DO, DELTA,
     b = (bh // n_heads).to(tl.int64)
     h = (bh % n_heads).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = offs_m.to(tl.int64)[:, None]
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows * stride_on + offs_d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don + offs_d[None, :],
                  mask=ok, other=0.0).to(tl.float32)
     tl.store(DELTA + bh.to(tl.int64) * n_q + offs_m, tl.sum(o * do, 1), mask=offs_m < n_q)
 
 
 @triton.jit
+def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query tiles for keys ``[n0, n0 + BLOCK_N)``: ``[lo, a)`` masked, ``[a, b)`` unmasked,
+    ``[b, hi)`` masked, on the grid of multiples of ``BLOCK_M`` whatever ``BLOCK_N`` is (tiles
+    never overlap, for any pair of tile sizes)."""
+    if CAUSAL:
+        lo = (tl.maximum(n0 - off, 0) // BLOCK_M) * BLOCK_M       # row i sees key j when i >= j - off
+        # rows from n0 + BLOCK_N - 1 - off on see every key of the block (causally)
+        a = tl.maximum(tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, lo)
+        if WINDOW:
+            hi = tl.minimum(n_q, n0 + BLOCK_N - 1 - off + window)
+            # rows below n0 - off + window still have the block's first key inside their window
+            b = tl.minimum((tl.maximum(n0 - off + window, 0) // BLOCK_M) * BLOCK_M,
+                           (n_q // BLOCK_M) * BLOCK_M)
+        else:
+            hi = n_q
+            b = (n_q // BLOCK_M) * BLOCK_M
+    else:
+        hi = n_q
+        b = (n_q // BLOCK_M) * BLOCK_M
+        lo = hi * 0
+        a = lo
+    hi = tl.where(n0 < n_k, hi, 0)      # a program past its (packed) sequence's end: no work
+    a = tl.minimum(a, hi)
+    b = tl.maximum(a, tl.minimum(b, hi))
+    return lo, a, b, hi
+
+
+@triton.jit
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_don,
-                     offs_n, offs_m0, offs_d, start, end, n_q, head_dim, qk_scale,
+                     offs_n, offs_m0, offs_d, start, end, n_q, n_k, head_dim, qk_scale, off, window,
                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                     PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                     WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
+    # the first tile's row offset in 64 bits (row * stride can pass 2**31), then pointer steps
+    q_ptrs = q_base + start.to(tl.int64) * stride_qn + offs_m0[:, None] * stride_qn + offs_d[None, :]
+    do_ptrs = do_base + start.to(tl.int64) * stride_don + offs_m0[:, None] * stride_don + offs_d[None, :]
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m0
-        q_ptrs = q_base + rows[:, None] * stride_qn + offs_d[None, :]
-        do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
         if MASKED:
             row_ok = rows < n_q
             q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
-            lse2 = tl.load(lse_base + rows, mask=row_ok, other=0.0) * LOG2E_C
+            lse = tl.load(lse_base + rows, mask=row_ok, other=0.0)
+            # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
             if PAD_D:
@@ -78,88 +120,92 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)              # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                 # P^T, already normalised
         if MASKED:
-            keep = rows[None, :] < n_q
-            if CAUSAL:
-                keep = keep & (rows[None, :] >= offs_n[:, None])
-            p_t = tl.where(keep, p_t, 0.0)
+            keep = visible(rows[None, :], offs_n[:, None], n_k, off, window, CAUSAL, WINDOW)
+            p_t = tl.where(keep & (rows[None, :] < n_q), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)           # (dO V^T)^T
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        q_ptrs += BLOCK_M * stride_qn
+        do_ptrs += BLOCK_M * stride_don
     return dk, dv
 
 
 # lengths are not specialised on: one compilation serves every sequence length
-@triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET"])
-def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
+@triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
+def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
                     stride_qb, stride_qh, stride_qn,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
                     stride_dob, stride_doh, stride_don,
                     stride_dkb, stride_dkh, stride_dkn,
                     stride_dvb, stride_dvh, stride_dvn,
-                    n_heads, n_q, n_k, head_dim, scale, qk_scale, N_BUCKET,
-                    CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                    stride_lb, stride_lh,
+                    n_kv_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
+                    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
+                    VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid ``(cdiv(n_k, BLOCK_N), B * H)``. Writes ``dK`` and ``dV`` of its keys once."""
+    """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys once,
+    summed over the ``group`` query heads that share its key/value head."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    b = bh // n_kv_heads
+    h_kv = bh % n_kv_heads
+    q_start, n_q = seq_bounds(CU_Q, b, n_q, VARLEN)
+    k_start, n_k = seq_bounds(CU_K, b, n_k, VARLEN)
+    b = b.to(tl.int64)
+    h_kv = h_kv.to(tl.int64)
+    off = n_k - n_q if BOTTOM_RIGHT else 0
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    rows_n = (k_start + offs_n)[:, None]
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     kv_ok = (offs_n[:, None] < n_k) & (offs_d[None, :] < head_dim)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + rows_n * stride_kn + offs_d[None, :],
                 mask=kv_ok, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + rows_n * stride_vn + offs_d[None, :],
                 mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    lse_base = LSE + bh.to(tl.int64) * n_q
-    delta_base = DELTA + bh.to(tl.int64) * n_q
+    lo, a, b_end, hi = query_range(start_n, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
-    if CAUSAL:
-        # queries before start_n see none of these keys (skipped); queries in
-        # [start_n, start_n + BLOCK_N) see some of them (masked); later queries see all
-        diag_end = tl.minimum(start_n + BLOCK_N, n_q)
+    for g in range(0, group):               # the query heads that read this key/value head
+        h = h_kv * group + g
+        q_base = Q + b * stride_qb + h * stride_qh + q_start * stride_qn
+        do_base = DO + b * stride_dob + h * stride_doh + q_start * stride_don
+        lse_base = LSE + b * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
         dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                   stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                                  start_n, diag_end, n_q, head_dim, qk_scale,
-                                  BLOCK_M, True, True, PAD_D, DOT_PREC)
-        lo = start_n + BLOCK_N
-    else:
-        lo = 0
-    free_end = lo + (tl.maximum(n_q - lo, 0) // BLOCK_M) * BLOCK_M
-    dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                              stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                              lo, free_end, n_q, head_dim, qk_scale,
-                              BLOCK_M, False, False, PAD_D, DOT_PREC)
-    dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                              stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                              free_end, n_q, n_q, head_dim, qk_scale,
-                              BLOCK_M, True, False, PAD_D, DOT_PREC)
+                                  lo, a, n_q, n_k, head_dim, qk_scale, off, window,
+                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                  stride_qn, stride_don, offs_n, offs_m0, offs_d,
+                                  a, b_end, n_q, n_k, head_dim, qk_scale, off, window,
+                                  BLOCK_M, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                  stride_qn, stride_don, offs_n, offs_m0, offs_d,
+                                  b_end, hi, n_q, n_k, head_dim, qk_scale, off, window,
+                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
 
     dk = dk * scale
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + rows_n * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
 def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                 offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale,
+                 offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale, off, window,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                 WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
+    k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :]
+    v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_d[None, :]
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n0
-        k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
         if MASKED:
             kv_ok = (cols[:, None] < n_k) & d_ok
             k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
@@ -173,62 +219,73 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            keep = cols[None, :] < n_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(visible(offs_m[:, None], cols[None, :], n_k, off, window, CAUSAL, WINDOW),
+                         p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
     return dq
 
 
 # lengths are not specialised on: one compilation serves every sequence length
-@triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET"])
-def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
+@triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
+def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
                   stride_qb, stride_qh, stride_qn,
                   stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
                   stride_dob, stride_doh, stride_don,
                   stride_dqb, stride_dqh, stride_dqn,
-                  n_heads, n_q, n_k, head_dim, scale, qk_scale, N_BUCKET,
-                  CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                  stride_lb, stride_lh,
+                  n_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
+                  CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
+                  VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid ``(cdiv(n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows once."""
+    """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows once."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m                      # heaviest blocks first
     bh = tl.program_id(1)
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    b = bh // n_heads
+    h = bh % n_heads
+    q_start, n_q = seq_bounds(CU_Q, b, n_q, VARLEN)
+    k_start, n_k = seq_bounds(CU_K, b, n_k, VARLEN)
+    b = b.to(tl.int64)
+    h = h.to(tl.int64)
+    h_kv = h // group
+    off = n_k - n_q if BOTTOM_RIGHT else 0
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = (q_start + offs_m)[:, None]
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n_q
     q_ok = row_ok[:, None] & (offs_d[None, :] < head_dim)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qn + offs_d[None, :],
                 mask=q_ok, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don + offs_d[None, :],
                  mask=q_ok, other=0.0)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
-    delta = tl.load(DELTA + bh.to(tl.int64) * n_q + offs_m, mask=row_ok, other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    l_base = b * stride_lb + h * stride_lh + q_start
+    lse = tl.load(LSE + l_base + offs_m, mask=row_ok, other=0.0)
+    # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
+    delta = tl.load(DELTA + l_base + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b * stride_kb + h_kv * stride_kh + k_start * stride_kn
+    v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if CAUSAL:
-        free_end = (tl.minimum(start_m, n_k) // BLOCK_N) * BLOCK_N
-        masked_end = tl.minimum(start_m + BLOCK_M, n_k)
-    else:
-        free_end = (n_k // BLOCK_N) * BLOCK_N
-        masked_end = n_k
+    lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    if WINDOW:
+        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                          offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
+                          BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                      offs_m, offs_n0, offs_d, 0, free_end, n_k, head_dim, qk_scale,
-                      BLOCK_N, False, CAUSAL, PAD_D, DOT_PREC)
+                      offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
+                      BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                      offs_m, offs_n0, offs_d, free_end, masked_end, n_k, head_dim, qk_scale,
-                      BLOCK_N, True, CAUSAL, PAD_D, DOT_PREC)
+                      offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
+                      BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
     dq = dq * scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_ok)

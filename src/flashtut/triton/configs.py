@@ -28,6 +28,23 @@ class TileConfig:
     num_stages: int
 
 
+def check_tile_config(name: str, cfg: TileConfig) -> TileConfig:
+    """Every shape the kernels can run: block sizes powers of two from 16 (``tl.arange`` needs a
+    power of two and ``tl.dot`` at least 16 rows), warps a power of two, one stage or more. Any
+    pair of block sizes gives right results (the loops of each kernel tile on one grid)."""
+    for field in ("block_m", "block_n", "num_warps", "num_stages"):
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}.{field} must be a positive int, got {value!r}")
+    for field in ("block_m", "block_n"):
+        value = getattr(cfg, field)
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name}.{field} must be a power of two >= 16, got {value}")
+    if cfg.num_warps & (cfg.num_warps - 1):
+        raise ValueError(f"{name}.num_warps must be a power of two, got {cfg.num_warps}")
+    return cfg
+
+
 def _cfgs(rows):
     return [TileConfig(*r) for r in rows]
 

@@ -14,9 +14,14 @@
 // or, built with DKDV_DQ_ATOMIC=1, the block also writes dS^T to shared memory and adds
 // dQ += dS K for its key block into a float32 buffer with atomic adds (bwd_dq_convert.cu then
 // scales and converts it).
-// Causal (top-left: query i sees keys j <= i): query blocks that end before this key block
-// starts are skipped; only tiles that cross the diagonal, or hang over the end of the query
-// sequence, pay for the per-element mask.
+// Causal (query i sees keys j <= i + diag_offset; 0 is top-left, Nk - Nq bottom-right): query
+// blocks that end before this key block's diagonal are skipped; only tiles that cross the
+// diagonal, or hang over the end of the query sequence, pay for the per-element mask.
+// Grouped-query heads: a block still belongs to one query head (grid.y = B * H) and reads K/V
+// head bh / kv_group; it writes that query head's share of dK/dV, and backward.py sums the
+// kv_group shares of each K/V head in float32 (accumulate, then reduce). Looping over the group
+// inside the block would avoid the (B, H, Nk, D) buffers, but at D = 128 this kernel uses 254 of
+// the 255 registers a thread can have, and the loop's extra live values made it spill.
 #include "bwd_common.cuh"
 
 #ifndef DKDV_WARPS
@@ -87,15 +92,16 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
               const float* __restrict__ lse2, const float* __restrict__ delta,
               ft_raw* __restrict__ dk, ft_raw* __restrict__ dv,
               int n_q, int n_k, float scale, float scale_log2, int causal,
-              float* __restrict__ dq_accum) {   // atomic variant only: (B, H, Nq, D) float32, zeroed
+              float* __restrict__ dq_accum,     // atomic variant only: (B, H, Nq, D) float32, zeroed
+              int kv_group, int diag_offset) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int k0 = blockIdx.x * DKDV_BLOCK_N;
-    const long long bh = blockIdx.y;
+    const long long bh = blockIdx.y;          // b * H + h; its K/V head is b * Hkv + h / kv_group
     q += bh * n_q * HEAD_DIM;
     dout += bh * n_q * HEAD_DIM;
-    k += bh * n_k * HEAD_DIM;
-    v += bh * n_k * HEAD_DIM;
+    k += (bh / kv_group) * n_k * HEAD_DIM;
+    v += (bh / kv_group) * n_k * HEAD_DIM;
     dk += bh * n_k * HEAD_DIM;
     dv += bh * n_k * HEAD_DIM;
     lse2 += bh * n_q;
@@ -109,8 +115,9 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     ft_raw* t_v = t_k + DKDV_BLOCK_N * BWD_LDS;
     unsigned char* stage0 = smem + 2 * DKDV_TILE_BYTES(DKDV_BLOCK_N) + DKDV_DS_BYTES;
 
-    // causal: query i sees key j only if j <= i, so queries below k0 see nothing of this block
-    const int first_q = causal ? (k0 / DKDV_BLOCK_M) * DKDV_BLOCK_M : 0;
+    // causal: query i sees key j only if j <= i + diag_offset, so queries below k0 - diag_offset
+    // see nothing of this block
+    const int first_q = causal ? (max(0, k0 - diag_offset) / DKDV_BLOCK_M) * DKDV_BLOCK_M : 0;
     const int n_steps = first_q < n_q ? (n_q - first_q + DKDV_BLOCK_M - 1) / DKDV_BLOCK_M : 0;
 
     auto load_stage = [&](int stage, int q_start) {
@@ -134,7 +141,10 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dk[t][e] = acc_dv[t][e] = 0.0f;
 
-    const int key_a = k0 + 16 * warp + lane / 4, key_b = key_a + 8;  // this lane's two key rows
+    // this lane's two key rows, each shifted by -diag_offset: the first query row that sees it
+    // (query i sees key j iff j - diag_offset <= i); kept shifted so diag_offset is not live in the loop
+    const int key_a = k0 + 16 * warp + lane / 4 - diag_offset, key_b = key_a + 8;
+    const int diag_first = k0 + DKDV_BLOCK_N - 1 - diag_offset;  // queries below it cross the diagonal
     // ldmatrix takes shared-window addresses: this warp's 16 rows of K and V
     const u32 s_kw = smem_addr(t_k + 16 * warp * BWD_LDS), s_vw = smem_addr(t_v + 16 * warp * BWD_LDS);
 
@@ -160,7 +170,7 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
 
         float p[DKDV_MT][4];
         mma_abt<DKDV_MT>(p, s_kw, s_q, lane);                 // S^T = K_w Q^T
-        const bool edge = q0 + DKDV_BLOCK_M > n_q || (causal && k0 + DKDV_BLOCK_N - 1 > q0);
+        const bool edge = q0 + DKDV_BLOCK_M > n_q || (causal && diag_first > q0);
 #pragma unroll
         for (int t = 0; t < DKDV_MT; ++t) {
             const int qc = t * 8 + 2 * (lane % 4);             // this lane's two query columns

@@ -16,7 +16,8 @@
 // (DQ_BLOCK_N keys each) with K and V double-buffered through shared memory:
 //   S  = Q_w K^T,   P = 2^(S * scale * log2e - lse2[row]),   dP = dO_w V^T,
 //   dS = P * (dP - Delta[row]),   dQ += dS K                (dQ scaled once at the end)
-// Causal: key blocks that start after the block's last query are never loaded.
+// Causal: key blocks that start after the block's last query are never loaded. Query i sees
+// key j iff j <= i + diag_offset (0: top-left, Nk - Nq: bottom-right); K/V head = h / kv_group.
 #include "bwd_common.cuh"
 
 #ifndef DQ_WARPS
@@ -46,7 +47,8 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS)
 attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
             const ft_raw* __restrict__ v, const ft_raw* __restrict__ dout,
             const float* __restrict__ lse2, const float* __restrict__ delta,
-            ft_raw* __restrict__ dq, int n_q, int n_k, float scale, float scale_log2, int causal) {
+            ft_raw* __restrict__ dq, int n_q, int n_k, float scale, float scale_log2, int causal,
+            int kv_group, int diag_offset) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // causal: the last query blocks see the most keys; launching them first evens out the tail
@@ -56,8 +58,8 @@ attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     q += bh * n_q * HEAD_DIM;
     dout += bh * n_q * HEAD_DIM;
     dq += bh * n_q * HEAD_DIM;
-    k += bh * n_k * HEAD_DIM;
-    v += bh * n_k * HEAD_DIM;
+    k += (bh / kv_group) * n_k * HEAD_DIM;   // bh = b * H + h: b * Hkv + h / kv_group
+    v += (bh / kv_group) * n_k * HEAD_DIM;
     lse2 += bh * n_q;
     delta += bh * n_q;
 
@@ -66,7 +68,7 @@ attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     ft_raw* t_do = t_q + DQ_BLOCK_M * BWD_LDS;
     ft_raw* stage0 = t_do + DQ_BLOCK_M * BWD_LDS;
 
-    const int key_end = causal ? min(n_k, q0 + DQ_BLOCK_M) : n_k;   // one past the last visible key
+    const int key_end = causal ? max(0, min(n_k, q0 + DQ_BLOCK_M + diag_offset)) : n_k;  // one past the last visible key
     const int n_steps = (key_end + DQ_BLOCK_N - 1) / DQ_BLOCK_N;
 
     auto load_stage = [&](int stage, int k_start) {
@@ -111,7 +113,7 @@ attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
 
         float p[DQ_NT][4];
         mma_abt<DQ_NT>(p, s_qw, s_k, lane);                 // S = Q_w K^T
-        const bool edge = k0 + DQ_BLOCK_N > n_k || (causal && k0 + DQ_BLOCK_N - 1 > q0);
+        const bool edge = k0 + DQ_BLOCK_N > n_k || (causal && k0 + DQ_BLOCK_N - 1 > q0 + diag_offset);
 #pragma unroll
         for (int t = 0; t < DQ_NT; ++t) {
             p[t][0] = ft_exp2(p[t][0] * scale_log2 - lse_a);
@@ -120,10 +122,10 @@ attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
             p[t][3] = ft_exp2(p[t][3] * scale_log2 - lse_b);
             if (edge) {   // keys past the end, and keys j > i, get probability 0
                 const int ka = k0 + t * 8 + 2 * (lane % 4), kb = ka + 1;
-                if (ka >= n_k || (causal && ka > row_a)) p[t][0] = 0.0f;
-                if (kb >= n_k || (causal && kb > row_a)) p[t][1] = 0.0f;
-                if (ka >= n_k || (causal && ka > row_b)) p[t][2] = 0.0f;
-                if (kb >= n_k || (causal && kb > row_b)) p[t][3] = 0.0f;
+                if (ka >= n_k || (causal && ka > row_a + diag_offset)) p[t][0] = 0.0f;
+                if (kb >= n_k || (causal && kb > row_a + diag_offset)) p[t][1] = 0.0f;
+                if (ka >= n_k || (causal && ka > row_b + diag_offset)) p[t][2] = 0.0f;
+                if (kb >= n_k || (causal && kb > row_b + diag_offset)) p[t][3] = 0.0f;
             }
         }
 
@@ -142,5 +144,6 @@ attn_bwd_dq(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
         __syncthreads();
     }
 
+    if (n_steps == 0) cp_async_wait<0>();   // a block that sees no key: its Q/dO copies are in flight
     store_strip(dq, acc, q0 + 16 * warp, n_q, scale, lane);
 }

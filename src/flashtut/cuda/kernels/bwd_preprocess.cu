@@ -30,6 +30,7 @@ attn_bwd_preprocess(const ft_raw* __restrict__ o, const ft_raw* __restrict__ dou
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) {
         delta[row] = acc;
-        lse2[row] = lse[row] * FT_LOG2E;
+        // a row that saw no key has lse = -inf; +inf makes every recomputed P of it 2^-inf = 0
+        lse2[row] = lse[row] == FT_NEG_INF ? -FT_NEG_INF : lse[row] * FT_LOG2E;
     }
 }

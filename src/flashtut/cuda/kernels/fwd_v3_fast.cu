@@ -12,6 +12,9 @@
 //  * causal: tiles right of the diagonal are never loaded (block level) or computed (warp
 //    level), the mask is only evaluated on tiles that cross the diagonal or the end of K,
 //    and the heaviest query blocks are started first.
+// Real models: K/V head = h / kv_group (grouped-query heads share one K/V head), and with causal
+// query i sees key j iff j <= i + diag_offset (0: top-left; Nk - Nq: bottom-right, new queries at
+// the end of a KV cache). A row that sees no key writes o = 0 and lse = -inf.
 // Before sm_80 (T4) cp.async does not exist: the copies are synchronous and V3_STAGES is 1.
 // V3_MT = 2 gives each warp 32 query rows (two 16-row m-tiles) instead of 16: every K and V
 // fragment read from shared memory then feeds two MMAs instead of one, at the price of twice the
@@ -67,7 +70,7 @@ __device__ __forceinline__ void load_tile(ft_raw* tile, const ft_raw* src, int r
 extern "C" __global__ void __launch_bounds__(V3_THREADS, V3_MIN_BLOCKS)
 flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const ft_raw* __restrict__ v,
              ft_raw* __restrict__ o, float* __restrict__ lse,
-             int Nq, int Nk, float scale_log2, int causal) {
+             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     ft_raw* q_s = reinterpret_cast<ft_raw*>(smem_raw);
     ft_raw* k_s = q_s + V3_BLOCK_M * HEAD_DIM;              // [V3_STAGES][V3_BLOCK_N][HEAD_DIM]
@@ -82,10 +85,11 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
     const int wrow0 = m0 + warp * V3_ROWS;  // first row of this warp
     const int r0 = wrow0 + g;                // this lane's rows: r0 + 16 * mt + 8 * r
     const ft_raw* qb = q + (size_t)bh * Nq * HEAD_DIM;
-    const ft_raw* kb = k + (size_t)bh * Nk * HEAD_DIM;
-    const ft_raw* vb = v + (size_t)bh * Nk * HEAD_DIM;
+    // bh = b * H + h and H = Hkv * kv_group, so b * Hkv + h / kv_group = bh / kv_group
+    const ft_raw* kb = k + (size_t)(bh / kv_group) * Nk * HEAD_DIM;
+    const ft_raw* vb = v + (size_t)(bh / kv_group) * Nk * HEAD_DIM;
 
-    const int n_end = causal ? min(Nk, m0 + V3_BLOCK_M) : Nk;
+    const int n_end = causal ? max(0, min(Nk, m0 + V3_BLOCK_M + diag_offset)) : Nk;
     const int n_tiles = (n_end + V3_BLOCK_N - 1) / V3_BLOCK_N;
 
     load_tile<V3_BLOCK_M>(q_s, qb, m0, Nq);
@@ -136,7 +140,7 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         const ft_raw* vt = v_s + buf * V3_BLOCK_N * HEAD_DIM;
 
         // warp-level causal skip: every key of this tile is right of every row of this warp
-        if (!(causal && n0 > wrow0 + V3_ROWS - 1)) {
+        if (!(causal && n0 > wrow0 + V3_ROWS - 1 + diag_offset)) {
             float s[V3_MT][V3_NT][4];
 #pragma unroll
             for (int mt = 0; mt < V3_MT; ++mt)
@@ -172,7 +176,7 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
             }
 
             // the mask costs instructions: evaluate it only where it can bite
-            const bool need_mask = (n0 + V3_BLOCK_N > Nk) || (causal && n0 + V3_BLOCK_N - 1 > wrow0);
+            const bool need_mask = (n0 + V3_BLOCK_N > Nk) || (causal && n0 + V3_BLOCK_N - 1 > wrow0 + diag_offset);
             if (need_mask) {
 #pragma unroll
                 for (int mt = 0; mt < V3_MT; ++mt)
@@ -181,7 +185,7 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
                             int row = r0 + mt * 16 + (i / 2) * 8, col = n0 + nt * 8 + 2 * t + (i % 2);
-                            if (col >= Nk || (causal && col > row)) s[mt][nt][i] = FT_NEG_INF;
+                            if (col >= Nk || (causal && col > row + diag_offset)) s[mt][nt][i] = FT_NEG_INF;
                         }
             }
             // online softmax in log2 units: p = 2^(s * scale_log2 - m * scale_log2), one FMA + one ex2
@@ -245,6 +249,8 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         }
     }
 
+    if (n_tiles == 0) cp_async_wait<0>();  // a block that sees no key still has its copies in flight
+
 #pragma unroll
     for (int mt = 0; mt < V3_MT; ++mt)
 #pragma unroll
@@ -252,12 +258,14 @@ flash_fwd_v3(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
             float lsum = quad_sum(l[mt][r]);
             int row = r0 + mt * 16 + r * 8;
             if (row >= Nq) continue;
-            float inv = 1.f / lsum;
+            float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // a row that saw no key: o = 0
             ft_raw* orow = o + ((size_t)bh * Nq + row) * HEAD_DIM;
 #pragma unroll
             for (int dt = 0; dt < V3_DT; ++dt)
                 *reinterpret_cast<ft_raw2*>(orow + dt * 8 + 2 * t) =
                     ft_pack2(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
-            if (t == 0) lse[(size_t)bh * Nq + row] = m[mt][r] * scale_log2 * FT_LN2 + ft_log2(lsum) * FT_LN2;
+            if (t == 0)
+                lse[(size_t)bh * Nq + row] = lsum > 0.f ? m[mt][r] * scale_log2 * FT_LN2 + ft_log2(lsum) * FT_LN2
+                                                        : FT_NEG_INF;
         }
 }
