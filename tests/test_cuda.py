@@ -1,9 +1,10 @@
 """The CUDA kernels (flashtut.cuda): every forward ladder step, the autograd path, and the errors.
 
-GPU tests (marked ``gpu``) compare against float64 references on random inputs with odd
-sizes, Nq != Nk, causal or not, a custom scale and large logits. The accuracy criterion is
-FlashAttention's: the kernel's largest error against the float64 reference is at most twice
-that of PyTorch's own attention in the same dtype (plus a small floor for tiny outputs).
+GPU tests (marked ``gpu``) run on random inputs with odd sizes, Nq != Nk, causal or not, a
+custom scale and large logits, judged by the book's one accuracy yardstick
+(``flashtut.bench.accuracy.yardstick``): the kernel's largest error against a float32 reference
+is at most twice that of PyTorch attention computed in the input precision (plus a small slack
+for tensors PyTorch gets exactly); the ratio to SDPA's math backend is printed beside it.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import flashtut
+from flashtut.bench.accuracy import yardstick
 from flashtut.cuda import VARIANTS
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
@@ -33,17 +34,13 @@ def rand_qkv(B, H, Nq, Nk, D, dtype, seed=0, logit_scale=1.0, device="cuda"):
     return q, k, v
 
 
-def torch_error(q, k, v, causal, scale, ref):
-    """How far PyTorch's own attention in this dtype is from the float64 reference."""
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    return (out.double() - ref).abs().max().item()
-
-
-def assert_fa_criterion(name, got, ref, torch_err, floor=1e-3):
-    err = (got.double() - ref).abs().max().item()
-    assert math.isfinite(err), f"{name}: NaN or Inf in the output"
-    assert err <= 2 * torch_err + floor, f"{name}: max error {err:.3e} > 2 x torch's {torch_err:.3e} + {floor}"
-    return err
+def assert_yardstick(name, q, k, v, o, causal, scale, grads=None, do=None):
+    """The book's accuracy yardstick on ``o`` (and the gradients), with the ratios printed."""
+    y = yardstick(q, k, v, o, grads, do, causal, scale)
+    print(f"\n[accuracy] {name}: " + "; ".join(
+        f"{n} {y.ratio(n):.2f}x PyTorch {str(q.dtype)[6:]}, {y.ratio(n, 'math'):.2f}x SDPA math" for n in y.err))
+    assert y.passed, f"{name}:\n{y}"
+    return y
 
 
 # ----------------------------------------------------------------------------- CPU-side checks
@@ -105,8 +102,7 @@ def test_forward_ladder_matches_tiled(variant, D, dtype, causal):
         o, lse = ca.cuda_forward(q, k, v, causal=causal, scale=scale, variant=variant)
         assert o.shape == q.shape and o.dtype == q.dtype
         assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32
-        s = scale if scale is not None else 1 / math.sqrt(D)
-        assert_fa_criterion(f"{variant} o {(B, H, Nq, Nk, D)}", o, ref, torch_error(q, k, v, causal, s, ref))
+        assert_yardstick(f"{variant} o {(B, H, Nq, Nk, D)}", q, k, v, o, causal, scale)
         torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
@@ -117,10 +113,8 @@ def test_forward_large_logits_and_realistic_size(variant):
     # scores of order 100: exp would overflow without the running max
     q, k, v = rand_qkv(2, 4, 1000, 1531, 128, dtype, seed=7, logit_scale=8.0)
     for causal in (False, True):
-        ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal, scale=1.0)
         o, _ = ca.cuda_forward(q, k, v, causal=causal, scale=1.0, variant=variant)
-        assert_fa_criterion(f"{variant} large logits causal={causal}", o, ref,
-                            torch_error(q, k, v, causal, 1.0, ref))
+        assert_yardstick(f"{variant} large logits causal={causal}", q, k, v, o, causal, 1.0)
 
 
 @pytest.mark.gpu
@@ -128,10 +122,8 @@ def test_fast_forward_long_sequence_matches_sdpa_accuracy():
     for dtype in ([torch.float16, torch.bfloat16] if _bf16_ok() else [torch.float16]):
         q, k, v = rand_qkv(1, 4, 4096, 4096, 128, dtype, seed=3)
         for causal in (False, True):
-            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).double()
             o = flashtut.cuda_attention(q, k, v, causal=causal)
-            assert_fa_criterion(f"v3 N=4096 {dtype} causal={causal}", o, ref,
-                                torch_error(q, k, v, causal, None, ref))
+            assert_yardstick(f"v3 N=4096 {dtype} causal={causal}", q, k, v, o, causal, None)
 
 
 @pytest.mark.gpu
@@ -142,20 +134,17 @@ def test_fast_kernel_other_tile_sizes(warps, block_n, m_tiles):
     for D in (64, 128):
         for causal in (False, True):
             q, k, v = rand_qkv(2, 2, 333, 517, D, dtype, seed=D + warps + m_tiles)
-            ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
             try:
                 o, _ = ca.cuda_forward(q, k, v, causal=causal, warps=warps, block_n=block_n, m_tiles=m_tiles)
             except RuntimeError as exc:  # a tile choice that does not fit this GPU's shared memory
                 assert "shared memory" in str(exc)
                 continue
-            assert_fa_criterion(f"v3 w{warps} n{block_n} mt{m_tiles} D={D} causal={causal}", o, ref,
-                                torch_error(q, k, v, causal, None, ref))
+            assert_yardstick(f"v3 w{warps} n{block_n} mt{m_tiles} D={D} causal={causal}", q, k, v, o, causal, None)
 
 
 @pytest.mark.gpu
 def test_runs_on_torchs_current_stream_and_non_contiguous_inputs():
     q, k, v = rand_qkv(2, 3, 200, 300, 64, torch.float16, seed=5)
-    ref = flashtut.naive_attention(q.double(), k.double(), v.double())
     # (B, N, H, D) storage viewed as (B, H, N, D): not contiguous
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     assert not qt.is_contiguous()
@@ -164,7 +153,7 @@ def test_runs_on_torchs_current_stream_and_non_contiguous_inputs():
         o = flashtut.cuda_attention(qt, kt, vt)
         o2 = o * 1  # ordered after the kernel on the same stream
     stream.synchronize()
-    assert_fa_criterion("side stream", o2, ref, torch_error(q, k, v, False, None, ref))
+    assert_yardstick("side stream", q, k, v, o2, False, None)
 
 
 @pytest.mark.gpu
@@ -178,22 +167,12 @@ def test_autograd_matches_reference(dtype, causal, D):
     q, k, v = rand_qkv(B, H, Nq, Nk, D, dtype, seed=11)
     do = torch.randn(B, H, Nq, D, device="cuda", dtype=dtype)
     scale = 0.2
-    # float64 reference gradients
-    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    ref = flashtut.naive_attention(q64, k64, v64, causal=causal, scale=scale)
-    ref.backward(do.double())
-    # PyTorch's own attention in this dtype, for the error budget
-    qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
-    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).backward(do)
-    # ours
     qc, kc, vc = (x.clone().requires_grad_() for x in (q, k, v))
     o = flashtut.cuda_attention(qc, kc, vc, causal=causal, scale=scale)
     o.backward(do)
-    assert_fa_criterion("o", o, ref.detach(), torch_error(q, k, v, causal, scale, ref.detach()))
-    for name, ours, theirs, want in (("dq", qc, qt, q64), ("dk", kc, kt, k64), ("dv", vc, vt, v64)):
-        assert ours.grad is not None and ours.grad.dtype == dtype
-        t_err = (theirs.grad.double() - want.grad).abs().max().item()
-        assert_fa_criterion(name, ours.grad, want.grad, t_err)
+    grads = (qc.grad, kc.grad, vc.grad)
+    assert all(g is not None and g.dtype == dtype for g in grads)
+    assert_yardstick(f"autograd {dtype} causal={causal} D={D}", q, k, v, o, causal, scale, grads, do)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Sphinx extension with three small fix-ups of the pages Jupyter Book generates.
+"""Sphinx extension with four small fix-ups of the pages Jupyter Book generates and how it runs them.
 
 1. Repeated inline <script> bodies are dropped. sphinx-thebe registers its configuration script
    (``const THEBE_JS_URL = ...``) on every ``env-before-read-docs`` event, which Jupyter Book's
@@ -11,6 +11,12 @@
    ``index.html`` that Jupyter Book writes is a bare redirect without an icon link, so a browser
    that opens it asks the server for ``/favicon.ico``, and depending on how fast the redirect
    happens logs a 404 in the console (the browser test saw it once in four runs).
+4. The kernels that execute the notebooks talk to the build over encrypted sockets. jupyter_client
+   starts them over TCP without encryption unless its ``KernelManager.transport_encryption`` is
+   set, and ipykernel then logs ``Kernel is running over TCP without encryption`` once per
+   notebook: a dozen warnings in every clean build. The installed kernel spec declares CurveZMQ
+   support, so "auto" gives each kernel its own keys; nothing in the build passes traitlets
+   configuration down to the kernel manager, so the extension sets the default.
 """
 import re
 from pathlib import Path
@@ -72,7 +78,19 @@ def _root_favicon(app, exception):
         favicon_ico(svg.read_text(), Path(app.outdir, "favicon.ico"))
 
 
+def _encrypted_kernel_transport():
+    try:
+        import zmq
+        from jupyter_client.manager import KernelManager
+    except ImportError:        # no execution toolchain: nothing to configure
+        return
+    trait = KernelManager.class_traits().get("transport_encryption")
+    if trait is not None and zmq.has("curve"):
+        trait.default_value = "auto"
+
+
 def setup(app):
+    _encrypted_kernel_transport()
     app.connect("html-page-context", _unique_inline_scripts, priority=900)
     # after sphinx-book-theme adds its launch buttons (priority 501)
     app.connect("html-page-context", _no_colab_for_text_notebooks, priority=600)

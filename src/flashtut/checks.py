@@ -19,6 +19,10 @@ _DTYPE_NAMES = "float16, bfloat16, float32 or float64"
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype that sums and products are carried in: float64 for float64, else float32."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype is {str(dtype).replace('torch.', '')}; accepted: {_DTYPE_NAMES}")
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -49,6 +53,26 @@ def check_scale(scale, head_dim: int) -> float:
 def check_block(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_bool(name: str, value) -> bool:
+    """A flag: ``True``/``False`` (a NumPy bool too); anything else is a TypeError, so that
+    ``return_lse='no'`` cannot quietly mean True."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and "bool" in type(value).__name__):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number of things (trials, cases): a Python or NumPy integer in
+    ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return int(value)
 
 
@@ -148,7 +172,7 @@ def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa
 
 
 def check_like(name: str, x, ref: torch.Tensor, ref_name: str = "q") -> torch.Tensor:
-    """``x`` must be a tensor with the shape and device of ``ref`` (for ``o`` and ``do``)."""
+    """``x`` must be a tensor with the shape, device and dtype of ``ref`` (for ``o`` and ``do``)."""
     check_tensor(name, x)
     if tuple(x.shape) != tuple(ref.shape):
         raise ValueError(
@@ -156,6 +180,9 @@ def check_like(name: str, x, ref: torch.Tensor, ref_name: str = "q") -> torch.Te
     if x.device != ref.device:
         raise ValueError(f"{name} must be on {ref.device} like {ref_name}, got {x.device}")
     check_float_dtype(name, x)
+    if x.dtype != ref.dtype:
+        raise ValueError(f"{name} must have the dtype of {ref_name}, "
+                         f"{str(ref.dtype).replace('torch.', '')}, got {str(x.dtype).replace('torch.', '')}")
     return x
 
 
@@ -208,3 +235,34 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
     mask = check_mask(causal, window)
     scale = check_scale(scale, D)
     return cq, ck, mask, scale
+# --- overflow of the scaled scores ------------------------------------------------------------------
+
+def scores_can_overflow(dtype: torch.dtype, scale: float, head_dim: int) -> bool:
+    """Whether ``scale * q . k`` can leave the range of the accumulation dtype for *some* finite
+    inputs of ``dtype``, judged from the dtype alone: ``|q . k| <= D * maxval(dtype)^2``.
+
+    False for float16 inputs with any sane scale (65504^2 * 128 is about 5.5e11, far below the
+    float32 limit), so the fast path pays nothing; True for bfloat16, float32 and float64, whose
+    range is as wide as their accumulator's, so a result must be checked (one reduction, one sync).
+    """
+    limit = torch.finfo(accum_dtype(dtype)).max
+    big = float(torch.finfo(dtype).max)
+    # the bound in logs, so that computing it cannot overflow itself
+    return math.log(scale) + 2 * math.log(big) + math.log(head_dim) >= math.log(limit) - 1.0
+
+
+def raise_if_overflowed(result: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
+                        what: str = "output", neg_inf_ok: bool = False) -> None:
+    """Raise the documented ValueError when ``result`` (computed from finite inputs) holds a NaN or
+    an infinity because the scaled scores overflowed. Reads ``result`` only when the input dtype
+    allows overflow at all (see :func:`scores_can_overflow`)."""
+    if result.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+        return
+    bad = torch.isnan(result) | torch.isposinf(result) if neg_inf_ok else ~torch.isfinite(result)
+    if bool(bad.any()):
+        acc = str(accum_dtype(dtype)).replace("torch.", "")
+        raise ValueError(
+            f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "
+            f"{str(dtype).replace('torch.', '')} inputs; largest finite value "
+            f"{torch.finfo(accum_dtype(dtype)).max:.3g}), or a value computed from them does, so the "
+            f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")

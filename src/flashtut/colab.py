@@ -87,10 +87,29 @@ def _is_setup_cell(source: str) -> bool:
     return source.startswith(SETUP_MARKER) or ("pick_device(" in source and "pip install" in source)
 
 
+def _read_notebook(path: Path):
+    """``path`` as an nbformat v4 notebook, or a ValueError that says what is wrong with it."""
+    import nbformat
+
+    if not path.is_file():
+        raise ValueError(f"{path} is not a notebook file (it is a directory or not a regular file)")
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds for a malformed file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path} is not a valid Jupyter notebook ({first[:200]})") from None
+    if not isinstance(getattr(nb, "cells", None), list):
+        raise ValueError(f"{path} is not a valid Jupyter notebook (no list of cells)")
+    return nb
+
+
 def _sync_ipynb(path: Path, cell_text: str) -> bool:
     import nbformat
 
-    nb = nbformat.read(path, as_version=4)
+    nb = _read_notebook(path)
     first = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
     if first is not None and nb.cells[first].source == cell_text:
         return False
@@ -141,7 +160,15 @@ def notebook_paths(root: str | Path) -> list[Path]:
     ``book/`` whose first code cell is the set-up cell."""
     root = Path(root)
     paths = sorted((root / "notebooks").glob("*.ipynb"))
-    paths += sorted(p for p in (root / "book").glob("*.md") if _carries_setup_cell(p.read_text()))
+    for p in sorted((root / "book").glob("*.md")):
+        if not p.is_file():
+            raise ValueError(f"{p} is not a file (a directory named like a page?)")
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{p}: cannot read it ({exc})") from None
+        if _carries_setup_cell(text):
+            paths.append(p)
     return paths
 
 
@@ -186,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                                               else _CHECKOUT_ROOT)
     try:
         changed = sync(root, repo=args.repo, branch=args.branch)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     url, branch = read_repository(root / "_config.yml")

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_float_dtype, check_mask, check_qkv,
+from .checks import (accum_dtype, check_block, check_bool, check_float_dtype, check_mask, check_qkv,
                      check_scale, check_tensor, diag_offset)
 from .softmax import merge_softmax_states
 from .tiled import attention_loops, tiled_attention
@@ -148,18 +148,20 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False, scale: float | No
     the same cache. The result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
     each chunk would be its own thread block, which is what lets a decoding step with one
     query row per sequence spread over all the SMs instead of ``B * H`` of them; see the
-    module docstring. ``num_splits`` may exceed ``Nk``: the surplus chunks are empty and
-    contribute the neutral state. A chunk that no row may see (right of every diagonal, or
-    behind every window) contributes the empty state without being computed, not NaN.
+    module docstring. ``num_splits`` may exceed ``Nk``: it is clamped to ``Nk`` (a chunk with
+    no key would contribute only the neutral state), so the cost never grows with it. A chunk
+    that no row may see (right of every diagonal, or behind every window) contributes the empty
+    state without being computed, not NaN.
 
     Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``, with
     ``lse`` of shape ``(B, H, Nq)`` in float32 (float64 for float64 inputs). A non-integer
     or non-positive ``num_splits`` raises ``ValueError``.
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    num_splits = check_block("num_splits", num_splits)
+    num_splits = min(check_block("num_splits", num_splits), Nk)
     alignment, window = check_mask(causal, window)
     scale = check_scale(scale, D)
+    return_lse = check_bool("return_lse", return_lse)
     off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
     qa = q.to(acc_t)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import accum_dtype, check_mask, check_qkv, check_scale, diag_offset as _diag_offset
+from .checks import (accum_dtype, check_count, check_mask, check_qkv, check_scale,
+                     diag_offset as _diag_offset, raise_if_overflowed)
 
 
 def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int = 0,
@@ -19,6 +20,8 @@ def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int 
     ``scaled_dot_product_attention(is_causal=True)`` (query ``i`` sees keys ``0..i`` whatever
     ``Nk`` is); ``Nk - Nq`` is bottom-right. ``q_start``/``k_start`` place a tile in the matrix.
     """
+    n_q, n_k = check_count("n_q", n_q, 0), check_count("n_k", n_k, 0)
+    q_start, k_start = check_count("q_start", q_start, 0), check_count("k_start", k_start, 0)
     rows = torch.arange(q_start, q_start + n_q, device=device)[:, None] + diag_offset
     cols = torch.arange(k_start, k_start + n_k, device=device)[None, :]
     hidden = cols > rows
@@ -81,6 +84,7 @@ def naive_attention(q, k, v, causal=False, scale: float | None = None,
         p = p.masked_fill(empty, 0.0)
     B, H, Nq, D = q.shape
     o = torch.matmul(p.flatten(2, 3), v.to(p.dtype))                    # (B, Hkv, G*Nq, D)
+    raise_if_overflowed(o, q.dtype, check_scale(scale, D), D)
     return o.reshape(B, H, Nq, D).to(q.dtype)
 
 
@@ -92,7 +96,10 @@ def attention_lse(q, k, causal=False, scale: float | None = None,
     that sees no key.
     """
     s, _ = _masked_scores(q, k, causal, scale, window)
-    return torch.logsumexp(s, dim=-1).flatten(1, 2)
+    lse = torch.logsumexp(s, dim=-1).flatten(1, 2)
+    D = q.shape[-1]
+    raise_if_overflowed(lse, q.dtype, check_scale(scale, D), D, "log-sum-exp", neg_inf_ok=True)
+    return lse
 
 
 def naive_varlen_attention(q, k, v, bounds_q, bounds_k, causal=False, scale=None, window=None):

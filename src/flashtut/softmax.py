@@ -48,7 +48,22 @@ def merge_softmax_states(m_a: torch.Tensor, d_a: torch.Tensor, m_b: torch.Tensor
     associative and commutative, which is what lets tiles, warps and thread blocks each
     summarise their part and combine the summaries in any grouping. An empty state is
     ``(-inf, 0)``; merging it changes nothing.
+
+    The four tensors must share one shape (no broadcasting: a mismatch is a bug in the caller),
+    one floating dtype and one device; otherwise ``TypeError``/``ValueError``.
     """
+    named = (("m_a", m_a), ("d_a", d_a), ("m_b", m_b), ("d_b", d_b))
+    for name, t in named:
+        check_tensor(name, t)
+        check_float_dtype(name, t)
+    for name, t in named[1:]:
+        if tuple(t.shape) != tuple(m_a.shape):
+            raise ValueError(f"{name} must have the shape of m_a, {tuple(m_a.shape)}, got {tuple(t.shape)}")
+        if t.dtype != m_a.dtype:
+            raise ValueError(f"{name} must have the dtype of m_a, {str(m_a.dtype).replace('torch.', '')}, "
+                             f"got {str(t.dtype).replace('torch.', '')}")
+        if t.device != m_a.device:
+            raise ValueError(f"{name} must be on {m_a.device} like m_a, got {t.device}")
     m = torch.maximum(m_a, m_b)
     # where both maxima are -inf the state is empty; subtract 0 there instead of -inf to avoid nan
     m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)

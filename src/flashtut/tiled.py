@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_like, check_lse, check_mask, check_qkv,
-                     check_scale, diag_offset)
+from .checks import (accum_dtype, check_block, check_bool, check_like, check_lse, check_mask,
+                     check_qkv, check_scale, diag_offset, raise_if_overflowed)
 from .reference import causal_mask, visible_keys
 
 
@@ -108,8 +108,10 @@ def tiled_attention(q, k, v, causal=False, scale: float | None = None,
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
+    return_lse = check_bool("return_lse", return_lse)
     o, lse = attention_loops(q, k, v, alignment, diag_offset(alignment, Nq, Nk), window, scale,
                              block_m, block_n)
+    raise_if_overflowed(o, q.dtype, scale, D)               # one check at the end, not per tile
     return (o, lse) if return_lse else o
 
 
@@ -168,4 +170,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False, scale: float | N
         # each key/value head gets the sum over the query heads of its group
         dk[:, :, k0:k1] = dk_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(k.dtype)
         dv[:, :, k0:k1] = dv_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(v.dtype)
+    # one sync for the three: amax propagates NaN and Inf
+    raise_if_overflowed(torch.stack([g.abs().amax().to(acc_t) for g in (dq, dk, dv)]),
+                        q.dtype, scale, D, "gradients")
     return dq.to(q.dtype), dk, dv

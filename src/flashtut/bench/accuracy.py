@@ -13,12 +13,19 @@ FlashAttention repository: a kernel is as accurate as it should be when its erro
 twice that. The gate that decides whether a row is timed is that, or a small floor relative to
 the reference's magnitude (for float32, tf32 matrix units are allowed), whichever is larger:
 it catches wrong results (a missed rescale, a wrong mask), not the last bit.
+
+:func:`yardstick` is that criterion as one function, the one every kernel test and chapter 07
+use: the errors of a kernel's output and gradients next to PyTorch's in the input precision and
+SDPA's math backend, and whether each is within :func:`yardstick_tolerance`.
 """
 from __future__ import annotations
 
 import contextlib
+import math
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..checks import check_mask, check_scale, diag_offset
 from ..reference import attention_lse, causal_mask, naive_attention
@@ -50,8 +57,11 @@ def reference_dtype(device, dtype: torch.dtype) -> torch.dtype:
 
 def lowp_attention(q, k, v, causal=False, scale: float | None = None,
                    window: int | None = None) -> torch.Tensor:
-    """Attention with every operation in the input dtype (no upcast): the error PyTorch itself
-    makes in float16/bfloat16, which the FlashAttention criterion compares against. Grouped-query
+    """PyTorch attention in the input precision, the yardstick's baseline: the matrix products
+    in the input dtype (float16/bfloat16 products, rounded to it), the softmax computed in
+    float32 and its probabilities rounded to the input dtype before ``P @ V``. Its gradients,
+    by autograd through this function, are computed in the same precision (``dS`` is rounded
+    to the input dtype before the ``dQ`` and ``dK`` products, as in a fused kernel). Grouped-query
     ``k``/``v`` are repeated over their group (autograd sums the group's gradients back)."""
     alignment, window = check_mask(causal, window)
     scale = check_scale(scale, q.shape[-1])
@@ -63,7 +73,24 @@ def lowp_attention(q, k, v, causal=False, scale: float | None = None,
         Nq, Nk = q.shape[-2], k.shape[-2]
         s = s.masked_fill(causal_mask(Nq, Nk, q.device, diag_offset=diag_offset(alignment, Nq, Nk),
                                       window=window), float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+def sdpa_math_attention(q, k, v, causal=False, scale: float | None = None,
+                        window: int | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with its math backend (float32 inside for float16 and
+    bfloat16 inputs): stricter than the yardstick; the book reports the ratio to it too."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    alignment, window = check_mask(causal, window)
+    keep = None
+    if alignment is not None:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        keep = ~causal_mask(Nq, Nk, q.device, diag_offset=diag_offset(alignment, Nq, Nk), window=window)
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
 
 
 def slice_counts(B: int, H: int, Nq: int, Nk: int, itemsize: int, budget_bytes: int | None):
@@ -101,7 +128,8 @@ class Reference:
         # grouped-query heads: whole groups only, so the sliced k/v are what the sliced q reads
         group = H // k.shape[1]
         self.h = max(group, self.h - self.h % group)
-        self.q, self.do = (t[:self.b, :self.h] for t in (q, do))
+        self.q = q[:self.b, :self.h]
+        self.do = None if do is None else do[:self.b, :self.h]   # None: forward only
         self.k, self.v = (t[:self.b, :self.h // group] for t in (k, v))
         self._fwd = None
         self._bwd = None
@@ -156,7 +184,7 @@ class Reference:
             scale = max(1.0, float(refs[name].abs().max()))
             tol[name] = max(FA_FACTOR * base.get(name, 0.0), floor * scale)
             if name in base:
-                within[name] = err <= FA_FACTOR * base[name]
+                within[name] = err <= yardstick_tolerance(self.dtype, base[name])
         passed = all(errs[n] <= tol[n] for n in errs)
         fa = all(within.values()) if self.dtype in (torch.float16, torch.bfloat16) and within else None
         return {"err": errs, "torch_lowp_err": {n: base[n] for n in errs if n in base}, "tol": tol,
@@ -182,3 +210,127 @@ class Reference:
             refs["o"] = fwd["o"]
             base.update(fwd["base"])
         return self._judge(errs, refs, base)
+
+
+# --- the accuracy yardstick: one definition for every kernel test, the bench and the book ----------
+
+#: absolute slack of the yardstick per input dtype, for tensors whose PyTorch error is ~0
+YARDSTICK_SLACK = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+
+def yardstick_tolerance(dtype: torch.dtype, lowp_err: float) -> float:
+    """The largest error the yardstick accepts where PyTorch in the input precision errs by
+    ``lowp_err``: ``FA_FACTOR * lowp_err`` plus the dtype's slack."""
+    return FA_FACTOR * lowp_err + YARDSTICK_SLACK.get(dtype, 1e-3)
+
+
+@dataclass
+class Yardstick:
+    """A kernel's errors against the float32-or-wider reference, next to PyTorch's own.
+
+    ``err``, ``lowp_err`` and ``math_err`` map ``o`` (and ``dq``, ``dk``, ``dv``) to the max
+    absolute error of the kernel, of :func:`lowp_attention` (PyTorch in the input precision) and
+    of :func:`sdpa_math_attention`. ``passed`` is the criterion of the FlashAttention papers:
+    every error at most ``FA_FACTOR`` (2) times PyTorch's input-precision error, plus a slack of
+    :data:`YARDSTICK_SLACK` for tensors that PyTorch gets (almost) exactly right.
+    """
+    dtype: torch.dtype
+    err: dict = field(default_factory=dict)
+    lowp_err: dict = field(default_factory=dict)
+    math_err: dict = field(default_factory=dict)
+
+    def tolerance(self, name: str) -> float:
+        return yardstick_tolerance(self.dtype, self.lowp_err[name])
+
+    def ratio(self, name: str, to: str = "lowp") -> float:
+        """The kernel's error over PyTorch's (``to="lowp"``) or SDPA math's (``to="math"``)."""
+        base = (self.lowp_err if to == "lowp" else self.math_err)[name]
+        return self.err[name] / base if base > 0 else (0.0 if self.err[name] == 0 else math.inf)
+
+    @property
+    def failures(self) -> list:
+        return [n for n in self.err if not (self.err[n] <= self.tolerance(n))]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        return "\n".join(
+            f"{n}: error {self.err[n]:.2e} = {self.ratio(n):.2f}x PyTorch in {dt} ({self.lowp_err[n]:.2e}), "
+            f"{self.ratio(n, 'math'):.2f}x SDPA math ({self.math_err[n]:.2e})"
+            + ("" if self.err[n] <= self.tolerance(n) else f"  <- above {self.tolerance(n):.2e}")
+            for n in self.err)
+
+
+def yardstick(q, k, v, o, grads=None, do=None, causal=False, scale: float | None = None,
+              budget_bytes: int | None = None, window: int | None = None) -> Yardstick:
+    """Judge a kernel's output ``o`` (and its gradients ``grads = (dq, dk, dv)`` for the output
+    gradient ``do``) on the inputs ``q, k, v`` by the book's accuracy yardstick (see
+    :class:`Yardstick`). The reference is naive attention in float64 on the CPU and for
+    float32/float64 inputs, in float32 for float16/bfloat16 on a GPU; ``budget_bytes`` limits it
+    to a slice of batch and heads, as in :class:`Reference`."""
+    if (grads is None) != (do is None):
+        raise ValueError("yardstick: pass both grads (dq, dk, dv) and do, or neither")
+    ref = Reference(q, k, v, do, causal, scale, budget_bytes, window)
+    fwd = ref.forward()
+    out = Yardstick(q.dtype, {"o": max_abs_err(ref.part(o), fwd["o"])}, {"o": fwd["base"]["o"]})
+    leaves = [t.detach().clone().requires_grad_(grads is not None) for t in (ref.q, ref.k, ref.v)]
+    with exact_float32(), torch.enable_grad():
+        o_math = sdpa_math_attention(*leaves, causal=causal, scale=scale, window=window)
+    out.math_err["o"] = max_abs_err(o_math, fwd["o"])
+    if grads is not None:
+        bwd = ref.backward()
+        math_grads = torch.autograd.grad(o_math, leaves, ref.do)
+        for name, g, gm in zip(GRAD_NAMES, grads, math_grads):
+            heads = None if name == "dq" else ref.k.shape[1]      # dk, dv have the K/V heads
+            out.err[name] = max_abs_err(ref.part(g, heads), bwd[name])
+            out.lowp_err[name] = bwd["base"][name]
+            out.math_err[name] = max_abs_err(gm, bwd[name])
+    return out
+
+
+def ds_rounding_effect(q, k, v, do, causal: bool = False, scale: float | None = None) -> dict:
+    """What rounding ``dS`` to the input dtype costs the Triton backward (chapter 07).
+
+    Runs ``flashtut.triton.attention.triton_backward`` twice on the same inputs, as shipped (``dS``
+    rounded to 16 bits before the ``dQ`` and ``dK`` products, as FlashAttention-2 does) and with
+    ``ds_fp32=True`` (``dS`` kept in float32), and judges both by :func:`yardstick`. Also returns
+    how completely each row of ``dS`` cancels, from a float64 recomputation:
+    ``max_i |sum_j dS_ij| / sum_j |dS_ij|`` (zero up to rounding: ``sum_j P_ij dP_ij = Delta_i``
+    and ``sum_j P_ij = 1``). Returns ``{"rounded": Yardstick, "fp32": Yardstick, "row_cancellation": float}``.
+    """
+    from ..triton.attention import triton_backward, triton_forward   # the kernels this measures
+
+    o, lse = triton_forward(q, k, v, causal, scale)
+    out = {}
+    for label, flag in (("rounded", False), ("fp32", True)):
+        grads = triton_backward(q, k, v, o, lse, do, causal, scale, ds_fp32=flag)
+        out[label] = yardstick(q, k, v, o, grads, do, causal, scale)
+    q64, k64, v64, do64 = (t.detach().to(torch.float64) for t in (q, k, v, do))
+    scale = check_scale(scale, q.shape[-1])
+    s = q64 @ k64.transpose(-2, -1) * scale
+    alignment, _ = check_mask(causal)
+    if alignment is not None:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        s = s.masked_fill(causal_mask(Nq, Nk, q.device, diag_offset=diag_offset(alignment, Nq, Nk)),
+                          float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    dp = do64 @ v64.transpose(-2, -1)
+    ds = p * (dp - (do64 * (p @ v64)).sum(-1, keepdim=True))
+    out["row_cancellation"] = float((ds.sum(-1).abs() / ds.abs().sum(-1).clamp_min(1e-300)).max())
+    return out
+
+
+def ds_rounding_table(effect: dict) -> str:
+    """:func:`ds_rounding_effect`'s result as a Markdown table: each gradient's error, and its
+    ratio to PyTorch in the input precision (the yardstick; at most 2 passes) and to SDPA math."""
+    rounded, fp32 = effect["rounded"], effect["fp32"]
+    lines = ["| gradient | dS rounded (shipped): error | x PyTorch | x SDPA math "
+             "| dS in float32: error | x PyTorch | x SDPA math |",
+             "|---|---|---|---|---|---|---|"]
+    for name in GRAD_NAMES:
+        cells = [f"{y.err[name]:.2e} | {y.ratio(name):.2f} | {y.ratio(name, 'math'):.2f}" for y in (rounded, fp32)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -11,7 +11,8 @@ import torch
 
 from ..hardware import GPUS, attainable_tflops
 from ..costs.memory import SOFTMAX_FLOPS_PER_ELEMENT, matmul_traffic, naive_attention_kernels
-from .checker import CheckResult, compare, run_trials
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
+from ..checks import check_count
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
 
@@ -57,17 +58,18 @@ def check_matmul_intensity(fn, cases: int = 40, seed: int = 0) -> CheckResult:
     """Check ``fn(M, N, K, bytes_per_element) -> FLOP per byte`` of ``C = A @ B`` with ``A`` of
     shape ``(M, K)``, ``B`` of ``(K, N)``, each read once and ``C`` written once, on ``cases``
     random shapes (from thin to square) and element sizes 2, 4 and 8."""
-    gen = torch.Generator().manual_seed(seed)
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(cases):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         M, N, K = (2 ** _randint(gen, 0, 15) + _randint(gen, 0, 7) for _ in range(3))
         args.append((M, N, K, (2, 4, 8)[_randint(gen, 0, 3)]))
     got = []
     for a in args:
-        try:
-            got.append(float(fn(*a)))
-        except Exception as exc:  # report the reader's error with the input that caused it
-            return CheckResult(False, f"✗ fn{a} raised {type(exc).__name__}: {exc}")
+        value, error = call_scalar(fn, a)
+        if error is not None:
+            return error
+        got.append(value)
     want = torch.tensor([_matmul_intensity(*a) for a in args], dtype=torch.float64)
     res = compare(torch.tensor(got, dtype=torch.float64), want, atol=1e-9, rtol=1e-9,
                   name="FLOP/byte")
@@ -98,22 +100,19 @@ def check_unfused_intensities(fn, cases: int = 30, seed: int = 0) -> CheckResult
     and writing its output once, and the softmax counted at
     ``flashtut.costs.memory.SOFTMAX_FLOPS_PER_ELEMENT`` operations per score. Random N and D; element
     sizes 2, 4 and 8, scores as wide as the inputs or wider."""
-    gen = torch.Generator().manual_seed(seed)
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(cases):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         in_bytes = (2, 4)[_randint(gen, 0, 2)]
         score_bytes = (2, 4, 8)[_randint(gen, 0, 3)]
         args.append((_randint(gen, 1, 20000), (16, 32, 64, 80, 128, 256)[_randint(gen, 0, 6)],
                      in_bytes, max(in_bytes, score_bytes)))
     got = []
     for a in args:
-        try:
-            values = [float(x) for x in fn(*a)]
-        except Exception as exc:  # report the reader's error with the input that caused it
-            return CheckResult(False, f"✗ fn{a} raised {type(exc).__name__}: {exc}")
-        if len(values) != 3:
-            return CheckResult(False, f"✗ fn{a} returned {len(values)} values; expected 3 "
-                                      "(QK^T, softmax, PV)")
+        values, error = call_scalar(fn, a, count=3)   # (QK^T, softmax, PV)
+        if error is not None:
+            return error
         got.append(values)
     want = torch.tensor([_unfused_intensities_reference(*a) for a in args], dtype=torch.float64)
     res = compare(torch.tensor(got, dtype=torch.float64), want, atol=1e-9, rtol=1e-9, name="FLOP/byte")

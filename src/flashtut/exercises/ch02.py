@@ -13,7 +13,8 @@ import torch
 
 from ..costs.memory import max_seq_len, naive_attention_kernels
 from ..reference import naive_attention
-from .checker import CheckResult, compare, run_trials
+from ..checks import check_count
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable, check_seed, compare, run_trials
 
 _DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
 
@@ -65,10 +66,10 @@ def solution_attention(q, k, v, causal=False, scale=None):
 def _check_cases(fn, reference, cases, name: str, atol: float = 0.0, rtol: float = 0.0) -> CheckResult:
     got = []
     for a in cases:
-        try:
-            got.append(float(fn(*a)))
-        except Exception as exc:
-            return CheckResult(False, f"✗ fn{a} raised {type(exc).__name__}: {exc}")
+        value, error = call_scalar(fn, a)
+        if error is not None:
+            return error
+        got.append(value)
     want = torch.tensor([float(reference(*a)) for a in cases], dtype=torch.float64)
     res = compare(torch.tensor(got, dtype=torch.float64), want, atol=atol, rtol=rtol, name=name)
     if not res.ok:
@@ -87,9 +88,10 @@ def check_max_seq_len(fn, cases: int = 40, seed: int = 0) -> CheckResult:
     """Check ``fn(capacity_bytes, B, H, bytes_per_element, n_matrices) -> N``, the largest ``N``
     with ``n_matrices * B * H * N * N * bytes_per_element <= capacity_bytes``, exactly, on random
     capacities from 1 GB to 200 GB (integers), batch, heads and element sizes 2, 4, 8."""
-    gen = torch.Generator().manual_seed(seed)
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     args = []
-    for _ in range(cases):
+    for _ in range(check_count("cases", cases, 1, MAX_TRIALS)):
         cap = int(10 ** (9 + 2.3 * float(torch.rand(1, generator=gen))))
         args.append((cap, _randint(gen, 1, 9), _randint(gen, 1, 65), (2, 4, 8)[_randint(gen, 0, 3)],
                       _randint(gen, 1, 3)))
@@ -117,10 +119,11 @@ def check_unfused_traffic(fn, cases: int = 30, seed: int = 0) -> CheckResult:
     kernels of unfused attention (``S = Q K^T``, ``P = softmax(S)``, ``O = P V``; every tensor,
     S and P included, in the same dtype; each kernel reads its inputs once and writes its output
     once), exactly, on random shapes."""
-    gen = torch.Generator().manual_seed(seed)
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     args = [(_randint(gen, 1, 9), _randint(gen, 1, 33), _randint(gen, 1, 20000),
               (16, 32, 64, 80, 128, 256)[_randint(gen, 0, 6)], (2, 4, 8)[_randint(gen, 0, 3)])
-            for _ in range(cases)]
+            for _ in range(check_count("cases", cases, 1, MAX_TRIALS))]
     return _check_cases(fn, _traffic_reference, args, name="bytes")
 
 

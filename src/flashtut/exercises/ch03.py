@@ -11,7 +11,7 @@ import torch
 
 from ..figures.softmax_plots import exp_overflow_threshold
 from ..softmax import safe_softmax
-from .checker import CheckResult, compare, run_trials
+from .checker import CheckResult, call_scalar, check_callable, compare, run_trials
 
 # the error a correct float16 answer may have: its rounding (2**-11 relative) plus a float16 sum
 _TOL = {torch.float32: {"atol": 1e-6, "rtol": 1e-5}, torch.float16: {"atol": 2e-3, "rtol": 1e-2},
@@ -87,13 +87,14 @@ def solution_log_softmax(x):
 def check_exp_threshold(fn) -> CheckResult:
     """Check ``fn(dtype) -> the largest x of that dtype whose exp, computed in that dtype, is
     finite`` for float16, bfloat16 and float32 (the answer is a Python float)."""
+    check_callable("fn", fn)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     got = []
     for dt in dtypes:
-        try:
-            got.append(float(fn(dt)))
-        except Exception as exc:
-            return CheckResult(False, f"✗ fn({dt}) raised {type(exc).__name__}: {exc}")
+        value, error = call_scalar(fn, (dt,))
+        if error is not None:
+            return error
+        got.append(value)
     want = torch.tensor([exp_overflow_threshold(dt)["last_finite"] for dt in dtypes], dtype=torch.float64)
     res = compare(torch.tensor(got, dtype=torch.float64), want, atol=0.0, rtol=0.0, name="threshold")
     if not res.ok:

@@ -47,8 +47,9 @@ def _merge_inputs(gen: torch.Generator):
     m_b, d_b = _state(x[:, cut:])
     # one row's first part is empty: the merge must return the other state unchanged
     m_a[0], d_a[0] = float("-inf"), 0.0
-    # and one row is empty on both sides (a fully masked prefix): the merge stays (-inf, 0)
-    m_a[1], d_a[1], m_b[1], d_b[1] = float("-inf"), 0.0, float("-inf"), 0.0
+    # and one row is empty on both sides: the merge must return the empty state, not NaN
+    m_a[1], d_a[1] = float("-inf"), 0.0
+    m_b[1], d_b[1] = float("-inf"), 0.0
     return m_a, d_a, m_b, d_b
 
 
@@ -57,7 +58,7 @@ def check_merge(merge, trials: int = 6, seed: int = 0) -> CheckResult:
 
     Each ``(m, d)`` is a row's state (max, sum of ``exp(x - max)``) over a disjoint part of its
     columns; logits sit hundreds of units from zero, and in every trial row 0 of the first state is
-    empty, ``(-inf, 0)``, and row 1 of both (their merge must stay ``(-inf, 0)``, not ``nan``)."""
+    empty, ``(-inf, 0)``, and row 1 is empty in both states (its merge is the empty state)."""
     return run_trials(merge, merge_softmax_states, _merge_inputs, trials=trials, seed=seed,
                       name="(m, d)", **_TOL)
 
@@ -109,7 +110,9 @@ def _combine_inputs(gen: torch.Generator):
     widths = [_randint(gen, 1, 13) for _ in range(parts)]
     x = _rows(gen, rows, sum(widths))
     states = [_state(chunk) for chunk in torch.split(x, widths, dim=-1)]
-    return torch.stack([s[0] for s in states]), torch.stack([s[1] for s in states])
+    m, d = torch.stack([s[0] for s in states]), torch.stack([s[1] for s in states])
+    m[0, 0], d[0, 0] = float("-inf"), 0.0          # a worker that saw none of row 0's columns
+    return m, d
 
 
 def check_combine_states(fn, trials: int = 6, seed: int = 0) -> CheckResult:

@@ -9,9 +9,11 @@ import math
 import torch
 
 from ..reference import attention_lse, causal_mask, naive_attention
+from ..checks import check_count
 from . import technique as tq
 from .ch05 import add_verdict, solution_flash_forward, technique_report
-from .checker import CheckResult, compare, run_trials
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed,
+                      compare, mutation_note, run_trials)
 
 _TOL = {"atol": 1e-10, "rtol": 1e-8}
 
@@ -65,8 +67,10 @@ def check_dv_tile(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k_tile, do, lse, scale) -> dv_tile``: the gradient of the value rows that
     belong to one key tile (a slice ``k[:, :, k0:k1]`` of the keys, non-causal), given all
     queries, the output gradient and the log-sum-exp of every query row over *all* keys."""
-    gen = torch.Generator().manual_seed(seed)
-    last = None
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
+    trials = check_count("trials", trials, 1, MAX_TRIALS)
+    last, note = None, ""
     for t in range(trials):
         q, k, v, do = _qkv_do(gen)
         Nk = k.shape[2]
@@ -76,17 +80,16 @@ def check_dv_tile(fn, trials: int = 6, seed: int = 0) -> CheckResult:
         lse = attention_lse(q, k, scale=scale)
         where = (f"trial {t + 1} of {trials} (q {tuple(q.shape)}, keys {k0}:{k1} of {Nk}, "
                  f"scale {scale:.3g})")
-        try:
-            got = fn(q, k[:, :, k0:k1], do, lse, scale)
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            return CheckResult(False, f"✗ {where}: your function raised {type(exc).__name__}: {exc}")
+        got, error, changed = call_candidate(fn, (q, k[:, :, k0:k1], do, lse, scale))
+        if error is not None:
+            return CheckResult(False, f"✗ {where}: {error.message[2:]}")
         want = autograd_grads(q, k, v, do, scale=scale)[2][:, :, k0:k1]
         res = compare(got, want, name="dv_tile", **_TOL)
         if not res:
-            res.message = f"{where}:\n{res.message}"
+            res.message = f"{where}:\n{res.message}" + mutation_note(changed)
             return res
-        last = res
-    return CheckResult(True, f"✓ passed {trials} random trials; last: {last.message[2:]}",
+        last, note = res, note or mutation_note(changed)
+    return CheckResult(True, f"✓ passed {trials} random trials; last: {last.message[2:]}{note}",
                        last.max_abs_err, 0, last.n_total)
 
 

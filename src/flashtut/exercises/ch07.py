@@ -17,7 +17,7 @@ import torch
 from ..checks import check_block, check_qkv, check_scale
 from ..constants import LOG2E
 from ..devices import default_device
-from .checker import CheckResult, run_trials
+from .checker import CheckResult, call_scalar, check_callable, run_trials
 
 try:
     import triton
@@ -102,17 +102,17 @@ def check_window_key_range(fn) -> CheckResult:
     """Check ``fn(start_m, block_m, block_n, window, n_k) -> (lo, hi)`` exhaustively on small
     sizes: the range must start on a tile boundary, cover every key any row of the block sees,
     and skip every tile that no row sees (the first and last visited tiles must hold a visible key)."""
+    check_callable("fn", fn)
     for block_m in (16, 32, 64):
         for block_n in (16, 32):
             for window in (1, 5, 16, 40, 200):
                 for n_k in (37, 64, 130):
                     for start_m in range(0, n_k, block_m):
-                        try:
-                            lo, hi = fn(start_m, block_m, block_n, window, n_k)
-                        except Exception as exc:  # the reader's code raised: say where
-                            return CheckResult(False, f"✗ your function raised {type(exc).__name__}: {exc} "
-                                                      f"for start_m={start_m}, block_m={block_m}, "
-                                                      f"block_n={block_n}, window={window}, n_k={n_k}")
+                        pair, error = call_scalar(fn, (start_m, block_m, block_n, window, n_k),
+                                                  count=2, integers=True)
+                        if error is not None:
+                            return error
+                        lo, hi = pair
                         rows = torch.arange(start_m, min(start_m + block_m, n_k))
                         seen = ~window_mask(n_k, n_k, window)[rows]          # (rows, n_k)
                         keys = seen.any(dim=0).nonzero().flatten()

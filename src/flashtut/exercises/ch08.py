@@ -14,7 +14,8 @@ import torch
 from ..constants import LN2, LOG2E
 from ..cuda.configs import v3_smem_bytes
 from ..reference import naive_attention
-from .checker import CheckResult, run_trials
+from ..checks import check_count
+from .checker import CheckResult, call_scalar, check_callable, run_trials
 
 
 # --------------------------------------------------------------- 1. one thread of fwd_v1
@@ -50,11 +51,9 @@ def _row_reference(q, k, v, scale):
 
 
 def check_one_thread_row(fn, trials: int = 8) -> CheckResult:
-    """``fn(q_row, k, v, scale) -> (o_row, lse)``: one query row, online softmax over tiles."""
-    def as_tensors(*args):
-        return tuple(torch.as_tensor(x, dtype=torch.float64) for x in fn(*args))
-
-    return run_trials(as_tensors, _row_reference, _row_inputs, trials=trials, name="(o_row, lse)",
+    """``fn(q_row, k, v, scale) -> (o_row, lse)``: one query row, online softmax over tiles
+    (``o_row`` a tensor, ``lse`` a tensor or a Python float)."""
+    return run_trials(fn, _row_reference, _row_inputs, trials=trials, name="(o_row, lse)",
                       atol=1e-9, rtol=1e-9)
 
 
@@ -70,14 +69,15 @@ def solution_a_fragment_owner(row: int, col: int) -> tuple[int, int, int]:
 
 def check_a_fragment_owner(fn) -> CheckResult:
     """``fn(row, col) -> (lane, register, half)`` for all 256 elements of the A fragment."""
+    check_callable("fn", fn)
     wrong = []
     for r in range(16):
         for c in range(16):
             want = solution_a_fragment_owner(r, c)
-            try:
-                got = tuple(int(x) for x in fn(r, c))
-            except Exception as exc:
-                return CheckResult(False, f"✗ fn({r}, {c}) raised {type(exc).__name__}: {exc}")
+            got, error = call_scalar(fn, (r, c), count=3, integers=True)
+            if error is not None:
+                return error
+            got = tuple(got)
             if got != want:
                 wrong.append((r, c, got, want))
     if not wrong:
@@ -101,17 +101,22 @@ def check_swizzle(fn, rows: int = 64, chunks: int = 8) -> CheckResult:
     Accepted: any layout where (1) each row keeps its 8 chunks (a permutation of 0..7), and
     (2) any 8 consecutive rows' copies of one logical chunk (what one ``ldmatrix`` 8x8
     matrix reads) sit in 8 different physical chunks, i.e. 8 different groups of 4 banks."""
-    problems = []
+    check_callable("fn", fn)
+    rows, chunks = check_count("rows", rows, 8, 4096), check_count("chunks", chunks, 8, 64)
+    problems, table = [], []
     for r in range(rows):
-        try:
-            phys = [int(fn(r, c)) for c in range(chunks)]
-        except Exception as exc:
-            return CheckResult(False, f"✗ fn({r}, ...) raised {type(exc).__name__}: {exc}")
+        phys = []
+        for c in range(chunks):
+            value, error = call_scalar(fn, (r, c), integers=True)
+            if error is not None:
+                return error
+            phys.append(value)
+        table.append(phys)
         if sorted(phys) != list(range(chunks)):
             problems.append(f"row {r}: chunks go to {phys}, not a permutation of 0..{chunks - 1}")
     for r0 in range(0, rows - 7):
         for c in range(chunks):
-            where = [int(fn(r0 + i, c)) for i in range(8)]
+            where = [table[r0 + i][c] for i in range(8)]
             if len(set(where)) < 8:
                 worst = max(where.count(x) for x in where)
                 problems.append(f"rows {r0}..{r0 + 7}, chunk {c}: stored at {where}: a {worst}-way bank conflict")
@@ -133,14 +138,14 @@ def solution_v3_smem_bytes(head_dim: int, warps: int, stages: int, block_n: int 
 
 def check_v3_smem_bytes(fn) -> CheckResult:
     """``fn(head_dim, warps, stages) -> bytes`` of dynamic shared memory of ``fwd_v3_fast.cu``."""
+    check_callable("fn", fn)
     bad = []
     cases = [(d, w, s) for d in (64, 128) for w in (4, 8) for s in (1, 2)]
     for d, w, s in cases:
         want = v3_smem_bytes(d, w, s)
-        try:
-            got = int(fn(d, w, s))
-        except Exception as exc:
-            return CheckResult(False, f"✗ fn({d}, {w}, {s}) raised {type(exc).__name__}: {exc}")
+        got, error = call_scalar(fn, (d, w, s), integers=True)
+        if error is not None:
+            return error
         if got != want:
             bad.append(f"head_dim={d}, warps={w}, stages={s}: got {got} bytes, expected {want}")
     if bad:

@@ -9,7 +9,8 @@ import random
 
 from ..costs.flops import attention_flops
 from ..bench.report import ratio_table
-from .checker import CheckResult
+from ..checks import check_count
+from .checker import MAX_TRIALS, CheckResult, call_scalar, check_callable
 
 # a wrong answer off by one of these factors has a known cause (got / expected -> hint)
 _FACTOR_HINTS = [
@@ -49,16 +50,18 @@ def check_tflops(tflops_fn, trials: int = 12, seed: int = 0) -> CheckResult:
     """Check ``tflops_fn(B, H, N, D, causal, mode, ms) -> TFLOP/s`` against the protocol's count
     (forward ``4·B·H·N²·D``, halved when causal; backward 2.5 times the forward) on ``trials``
     cases, to a relative error of 1e-9."""
-    cases = _tflops_cases(random.Random(seed), trials)
+    check_callable("tflops_fn", tflops_fn)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    cases = _tflops_cases(random.Random(seed), check_count("trials", trials, 1, MAX_TRIALS))
     wrong = []
     for case in cases:
         args = ", ".join(f"{k}={v!r}" for k, v in zip(("B", "H", "N", "D", "causal", "mode", "ms"), case))
-        try:
-            got = tflops_fn(*case)
-        except Exception as exc:  # the reader's code raised: say where instead of a traceback
-            return CheckResult(False, f"✗ tflops_fn({args}) raised {type(exc).__name__}: {exc}")
         want = reference_tflops(*case)
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+        got, error = call_scalar(tflops_fn, case)
+        if error is not None:
+            return error
+        if not math.isfinite(got):
             return CheckResult(False, f"✗ tflops_fn({args}) returned {got!r}; expected a finite number near {want:.6g}")
         if not math.isclose(got, want, rel_tol=1e-9):
             wrong.append(f"  tflops_fn({args}) = {got:.6g}, expected {want:.6g}{_hint(got / want) if want else ''}")
@@ -96,6 +99,10 @@ def synthetic_speed_rows(seed: int = 0) -> list[dict]:
     return rows
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _table_as_dict(table) -> dict:
     return {(e["mode"], e["dtype"], e["D"], e["N"], bool(e["causal"])): e["ratios"] for e in table}
 
@@ -105,7 +112,10 @@ def check_ratios(ratios_fn, rows: list[dict] | None = None, baseline: str = "sdp
     case that ``baseline`` measured, every other implementation's TFLOP/s over the baseline's
     (implementations without a TFLOP/s left out). ``rows`` default to
     :func:`synthetic_speed_rows`; pass committed rows (one device) to check on them too."""
+    check_callable("ratios_fn", ratios_fn)
     rows = synthetic_speed_rows() if rows is None else rows
+    if not (isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows)):
+        raise TypeError(f"rows must be a list of dicts (result rows), got {type(rows).__name__}")
     want = _table_as_dict(ratio_table(rows, baseline))
     try:
         got = ratios_fn([dict(r) for r in rows], baseline)
@@ -114,7 +124,7 @@ def check_ratios(ratios_fn, rows: list[dict] | None = None, baseline: str = "sdp
     if not isinstance(got, dict):
         return CheckResult(False, f"✗ ratios_fn returned a {type(got).__name__}; expected a dict "
                                   "{(mode, dtype, D, N, causal): {impl: ratio}}")
-    got = {tuple(k) if isinstance(k, (list, tuple)) else k: v for k, v in got.items()}
+    got = {tuple(k) if isinstance(k, tuple) else k: v for k, v in got.items()}
     problems = []
     missing = [k for k in want if k not in got]
     extra = [k for k in got if k not in want]
@@ -131,7 +141,7 @@ def check_ratios(ratios_fn, rows: list[dict] | None = None, baseline: str = "sdp
         if not isinstance(g, dict):
             problems.append(f"  {key}: expected a dict {{impl: ratio}}, got {type(g).__name__}")
             continue
-        for impl in sorted(set(w) | set(g)):
+        for impl in sorted(set(w) | set(g), key=str):
             n_values += 1
             if impl not in g:
                 problems.append(f"  {key}: no ratio for {impl!r}, expected {w[impl]:.4f}")
@@ -139,8 +149,8 @@ def check_ratios(ratios_fn, rows: list[dict] | None = None, baseline: str = "sdp
                 why = " (the baseline itself is not listed)" if impl == baseline else \
                     " (it has no TFLOP/s in this case)"
                 problems.append(f"  {key}: ratio for {impl!r} should not be there{why}")
-            elif not (isinstance(g[impl], (int, float)) and math.isclose(g[impl], w[impl], rel_tol=1e-9)):
-                inv = (isinstance(g[impl], (int, float)) and w[impl] and
+            elif not (_is_number(g[impl]) and math.isclose(g[impl], w[impl], rel_tol=1e-9)):
+                inv = (_is_number(g[impl]) and w[impl] and
                        math.isclose(g[impl] * w[impl], 1.0, rel_tol=1e-9))
                 problems.append(f"  {key}: {impl} got {g[impl]!r}, expected {w[impl]:.4f}"
                                 + (" (inverted: divide the implementation's TFLOP/s by the baseline's)" if inv else ""))

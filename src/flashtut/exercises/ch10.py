@@ -10,7 +10,7 @@ import torch
 
 from ..decode import merge_attention_states, suggest_num_splits
 from ..tiled import tiled_attention
-from .checker import CheckResult, compare, run_trials
+from .checker import CheckResult, call_candidate, call_scalar, check_callable, run_trials
 
 
 def _random_state(gen: torch.Generator, shape, empty_share: float):
@@ -28,13 +28,10 @@ def _merge_inputs(gen: torch.Generator):
     B, H = (int(x) for x in torch.randint(1, 4, (2,), generator=gen))
     Nq = int(torch.randint(1, 9, (1,), generator=gen))
     D = int(torch.randint(3, 40, (1,), generator=gen))
-    o_a, lse_a, empty_a = _random_state(gen, (B, H, Nq, D), 0.25)
+    o_a, lse_a, _ = _random_state(gen, (B, H, Nq, D), 0.25)
     o_b, lse_b, _ = _random_state(gen, (B, H, Nq, D), 0.25)
-    # rows empty on both sides are checked separately (their lse is -inf, which compare()
-    # cannot subtract); here give such rows a real b state
-    both = empty_a & torch.isneginf(lse_b)
-    o_b[both] = torch.randn(o_b[both].shape, generator=gen, dtype=torch.float64)
-    lse_b[both] = 3.0
+    # some rows are empty on both sides: their merge is (0, -inf), and an lse of -inf matches
+    # only -inf, so an unguarded merge that gives NaN there fails
     return o_a, lse_a, o_b, lse_b
 
 
@@ -52,10 +49,17 @@ def check_merge(merge, trials: int = 6, seed: int = 0) -> CheckResult:
         return res
     o0 = torch.zeros(1, 2, 3, 8, dtype=torch.float64)
     l0 = torch.full((1, 2, 3), float("-inf"), dtype=torch.float64)
-    try:
-        o, lse = merge(o0, l0, o0.clone(), l0.clone())
-    except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-        return CheckResult(False, f"✗ merging two empty states raised {type(exc).__name__}: {exc}")
+    got, error, _ = call_candidate(merge, (o0, l0, o0, l0), "merging two empty states")
+    if error is not None:
+        return error
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return CheckResult(False, f"✗ merging two empty states returned {type(got).__name__}; expected (o, lse)")
+    for part, want in zip(got, (o0, l0)):
+        if not isinstance(part, torch.Tensor) or part.is_meta or part.is_complex() or part.shape != want.shape:
+            return CheckResult(False, "✗ merging two empty states: expected real tensors of shapes "
+                                      f"{tuple(o0.shape)} and {tuple(l0.shape)}, got {type(part).__name__}"
+                                      + (f" of shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else ""))
+    o, lse = (t.detach().to("cpu", torch.float64) for t in got)
     if torch.isnan(o).any() or torch.isnan(lse).any():
         return CheckResult(False, "✗ merging two empty states (o = 0, lse = -inf) gave NaN; "
                                   "guard the weights exp(lse_x - lse) where lse is -inf")
@@ -98,14 +102,16 @@ def check_num_splits(choose, cases=None) -> CheckResult:
     """Check ``choose(batch, heads, n_queries, n_keys, num_sms) -> int`` against the rule of
     :func:`flashtut.decode.suggest_num_splits` (``block_m = 64``, at least 256 keys per split)
     on a grid of decoding and prefill cases for a 40-SM GPU (a T4) and a 132-SM one (H200)."""
-    cases = NUM_SPLITS_CASES if cases is None else list(cases)
+    check_callable("choose", choose)
+    cases = NUM_SPLITS_CASES if cases is None else [tuple(c) for c in cases]
+    if not cases:
+        raise ValueError("cases must hold at least one (batch, heads, n_queries, n_keys, num_sms) case")
     wrong = []
     for case in cases:
         want = suggest_num_splits(*case)
-        try:
-            got = choose(*case)
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            return CheckResult(False, f"✗ choose{case} raised {type(exc).__name__}: {exc}")
+        got, error = call_scalar(choose, case, integers=True)
+        if error is not None:
+            return error
         if got != want:
             wrong.append((case, got, want))
     if not wrong:

@@ -27,7 +27,8 @@ import os
 
 import torch
 
-from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor, check_varlen
+from ..checks import (check_bool, check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor,
+                      check_varlen, raise_if_overflowed)
 from ..constants import LOG2E
 from ..reference import naive_varlen_attention
 from . import configs
@@ -103,8 +104,6 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None
         check_like("o", o, q)
         check_like("do", do, q)
         check_lse(lse, B, H, Nq, q.device)
-        if o.dtype != q.dtype or do.dtype != q.dtype:
-            raise ValueError(f"o and do must have q's dtype {q.dtype}, got o: {o.dtype}, do: {do.dtype}")
     _require_runtime(q)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
@@ -267,10 +266,12 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
     meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
                 DOT_PREC=_dot_precision(q.dtype))
     _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype, q.device)
+    raise_if_overflowed(o, q.dtype, scale, L.D)    # reads o only for dtypes whose scores can overflow
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None):
+def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None,
+              ds_fp32: bool = False):
     L = layout or _Layout(q, k)
     q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
     lse = lse.to(torch.float32).contiguous()
@@ -288,7 +289,7 @@ def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = 
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     bucket = configs.length_bucket(max(L.Nq, L.Nk))
     meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
-                DOT_PREC=_dot_precision(q.dtype))
+                DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32)
     common = [*L.lse_strides, L.group, L.Nq, L.Nk, L.D, scale, scale * LOG2E, mask[1] or 0, bucket]
     _launch("dkdv", backward.bwd_dkdv_kernel, L.Nk, L.B * L.Hkv,
             [q, k, v, do, dk, dv, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
@@ -297,6 +298,8 @@ def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = 
     _launch("dq", backward.bwd_dq_kernel, L.Nq, L.B * L.H,
             [q, k, v, do, dq, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
              *_strides(do), *_strides(dq), *common[:2], L.H, *common[2:]], meta, q.dtype, q.device)
+    raise_if_overflowed(torch.stack([g.abs().amax().float() for g in (dq, dk, dv)]),
+                        q.dtype, scale, L.D, "gradients")
     return dq, dk, dv
 
 
@@ -309,11 +312,13 @@ def triton_forward(q, k, v, causal=False, scale: float | None = None, window: in
 
 
 def triton_backward(q, k, v, o, lse, do, causal=False, scale: float | None = None,
-                    window: int | None = None):
+                    window: int | None = None, *, ds_fp32: bool = False):
     """Fused backward with recomputation from ``lse``. Returns ``(dq, dk, dv)`` in the inputs'
-    dtype (``dk``, ``dv`` with ``k``'s heads, each summed over its group); no autograd involved."""
+    dtype (``dk``, ``dv`` with ``k``'s heads, each summed over its group); no autograd involved.
+    ``ds_fp32=True`` keeps ``dS`` in float32 for the ``dQ`` and ``dK`` products instead of rounding
+    it to the input dtype (slower; for measuring what the rounding costs, chapter 07)."""
     _, _, _, _, _, mask, scale = _check_inputs(q, k, v, causal, scale, o=o, lse=lse, do=do, window=window)
-    return _backward(q, k, v, o, lse, do, mask, scale)
+    return _backward(q, k, v, o, lse, do, mask, scale, ds_fp32=check_bool("ds_fp32", ds_fp32))
 
 
 class TritonAttention(torch.autograd.Function):

@@ -11,6 +11,11 @@ With ``P = exp(scale * Q K^T - lse)`` recomputed tile by tile from the saved log
 3. ``bwd_dq_kernel``: one program per ``BLOCK_M`` queries keeps ``Q``, ``dO`` and ``dQ`` on
    chip and streams the key blocks: ``dQ += dS K``.
 
+``dS`` is rounded to the input dtype (16 bits for float16/bfloat16) before the ``dK`` and ``dQ``
+products, as FlashAttention-2 does, so that they run on the 16-bit tensor cores. ``DS_FP32=True``
+keeps it in float32 (exact float32 products, slow): a switch for measuring what that rounding
+costs, not for speed.
+
 Splitting ``dQ`` out costs a second recomputation of ``Q K^T`` and ``dO V^T`` (seven tile
 products per tile pair instead of five) but every program owns the rows it writes, so there
 are no atomic additions and the result is deterministic.
@@ -93,7 +98,8 @@ def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.cons
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_don,
                      offs_n, offs_m0, offs_d, start, end, n_q, n_k, head_dim, qk_scale, off, window,
                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                     WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                     WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                     DS_FP32: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     # the first tile's row offset in 64 bits (row * stride can pass 2**31), then pointer steps
     q_ptrs = q_base + start.to(tl.int64) * stride_qn + offs_m0[:, None] * stride_qn + offs_d[None, :]
@@ -125,7 +131,10 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)           # (dO V^T)^T
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if DS_FP32:                         # chapter 07: what rounding dS to 16 bits costs
+            dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
+        else:
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
         q_ptrs += BLOCK_M * stride_qn
         do_ptrs += BLOCK_M * stride_don
     return dk, dv
@@ -144,7 +153,8 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
                     n_kv_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
                     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
                     VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys once,
     summed over the ``group`` query heads that share its key/value head."""
     pid_n = tl.program_id(0)
@@ -179,15 +189,15 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
         dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                   stride_qn, stride_don, offs_n, offs_m0, offs_d,
                                   lo, a, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
         dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                   stride_qn, stride_don, offs_n, offs_m0, offs_d,
                                   a, b_end, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                                  BLOCK_M, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
         dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                   stride_qn, stride_don, offs_n, offs_m0, offs_d,
                                   b_end, hi, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
 
     dk = dk * scale
     tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn + offs_d[None, :],
@@ -200,7 +210,8 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
 def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                  offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale, off, window,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                 WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                 DS_FP32: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_d[None, :]
@@ -223,7 +234,10 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                          p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+        if DS_FP32:
+            dq = tl.dot(ds, k.to(tl.float32), dq, input_precision="ieee")
+        else:
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return dq
@@ -241,7 +255,8 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
                   n_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
                   CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
                   VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows once."""
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -279,13 +294,13 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
     if WINDOW:
         dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                           offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
-                          BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                          BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                       offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
-                      BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                      BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                       offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
-                      BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+                      BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_ok)
