@@ -31,7 +31,7 @@ def gen():
 
 def pytest_terminal_summary(terminalreporter):
     """Keep the CUDA compiler's resource report (registers, shared memory, stack, spills of every
-    kernel build, recorded by tests/test_cuda_compile.py) in the test output, passed or not."""
+    kernel build, recorded by tests/kernels/test_cuda_compile.py) in the test output, passed or not."""
     lines = []
     for outcome in ("passed", "failed"):
         for rep in terminalreporter.stats.get(outcome, []):
@@ -39,6 +39,6 @@ def pytest_terminal_summary(terminalreporter):
                 # each property holds one line per kernel and architecture, joined by "; "
                 lines += [part for _, value in rep.user_properties for part in str(value).split("; ")]
     if lines:
-        terminalreporter.section("CUDA resource report (ptxas -v, from tests/test_cuda_compile.py)")
+        terminalreporter.section("CUDA resource report (ptxas -v, from tests/kernels/test_cuda_compile.py)")
         for line in lines:
             terminalreporter.write_line(line)

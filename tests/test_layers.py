@@ -142,3 +142,17 @@ def test_the_walker_sees_imports_inside_functions(tmp_path, source, expected):
     path = tmp_path / "demo.py"
     path.write_text(source)
     assert imports_of("flashtut.figures.demo", path, known) == expected
+
+
+def test_nothing_points_readers_outside_the_repository():
+    # the public contract lives in the book's API reference page, generated from the docstrings
+    root = PACKAGE.parents[1]
+    stale = []
+    for pattern in ("src/**/*.py", "src/**/*.cu", "src/**/*.cuh", "tools/*", "book/*.md", "notebooks/*.ipynb",
+                    "README.md", "Makefile", "pyproject.toml", "_config.yml"):
+        for path in root.glob(pattern):
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            for name in ("API" + ".md", "DESIGN" + ".md"):
+                if name in text:
+                    stale.append(f"{path.relative_to(root)} mentions {name}")
+    assert not stale, "\n".join(stale)

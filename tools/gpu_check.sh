@@ -16,6 +16,12 @@
 #                                                                                  triton_h200.json, triton_h200_sweep.json
 #   cuda       chapter 08's runs: the ladder and the fast kernel, its tile shapes cuda_h200.json, cuda_tiles_h200.json
 #   host       host time per call (chapter 09)                                     host_overhead_h200.json
+#   real-models  Triton with grouped-query heads, a window and packed batches against SDPA flash
+#                                                                                  real_models_h200.json
+#   capstone   chapter 12's GPT: loss per backend, tokens/s and memory, generation, packed batches
+#                                                                                  capstone_h200.json
+#   hopper     chapter 11's Hopper rungs against SDPA flash and cuDNN (sm_90 only; tools/gpu_hopper.sh
+#              adds its tests, SASS, Nsight Compute and sanitizers)                  hopper_h200.json
 # Default STAGES: tests sanitizer protocol. Triton runs its first configuration in every stage but
 # `triton` (FLASHTUT_TRITON_AUTOTUNE=0): autotuning every shape would spend the call compiling.
 set -u
@@ -70,9 +76,24 @@ if want cuda; then
     bench "${T_CUDA:-150}" cuda-ladder run --preset cuda-ladder --out "$OUT/cuda_h200.json"
     bench "${T_CUDA:-150}" cuda-tiles run --preset cuda-tiles --out "$OUT/cuda_tiles_h200.json"
 fi
+if want real-models; then
+    stage real-models
+    timeout "${T_REAL_MODELS:-120}" python3 -m flashtut.bench real-models --warmup-ms 10 --rep-ms 50 \
+        --out "$OUT/real_models_h200.json" >> "$LOG" 2>&1
+    echo "real-models rc=$?" | tee -a "$LOG"
+fi
+if want capstone; then
+    stage capstone
+    timeout "${T_CAPSTONE:-150}" python3 -m flashtut.model.measure --out "$OUT/capstone_h200.json" >> "$LOG" 2>&1
+    echo "capstone rc=$?" | tee -a "$LOG"
+fi
 if want host; then
     stage host
     timeout "${T_HOST:-60}" python3 -m flashtut.bench host --out "$OUT/host_overhead_h200.json" >> "$LOG" 2>&1
     echo "host rc=$?" | tee -a "$LOG"
+fi
+if want hopper; then
+    stage hopper
+    bench "${T_HOPPER:-300}" hopper run --preset hopper --out "$OUT/hopper_h200.json"
 fi
 stage done

@@ -15,5 +15,5 @@ OLD=$(mktemp -d); git archive "${BEFORE:?commit before the change}" src | tar -x
 PYTHONPATH="$OLD/src" timeout 60 python3 -m flashtut.bench host --label before --out "$OUT/host_before.json" 2>&1 | tee -a "$LOG"
 timeout 60 python3 -m flashtut.bench host --label after --out "$OUT/host_after.json" 2>&1 | tee -a "$LOG"
 stage tests
-gpu_tests "${T_TESTS:-150}" "$OUT/gpu_tests_cuda.log" tests/test_cuda.py tests/test_cuda_backward.py tests/test_bench.py
+gpu_tests "${T_TESTS:-150}" "$OUT/gpu_tests_cuda.log" tests/kernels/test_cuda.py tests/kernels/test_cuda_backward.py tests/bench/test_bench.py
 stage done

@@ -21,7 +21,7 @@ cat "$LOG"
 done; done; done | tee "$OUT/ptxas.txt"
 
 # 2. correctness
-timeout ${T_PYTEST:-300} python3 -m pytest tests/test_cuda_backward.py -q -rs -s -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log"
+timeout ${T_PYTEST:-300} python3 -m pytest tests/kernels/test_cuda_backward.py -q -rs -s -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log"
 
 # 3. timing, D in {64, 128}, N in {1024, 4096, 16384}, 16k tokens per batch, fp16 and bf16;
 #    both dQ strategies (separate pass, atomics) against SDPA flash; then a tile-config sweep

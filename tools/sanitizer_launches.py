@@ -1,10 +1,12 @@
 """One small launch of every CUDA kernel (each forward ladder step, the fast kernel at its default
-and its 32-rows-per-warp tile shapes, the backward), for compute-sanitizer:
+and its 32-rows-per-warp tile shapes, the backward, and on an sm_90 GPU every build of the Hopper
+rungs), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 tools/sanitizer_launches.py
     compute-sanitizer --tool racecheck python3 tools/sanitizer_launches.py
 
-Odd lengths (77 queries, 131 keys) so that every masked tail is exercised.
+Odd lengths (77 queries, 131 keys, and the reverse for the Hopper rungs) so that every masked tail
+is exercised; the Hopper launches also cover grouped heads and both causal alignments.
 """
 import torch
 
@@ -21,5 +23,17 @@ for D in (64, 128):
         forward(q, k2, v2, causal=causal, warps=4, block_n=64, m_tiles=2)
     q.requires_grad_(); k2.requires_grad_(); v2.requires_grad_()
     flashtut.cuda_attention(q, k2, v2, causal=True).sum().backward()
+if torch.cuda.get_device_capability() == (9, 0):
+    from flashtut.cuda.hopper import forward_hopper
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
+            k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
+            for causal in (False, True, "bottom-right"):
+                forward_hopper(q, k, v, causal=causal)
+                forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal)  # Nq > Nk
+            for block_n, pv_split in ((64, True), (128, False)):
+                forward_hopper(q, k, v, causal=True, block_n=block_n, pv_split=pv_split)
 torch.cuda.synchronize()
 print("sanitizer launches done")

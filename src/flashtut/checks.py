@@ -1,6 +1,6 @@
 """Input checks shared by every public function.
 
-Each check raises the error class that ``API.md`` documents (``TypeError`` for a non-tensor,
+Each check raises the error class that the book's API reference documents (``TypeError`` for a non-tensor,
 ``ValueError`` for a bad shape, dtype, scale or block size) with a message that names the
 argument, what it got and what is accepted, so a reader can fix the call without reading code.
 """
@@ -128,7 +128,7 @@ def diag_offset(alignment: str | None, n_q: int, n_k: int) -> int:
 
 
 def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa: bool = False):
-    """Check the ``(B, H, Nq, D)``, ``(B, H, Nk, D)``, ``(B, H, Nk, D)`` layout of API.md.
+    """Check the ``(B, H, Nq, D)``, ``(B, H, Nk, D)``, ``(B, H, Nk, D)`` layout of the API reference.
 
     With ``gqa=True``, ``k`` and ``v`` may have ``Hkv`` heads where ``H % Hkv == 0`` (grouped-query
     and multi-query attention). Returns ``(B, H, Nq, Nk, D)``; ``Hkv`` is ``k.shape[1]``.

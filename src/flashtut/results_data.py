@@ -103,6 +103,9 @@ PRODUCERS = {
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
                                         "tile-shape change (perflog_cuda compares it with both)",
                                         "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
+    "hopper_h200_w1_first.json": ("chapter 11's first Hopper run: rung W1 (wgmma) and its variants against SDPA "
+                                  "flash, SDPA cuDNN and cuda-v3 at N = 4096, float16",
+                                  "git checkout 98cfec4 && OUT=<folder> bash tools/gpu_hopper.sh --quick"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
                                 "python -m flashtut.bench host --label after --out book/data/host_overhead_h200.json"),

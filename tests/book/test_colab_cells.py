@@ -16,7 +16,7 @@ nbformat = pytest.importorskip("nbformat", reason="nbformat is part of the book 
 
 from flashtut import colab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FORK = "https://github.com/someone-else/fa-fork"
 

@@ -73,7 +73,7 @@ def test_kernel_names_and_defaults():
 
 # ---------------------------------------------------------------- ptxas resource report
 
-_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+a?)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 

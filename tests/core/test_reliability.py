@@ -25,7 +25,7 @@ from flashtut.checks import scores_can_overflow
 from flashtut.exercises import checker
 from flashtut.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10]
 ALL_CHECKERS = [getattr(m, n) for m in CHAPTERS for n in dir(m)
                 if n.startswith("check_") and inspect.isfunction(getattr(m, n))

@@ -13,7 +13,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="nbformat is part of the book toolchain (requirements-dev.txt)")
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 needs_notebooks = pytest.mark.skipif(not NOTEBOOKS, reason="notebooks/ holds no .ipynb yet")

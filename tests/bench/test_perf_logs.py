@@ -7,7 +7,7 @@ import pytest
 from flashtut.figures.triton_plots import final_measurement_markdown
 from flashtut.results_data import load_results
 
-BOOK = Path(__file__).resolve().parents[1] / "book"
+BOOK = Path(__file__).resolve().parents[2] / "book"
 
 
 @pytest.mark.parametrize("page,kwargs", [

@@ -614,7 +614,7 @@ def test_provenance_is_hostname_free():
 
 
 # ---------------------------------------------------------------------------------- tools/ and make
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_tools_hold_no_second_harness_and_share_one_common_script():

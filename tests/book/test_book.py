@@ -34,7 +34,7 @@ import pytest
 
 pytestmark = pytest.mark.book
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}

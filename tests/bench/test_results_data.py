@@ -22,7 +22,7 @@ from flashtut import bench, colab, results_data
 from flashtut.bench.sweeps import Case
 from flashtut.exercises import ch09
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "book" / "data"
 
 
@@ -366,7 +366,7 @@ def _invented_h200_files(folder: Path) -> None:
     import random
 
     rng = random.Random(9)
-    prov = {"date": "2026-01-01T00:00:00+00:00", "command": "invented by tests/test_results_data.py",
+    prov = {"date": "2026-01-01T00:00:00+00:00", "command": "invented by tests/bench/test_results_data.py",
             "device": {"name": "Test GPU", "compute_capability": "9.0"}, "versions": {"torch": torch.__version__}}
     speed = []
     for mode in ("fwd", "bwd"):
@@ -411,5 +411,5 @@ def test_chapter_09_runs_on_a_folder_of_results(tmp_path, monkeypatch):
     assert images >= 4 + 2 + 1, f"expected speed, ladder and memory figures, got {images} images"
     assert "book/data/h200_roofline.json: not found" in text            # the missing path, no crash
     assert results_data.PRODUCERS["h200_roofline.json"][1] in text
-    assert "invented by tests/test_results_data.py" in text             # provenance printed
+    assert "invented by tests/bench/test_results_data.py" in text             # provenance printed
     assert "out of memory at N = 8192" in text and "triton / sdpa-flash" in text

@@ -1,0 +1,110 @@
+"""The Hopper forward ladder (chapter 11): ``forward_hopper(q, k, v)`` runs rung W1 on an sm_90 GPU.
+
+Rung W1 (``kernels/fwd_w1_wgmma.cu``) computes both products with warpgroup MMA
+(``wgmma.mma_async``), which exists only on the ``sm_90a`` target: it is built with
+``get_function(..., arch="90a")``, not for the plain ``sm_90`` a build for the current device
+gets. The kernel file still compiles for every other target (its body is a trap there), so the CI
+compile checks cover it like the rest. What to build and launch: ``configs.hopper_config``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..constants import LOG2E
+from .attention import _ready, prepare_inputs
+from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
+from .configs import HOPPER_ARCH, HOPPER_VARIANTS, hopper_config
+
+
+def check_hopper(x: torch.Tensor) -> None:
+    """RuntimeError unless ``x`` (a CUDA tensor) is on an sm_90 GPU (H100, H200, GH200): wgmma
+    exists nowhere else."""
+    major, minor = capability(x.device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"the Hopper forward kernels use wgmma, which only sm_90 GPUs (H100, H200) have; "
+                           f"this GPU is sm_{major}{minor}: use flashtut.cuda_attention (mma.sync) instead")
+
+
+def _causal_offset(causal, Nq: int, Nk: int) -> tuple[bool, int]:
+    # (causal, diag_offset): query i sees key j iff j <= i + diag_offset
+    if isinstance(causal, str):
+        if causal == "top-left":
+            return True, 0
+        if causal == "bottom-right":
+            return True, Nk - Nq
+        raise ValueError(f"causal must be False, True, 'top-left' or 'bottom-right', got {causal!r}")
+    if isinstance(causal, (bool, int)):
+        return bool(causal), 0
+    raise TypeError(f"causal must be a bool, 'top-left' or 'bottom-right', got {type(causal).__name__}")
+
+
+def _heads_like(t, q):
+    # grouped k / v seen with q's head count (a stride-0 view), for the shared checks of equal heads
+    if isinstance(t, torch.Tensor) and isinstance(q, torch.Tensor) and t.dim() == 4 and q.dim() == 4 \
+            and t.shape[1] != q.shape[1]:
+        return t[:, :1].expand(-1, q.shape[1], -1, -1)
+    return t
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool):
+    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split)
+    if cfg.dynamic_smem > max_smem_per_block(device_index):
+        raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
+                           f"allows {max_smem_per_block(device_index)}")
+    with torch.cuda.device(device_index):
+        fn = get_function(cfg.source, cfg.kernel, cfg.define_dict, arch=HOPPER_ARCH)
+    set_max_dynamic_smem(fn, cfg.dynamic_smem)
+    return cfg, fn
+
+
+def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
+                   block_n: int = 128, pv_split: bool = True):
+    """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
+
+    ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
+    key/value head ``h // (H // Hkv)``); ``causal`` is ``False``, ``True`` / ``"top-left"`` or
+    ``"bottom-right"``. ``block_n`` and ``pv_split``: see ``flashtut.cuda.configs.hopper_config``.
+    Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
+    ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
+    """
+    if variant not in HOPPER_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
+    grouped = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) and k.shape[1] != q.shape[1]
+    if grouped:
+        H, Hkv = q.shape[1], k.shape[1]
+        if v.shape[1] != Hkv:
+            raise ValueError(f"k and v must have the same number of heads, got k: {Hkv}, v: {v.shape[1]}")
+        if Hkv < 1 or H % Hkv:
+            raise ValueError(f"the query heads H = {H} must be a multiple of the key/value heads Hkv = {Hkv}")
+    if isinstance(causal, str) and causal not in ("top-left", "bottom-right"):
+        _causal_offset(causal, 0, 0)  # the ValueError naming causal, before the machine is looked at
+    p = prepare_inputs(q, _heads_like(k, q), _heads_like(v, q), causal not in (False, 0), scale,
+                       what="the Hopper forward kernels")
+    check_hopper(p.tensors[0])
+    _, _, Nq, Nk, _ = p.shape
+    causal, diag = _causal_offset(causal, Nq, Nk)
+    # grouped k / v go to the kernel as they are; prepare_inputs checked (and copied) stride-0 views of
+    # them with H heads, a copy to drop once the shared checks take Hkv heads
+    q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
+    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split)
+
+
+def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
+               block_n: int = 128, pv_split: bool = True):
+    """:func:`forward_hopper` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
+    ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset)."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    with torch.cuda.device(q.device):
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split)
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
+        launch(fn, grid, (cfg.threads, 1, 1),
+               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset)),
+               cfg.dynamic_smem)
+    return o, lse

@@ -1,0 +1,42 @@
+"""Chapter 11's exercise checkers and figures (CPU): each checker passes the library's own answer,
+fails a plausible wrong one and says where, and each figure draws from the layout model's numbers."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from flashtut.cuda import hopper_layout as hl
+from flashtut.exercises import ch11
+from flashtut.figures import hopper_plots
+
+
+def test_checkers_pass_the_right_answers():
+    assert ch11.check_tile_offset(hl.tile_offset)
+    assert ch11.check_accumulator_owner(hl.accumulator_owner)
+    assert ch11.check_descriptor(lambda s, l, b: hl.encode_descriptor(s, l, b, "128B"))
+    assert ch11.check_ring_slot(hl.ring_slot)
+    assert ch11.check_register_budget(lambda d, n: sum(hl.w1_register_budget(d, n).values()))
+
+
+def test_checkers_catch_wrong_answers_and_say_where():
+    unswizzled = ch11.check_tile_offset(lambda r, c, rows: (c // 64) * rows * 128 + r * 128 + (c % 64) * 2)
+    assert not unswizzled and "tile_offset(1, 0, 64)" in unswizzled.message
+    # the mma.sync habit of 8-row halves inside a 16-row warp tile, but rows counted per warpgroup
+    wrong_owner = ch11.check_accumulator_owner(lambda r, c, n: (4 * (r % 8) + (c % 8) // 2, 4 * (c // 8) + 2 * (r // 8) % 2 + c % 2))
+    assert not wrong_owner and wrong_owner.n_bad > 0
+    no_swizzle_bits = ch11.check_descriptor(lambda s, l, b: hl.encode_descriptor(s, l, b, "none"))
+    assert not no_swizzle_bits
+    assert not ch11.check_ring_slot(lambda i, s: (i % s, i // s))  # a count, not a parity
+    assert not ch11.check_register_budget(lambda d, n: n + d + 4)  # P counted as float32
+    raised = ch11.check_ring_slot(lambda i, s: 1 // 0)
+    assert not raised and "ZeroDivisionError" in raised.message
+
+
+def test_figures_draw():
+    acc = [[f"T{hl.accumulator_owner(r, c, 128)[0]}" for c in range(16)] for r in range(16)]
+    owner = [[hl.accumulator_owner(r, c, 128)[0] for c in range(16)] for r in range(16)]
+    fig = hopper_plots.accumulator_to_a_fragment(acc, acc, owner)
+    assert len(fig.axes) == 2
+    fig = hopper_plots.stage_ring([hl.ring_slot(i, 2) for i in range(6)], stages=2)
+    assert len(fig.axes[0].patches) == 6

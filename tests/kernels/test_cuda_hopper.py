@@ -1,0 +1,334 @@
+"""Hopper rung W1 (fwd_w1_wgmma.cu, flashtut.cuda.hopper): CPU evidence, and GPU correctness on sm_90.
+
+On the CPU (nvcc and the NVRTC wheel, no driver needed):
+* every build ``forward_hopper`` makes compiles for sm_90a with nvcc
+  (``-gencode=arch=compute_90a,code=sm_90a``) and through NVRTC with ``-arch=sm_90a``;
+* the SASS of both holds the warpgroup MMA (HGMMA) the source asks for: ``HEAD_DIM / 16`` with both
+  operands in shared memory per key tile, and the P V ones with A from registers and B transposed
+  (``tnspB``), and no mma.sync (HMMA); built for plain sm_90 the same file has no HGMMA at all;
+* ptxas reports no spills and no warning (a serialised wgmma, C7510-style, would be one), and at
+  least the registers that the accumulators need;
+* the kernel's own address and descriptor functions, compiled for the host, agree with the CPU
+  model ``flashtut.cuda.hopper_layout``.
+On an sm_90 GPU (``gpu`` tests): the FlashAttention error criterion on odd shapes, causal both
+alignments, grouped heads, rows that see no key, and the lse.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashtut.cuda import compile as cc
+from flashtut.cuda import configs
+from flashtut.cuda import hopper
+from flashtut.cuda import hopper_layout as hl
+from test_cuda_compile import NVRTC, parse_ptxas
+
+NVCC = shutil.which("nvcc")
+HAS_CUDA = torch.cuda.is_available()
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _find_cuobjdump():
+    if path := shutil.which("cuobjdump"):
+        return path
+    if NVCC and (path := Path(NVCC).resolve().parent / "cuobjdump").is_file():
+        return str(path)
+    spec = importlib.util.find_spec("triton")  # Triton's wheel carries one; found without importing it
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if path.is_file():
+            return str(path)
+    return None
+
+
+CUOBJDUMP = _find_cuobjdump()
+needs_nvcc = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="needs nvcc and cuobjdump")
+needs_nvrtc = pytest.mark.skipif(NVRTC is None or CUOBJDUMP is None, reason="needs the NVRTC wheel and cuobjdump")
+
+#: the runtime builds plus the variants the ladder measures against them
+BUILDS = configs.hopper_builds() + [
+    configs.hopper_config("w1", torch.float16, 128, pv_split=False),
+    configs.hopper_config("w1", torch.float16, 128, block_n=64),
+    configs.hopper_config("w1", torch.bfloat16, 64, block_n=64),
+]
+_TMP = Path(tempfile.mkdtemp(prefix="flashtut_hopper_"))
+
+
+def _label(cfg) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.defines)
+
+
+def sass(cubin: Path) -> str:
+    res = subprocess.run([CUOBJDUMP, "--dump-sass", str(cubin)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_build(defines: tuple, arch: str = "90a") -> tuple[str, str]:
+    """(ptxas log, SASS) of fwd_w1_wgmma.cu built by nvcc for ``arch``."""
+    cubin = _TMP / f"nvcc_{arch}_{abs(hash(defines))}.cubin"
+    cmd = [NVCC, "-std=c++17", "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
+           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.KERNEL_DIR / "fwd_w1_wgmma.cu")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return res.stderr + res.stdout, sass(cubin)
+
+
+def nvrtc_cubin(text: str, options: list[str], out: Path) -> tuple[int, str]:
+    """Compile ``text`` with NVRTC to a cubin at ``out``; returns (status, log)."""
+    prog = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"w1.cu", 0, None, None) == 0
+    try:
+        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        rc = NVRTC.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        NVRTC.nvrtcGetProgramLog(prog, log)
+        if rc == 0:
+            NVRTC.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            assert NVRTC.nvrtcGetCUBIN(prog, buf) == 0
+            out.write_bytes(buf.raw)
+        return rc, log.value.decode(errors="replace")
+    finally:
+        NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def hgmma_counts(text: str) -> dict:
+    """HGMMA instructions by kind: both operands from shared memory ("ss", A is a descriptor) or A
+    from registers with B transposed ("rs_t"), keyed with their shape."""
+    out = {}
+    for line in text.splitlines():
+        m = re.search(r"HGMMA\.(\d+x\d+x\d+)\.F32(\.BF16)?\s+R\d+,\s*(gdesc|R\d+)", line)
+        if m:
+            kind = "ss" if m.group(3) == "gdesc" else ("rs_t" if ".tnspB" in line else "rs")
+            key = (kind, m.group(1), bool(m.group(2)))
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def expected_hgmma(cfg) -> dict:
+    d = cfg.define_dict
+    D, bn, bf = d["HEAD_DIM"], d["W1_BLOCK_N"], bool(d["FT_BF16"])
+    split = d["W1_PV_SPLIT"] and D == 128
+    pv_n = 64 if split else D
+    return {("ss", f"64x{bn}x16", bf): D // 16, ("rs_t", f"64x{pv_n}x16", bf): (bn // 16) * (D // pv_n)}
+
+
+def check_resources(log: str, cfg) -> dict:
+    rows = [r for r in parse_ptxas(log) if r["kernel"] == "flash_fwd_w1"]
+    assert len(rows) == 1, log
+    r = rows[0]
+    assert r["spill_st"] == 0 and r["spill_ld"] == 0 and r["stack"] == 0, f"{_label(cfg)}: spills\n{log}"
+    assert "warning" not in log.lower(), f"{_label(cfg)}: ptxas warns (a serialised wgmma?)\n{log}"
+    d = cfg.define_dict
+    need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W1_BLOCK_N"]).values())
+    assert need <= r["regs"] <= 255, (need, r)
+    return r
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cfg", BUILDS, ids=_label)
+def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
+    log, text = nvcc_build(cfg.defines)
+    r = check_resources(log, cfg)
+    record_property("nvcc sm_90a " + _label(cfg), f"{r['regs']} registers, spill 0")
+    print(f"nvcc sm_90a {_label(cfg)}: {r['regs']} registers")
+    assert hgmma_counts(text) == expected_hgmma(cfg), text[:2000]
+    assert not re.search(r"\bHMMA\b", text), "mma.sync in the wgmma kernel"
+    assert "WARPGROUP.ARRIVE" in text and "WARPGROUP.DEPBAR" in text  # wgmma.fence, wgmma.wait_group
+
+
+@needs_nvcc
+def test_plain_sm90_has_no_wgmma():
+    # the same file built for sm_90 (no "a"): the wgmma path is compiled out, which is why the launcher
+    # builds for sm_90a
+    _, text = nvcc_build(configs.hopper_builds()[0].defines, arch="90")
+    assert "HGMMA" not in text and "flash_fwd_w1" in text
+    assert "TRAP" in text  # the body is __trap(): launched there by mistake, it fails loudly
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("cfg", configs.hopper_builds(), ids=_label)
+def test_nvrtc_sm90a_emits_hgmma(cfg):
+    out = _TMP / f"nvrtc_{abs(hash(cfg.defines))}.cubin"
+    opts = cc.nvrtc_options(configs.HOPPER_ARCH, cfg.define_dict)
+    assert opts[-1] == "-arch=sm_90a"
+    rc, log = nvrtc_cubin(cc.load_source(cfg.source), opts + ["-Xptxas", "-v"], out)
+    assert rc == 0, log
+    check_resources(log, cfg)
+    assert hgmma_counts(sass(out)) == expected_hgmma(cfg)
+
+
+@needs_nvcc
+def test_kernel_address_functions_match_the_model():
+    src = _TMP / "host_layout.cu"
+    src.write_text(
+        '#include "ft_wgmma.cuh"\n#include <cstdio>\n'
+        "int main() {\n"
+        "  for (int r = 0; r < 128; ++r) for (int c = 0; c < 128; ++c) printf(\"%u\\n\", sw128_offset<128>(r, c));\n"
+        "  for (int r = 0; r < 64; ++r) for (int c = 0; c < 128; ++c) printf(\"%u\\n\", sw128_offset<64>(r, c));\n"
+        "  unsigned v[][3] = {{0, 16, 1024}, {1056, 16384, 1024}, {198656, 8192, 1024}, {262128, 16, 16}};\n"
+        "  for (auto& x : v) printf(\"%llu\\n\", wgmma_desc(x[0], x[1], x[2]));\n"
+        "}\n")
+    exe = _TMP / "host_layout"
+    res = subprocess.run([NVCC, "-std=c++17", f"-I{cc.KERNEL_DIR}", "-o", str(exe), str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    want = [hl.tile_offset(r, c, 128) for r in range(128) for c in range(128)]
+    want += [hl.tile_offset(r, c, 64) for r in range(64) for c in range(128)]
+    want += [hl.encode_descriptor(a, lbo, sbo, "128B") for a, lbo, sbo in
+             ((0, 16, 1024), (1056, 16384, 1024), (198656, 8192, 1024), (262128, 16, 16))]
+    assert got == want
+
+
+# ------------------------------------------------------------------ the launcher, on the CPU
+
+def test_configs_fit_an_h100():
+    for cfg in BUILDS:
+        assert cfg.dynamic_smem <= configs.SMEM_PER_BLOCK[90], cfg
+        assert cfg.block_m == 128 and cfg.threads == 256  # two warpgroups of 64 rows
+    assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="variant"):
+        configs.hopper_config("w9", torch.float16, 64)
+    with pytest.raises(ValueError, match="dtype"):
+        configs.hopper_config("w1", torch.float32, 64)
+    with pytest.raises(ValueError, match="head dim"):
+        configs.hopper_config("w1", torch.float16, 96)
+    with pytest.raises(ValueError, match="block_n"):
+        configs.hopper_config("w1", torch.float16, 64, block_n=96)
+
+
+def test_causal_alignments():
+    assert hopper._causal_offset(False, 5, 9) == (False, 0)
+    assert hopper._causal_offset(True, 5, 9) == (True, 0)
+    assert hopper._causal_offset("top-left", 5, 9) == (True, 0)
+    assert hopper._causal_offset("bottom-right", 5, 9) == (True, 4)
+    assert hopper._causal_offset("bottom-right", 9, 5) == (True, -4)
+    with pytest.raises(ValueError, match="causal"):
+        hopper._causal_offset("diagonal", 5, 9)
+    with pytest.raises(TypeError, match="causal"):
+        hopper._causal_offset(0.5, 5, 9)
+
+
+def test_input_errors():
+    q = torch.randn(1, 4, 5, 64, dtype=torch.float16)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        hopper.forward_hopper(q, q.numpy(), q)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        hopper.forward_hopper(q, q[:, :3], q[:, :3])
+    with pytest.raises(ValueError, match="same number of heads"):
+        hopper.forward_hopper(q, q[:, :2], q[:, :1])
+    with pytest.raises(ValueError, match="variant"):
+        hopper.forward_hopper(q, q, q, variant="w9")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU message")
+def test_no_gpu_is_a_runtime_error():
+    q = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        hopper.forward_hopper(q, q[:, :1], q[:, :1])
+
+
+def test_builds_for_sm90a(monkeypatch):
+    calls = []
+
+    def fake_get_function(source, kernel, defines=None, arch=None):
+        calls.append((source, kernel, arch))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(hopper, "get_function", fake_get_function)
+    monkeypatch.setattr(hopper, "max_smem_per_block", lambda index: 232448)
+    monkeypatch.setattr(hopper.torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    hopper._plan.cache_clear()
+    with pytest.raises(RuntimeError, match="stop here"):
+        hopper._plan("w1", torch.float16, 128, 0, 128, True)
+    assert calls == [("fwd_w1_wgmma.cu", "flash_fwd_w1", "90a")]
+    hopper._plan.cache_clear()
+
+
+# ------------------------------------------------------------------ GPU: correctness on sm_90
+
+def reference(q, k, v, scale, causal, diag):
+    """float64 output and lse with the kernel's masking; rows that see no key: o = 0, lse = -inf."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    Nq, Nk = s.shape[-2:]
+    visible = torch.ones(Nq, Nk, dtype=torch.bool, device=s.device)
+    if causal:
+        i = torch.arange(Nq, device=s.device)[:, None]
+        visible = torch.arange(Nk, device=s.device)[None, :] <= i + diag
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return p @ v, lse, visible.any(-1)
+
+
+def torch_error(q, k, v, scale, causal, diag, ref, rows):
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    mask = None
+    if causal:
+        Nq, Nk = q.shape[2], k.shape[2]
+        mask = torch.arange(Nk, device=q.device)[None, :] <= torch.arange(Nq, device=q.device)[:, None] + diag
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return (out.double() - ref)[..., rows, :].abs().max().item()
+
+
+GPU_CASES = [  # (B, H, Hkv, Nq, Nk, D, causal)
+    (2, 3, 3, 200, 333, 64, False), (2, 3, 3, 333, 200, 128, False), (1, 2, 2, 257, 257, 128, True),
+    (1, 4, 2, 130, 391, 64, True), (1, 2, 1, 1, 77, 128, False), (1, 2, 2, 300, 150, 64, "bottom-right"),
+    (1, 2, 2, 150, 300, 128, "bottom-right"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="wgmma needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("block_n,pv_split", [(128, True), (128, False), (64, True)])
+def test_w1_matches_the_reference(case, dtype, block_n, pv_split):
+    B, H, Hkv, Nq, Nk, D, causal = case
+    g = torch.Generator().manual_seed(Nq * 7 + Nk)
+    q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
+    k = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
+    v = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
+    scale = 1.3 / math.sqrt(D)
+    o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n, pv_split=pv_split)
+    is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
+    ref, ref_lse, rows = reference(q, k, v, scale, is_causal, diag)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, H, Nq)
+    err = (o.double() - ref).abs().max().item()
+    t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
+    assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (err, t_err)
+    assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3)
+    if not rows.all():  # rows that see no key
+        assert (o[..., ~rows, :] == 0).all() and torch.isneginf(lse[..., ~rows]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(IS_SM90, reason="checks the message on GPUs without wgmma")
+def test_other_gpus_get_a_runtime_error():
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="sm_90"):
+        hopper.forward_hopper(q, q, q)

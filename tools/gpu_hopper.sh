@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Chapter 11's Hopper evidence (issue 14), in one call, from the repository root on an sm_90 machine
+# with torch, triton and cupy (no venv needed):
+#   tests      tests/kernels/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
+#              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
+#   sass       each W1 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, ptxas
+#   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
+#              cuDNN and the fast CUDA kernel in one process (QUICK=1: N 4096, float16 only)
+#   ncu        Nsight Compute on W1, the fast CUDA kernel and SDPA flash at N = 4096, D = 128: the
+#              sections (speed of light, pipes, warp states, occupancy), then the tensor-pipe, wgmma
+#              and stall metrics by name
+#   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
+#              (which launches every Hopper build on an sm_90 GPU)
+# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] bash tools/gpu_hopper.sh
+# Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (120, 60 per build, 200, 60 per ncu
+# run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
+# benchmark, 9 s of ncu sections and 5 s of memcheck, so the whole script fits one 600-second call.
+# $OUT gets run.log (the summary), hopper_h200.json (the benchmark) and hopper_run.tgz (every log,
+# the SASS listings, the ncu reports): the device tool brings back 8 files at most.
+set -u
+FINAL=${OUT:-.gpu_out}
+mkdir -p "$FINAL"
+OUT=$(mktemp -d)
+. "$(dirname "$0")/gpu_common.sh"
+STAGES=" ${STAGES:-tests sass bench ncu sanitizer} "
+want() { [[ "$STAGES" == *" $1 "* ]]; }
+pack() {
+    cp "$LOG" "$FINAL/run.log"; cp "$OUT/hopper_h200.json" "$FINAL/" 2>/dev/null
+    tar czf "$FINAL/hopper_run.tgz" -C "$OUT" . 2>/dev/null
+}
+trap pack EXIT
+trap 'exit 143' TERM INT
+KERNEL=src/flashtut/cuda/kernels/fwd_w1_wgmma.cu
+
+stage info
+machine_info
+
+if want tests; then
+    stage tests
+    timeout "${T_TESTS:-120}" python3 -m pytest tests/kernels/test_cuda_hopper.py -q -rfE --tb=short -p no:cacheprovider \
+        > "$OUT/tests.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
+fi
+
+if want sass && command -v nvcc > /dev/null; then
+    stage sass
+    CUO=$(command -v cuobjdump || echo "$(dirname "$(command -v nvcc)")/cuobjdump")
+    for D in 64 128; do for BF in 0 1; do for SPLIT in 1 0; do
+        [ $D = 64 ] && [ $SPLIT = 0 ] && continue
+        name="sass_d${D}_bf${BF}_split${SPLIT}"
+        timeout "${T_SASS:-60}" nvcc -std=c++17 -cubin -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
+            -DHEAD_DIM=$D -DFT_BF16=$BF -DW1_PV_SPLIT=$SPLIT -o "$OUT/$name.cubin" "$KERNEL" > "$OUT/$name.ptxas" 2>&1
+        "$CUO" --dump-sass "$OUT/$name.cubin" > "$OUT/$name.txt" 2>&1
+        echo "$name: HGMMA $(grep -c HGMMA "$OUT/$name.txt") HMMA $(grep -cw HMMA "$OUT/$name.txt")" \
+             "WARPGROUP $(grep -c WARPGROUP "$OUT/$name.txt") | $(grep -E 'Used|warn' "$OUT/$name.ptxas" | tr '\n' ' ')" \
+             | tee -a "$LOG"
+        rm -f "$OUT/$name.cubin"
+    done; done; done
+fi
+
+if want bench; then
+    stage bench
+    if [ "${QUICK:-0}" = 1 ]; then BARGS="-N 4096 --dtype float16"; else BARGS=""; fi
+    bench "${T_BENCH:-200}" hopper run --preset hopper $BARGS --out "$OUT/hopper_h200.json"
+    python3 - "$OUT/hopper_h200.json" <<'EOF' | tee -a "$LOG"
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+flash = {(r["dtype"], r["D"], r["N"], r["causal"]): r.get("tflops") for r in rows if r["impl"] == "sdpa-flash"}
+for r in rows:
+    f = flash.get((r["dtype"], r["D"], r["N"], r["causal"]))
+    ratio = f"x{r['tflops'] / f:.2f}" if r.get("tflops") and f else ""
+    print(f"{r['impl']:17s} {r['dtype']:8s} D={r['D']:3d} N={r['N']:5d} causal={r['causal']!s:5s} "
+          f"{r.get('tflops') or 0:7.1f} TFLOP/s {ratio:6s} {r.get('status', '')} {r.get('error', '')}")
+EOF
+fi
+
+if want ncu && command -v ncu > /dev/null; then
+    stage ncu
+    PROFILE="-m flashtut.bench run --impl hopper-w1,cuda,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
+             --mode fwd --tokens 16384 --hidden 2048 --warmup-ms 1 --rep-ms 1 --no-progress"
+    KERNELS="regex:flash_fwd_w1|flash_fwd_v3|flash_fwd_kernel"
+    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 6 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        python3 $PROFILE > "$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?" | tee -a "$LOG"
+    grep -E "flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" "$OUT/ncu.txt" | head -40 | tee -a "$LOG"
+    # the ladder table's columns by name: tensor-pipe activity (wgmma counts under hmma_hgmma_qgmma),
+    # wgmma instructions, bank conflicts of wgmma's shared-memory reads, stall reasons per issue
+    METRICS=sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
+    METRICS=$METRICS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
+    METRICS=$METRICS,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__inst_executed_pipe_tensor_op_hmma.sum
+    METRICS=$METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum
+    for reason in gmma barrier long_scoreboard math_pipe_throttle wait short_scoreboard; do
+        METRICS=$METRICS,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
+    done
+    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 6 --metrics "$METRICS" \
+        python3 $PROFILE > "$OUT/ncu_metrics.txt" 2>&1
+    echo "ncu metrics rc=$?" | tee -a "$LOG"
+    grep -E "flash_fwd|pct_of_peak|\.sum|stalled" "$OUT/ncu_metrics.txt" | head -80 | tee -a "$LOG"
+fi
+
+if want sanitizer; then
+    stage sanitizer
+    for tool in memcheck racecheck synccheck; do sanitizer "${T_SANITIZER:-90}" $tool; done
+fi
+stage done
