@@ -12,6 +12,8 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 $(STAMP): requirements-dev.txt pyproject.toml
+	@echo "First run: creating $(VENV) with the pinned environment (PyTorch, Triton, Jupyter Book;"
+	@echo "about 2 GB on disk, more with a CUDA build of PyTorch). pip is quiet; this takes minutes."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt

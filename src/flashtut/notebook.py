@@ -54,3 +54,14 @@ def show_file(path, language: str | None = None, start: int | None = None, end: 
     if language is None:
         language = {".cu": "cuda", ".cuh": "cuda", ".py": "python"}.get(p.suffix, "text")
     return Code(text, language=language)
+
+
+def show_table(header, body):
+    """Display a computed table as a Markdown table: on a narrow screen it wraps its cells
+    instead of scrolling sideways as printed text does. Cells are formatted with ``str``."""
+    from IPython.display import Markdown
+
+    from .bench.report import format_table
+
+    cells = [[str(c).replace("|", "\\|") for c in row] for row in body]
+    return Markdown(format_table([str(h) for h in header], cells, markdown=True))

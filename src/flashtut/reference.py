@@ -60,9 +60,10 @@ def _masked_scores(q, k, causal, scale, window):
     if alignment is not None:
         off = _diag_offset(alignment, Nq, Nk)
         s = s.masked_fill(causal_mask(Nq, Nk, q.device, diag_offset=off, window=window), float("-inf"))
-        lo, hi = visible_keys(torch.arange(Nq, device=q.device), Nk, off, window)
+        # on the CPU: q may be on the meta device (memory.trace_traffic), where bool() cannot run
+        lo, hi = visible_keys(torch.arange(Nq), Nk, off, window)
         if bool((hi <= lo).any()):
-            empty = (hi <= lo)[:, None]
+            empty = (hi <= lo)[:, None].to(q.device)
     return s, empty
 
 

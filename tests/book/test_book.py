@@ -198,6 +198,7 @@ class PageReport:
     errors: list = field(default_factory=list)
     remote_requests: list = field(default_factory=list)
     screenshot: Path | None = None
+    layout: dict = field(default_factory=dict)
 
 
 class DevTools:
@@ -327,14 +328,45 @@ def _evaluate_across_navigation(tools: DevTools, expression: str, timeout: float
             time.sleep(0.2)
 
 
-def _open_page(port: int, url: str, shot_name: str) -> PageReport:
-    """Open ``url`` in a fresh tab and report on it."""
+LAYOUT = """
+(() => {
+  const main = document.querySelector(".bd-content") || document.body;
+  const scrollable = (el) => {
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if ((o === "auto" || o === "scroll") && p.clientWidth < el.scrollWidth + 1) return true;
+    }
+    return false;
+  };
+  const wide = [...main.querySelectorAll("table, pre")].filter(
+    (el) => el.getBoundingClientRect().width > 0 && el.scrollWidth > (el.parentElement || el).clientWidth + 1);
+  const imgs = [...main.querySelectorAll("div.cell_output img, figure img")];
+  return {
+    scrolling: wide.length,
+    clipped: wide.filter((el) => el.tagName === "TABLE" && !scrollable(el)).map((el) => el.outerHTML.slice(0, 120)),
+    dimmed: imgs.filter((el) => getComputedStyle(el).filter !== "none").length,
+    images: imgs.length,
+    theme: document.documentElement.dataset.theme || "",
+    height: Math.ceil(document.documentElement.scrollHeight),
+  };
+})()
+"""
+
+
+def _open_page(port: int, url: str, shot_name: str, dark: bool = False, width: int = 1280,
+               full_page: bool = False) -> PageReport:
+    """Open ``url`` in a fresh tab, in the light or dark colour scheme (the book follows the
+    reader's preference) and at ``width`` CSS pixels, and report on it."""
     with _new_target(port) as target:
         tools = DevTools(target["webSocketDebuggerUrl"])
         try:
             report = PageReport(url)
             for domain in ("Runtime", "Log", "Network", "Page"):
                 tools.call(f"{domain}.enable")
+            tools.call("Emulation.setEmulatedMedia",
+                       features=[{"name": "prefers-color-scheme", "value": "dark" if dark else "light"}])
+            tools.call("Emulation.setDeviceMetricsOverride", width=width, height=1600,
+                       deviceScaleFactor=1, mobile=width < 600)
             tools.call("Page.navigate", url=url)
             state = _evaluate_across_navigation(tools, WAIT_FOR_MATHJAX, timeout=90)
             time.sleep(0.5)  # let late console messages arrive
@@ -356,7 +388,13 @@ def _open_page(port: int, url: str, shot_name: str) -> PageReport:
                     parsed = urlparse(req_url)
                     if parsed.scheme in ("http", "https", "ws", "wss") and parsed.hostname not in LOCAL_HOSTS:
                         report.remote_requests.append(req_url)
-            shot = tools.call("Page.captureScreenshot", format="png")
+            report.layout = tools.evaluate(LAYOUT)
+            if full_page:                    # the whole page, for a reader's eye on every figure
+                height = min(report.layout["height"], 30000)
+                tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                           deviceScaleFactor=1, mobile=width < 600)
+                time.sleep(0.5)
+            shot = tools.call("Page.captureScreenshot", format="png", timeout=120)
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             report.screenshot = SCREENSHOTS / shot_name
             report.screenshot.write_bytes(base64.b64decode(shot["data"]))
@@ -414,3 +452,27 @@ def test_chapter_page_renders_in_chromium(browser, server, book, capsys_session_
     chapter = _chapter_page(book)
     report = _open_page(browser, f"{server}/{chapter}.html", chapter.replace("/", "_") + ".png")
     _check(report, capsys_session_disabled)
+
+
+# chapters with the widest tables and the most figures, in both colour schemes, on a desktop
+# and on a 400-pixel phone screen
+SHOT_CHAPTERS = ["notebooks/01_memory_hierarchy", "notebooks/05_tiled_attention", "notebooks/07_triton",
+                 "notebooks/09_results"]
+
+
+@pytest.mark.parametrize("width", [1280, 400], ids=["desktop", "400px"])
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+@pytest.mark.parametrize("chapter", SHOT_CHAPTERS, ids=[c.split("/")[1][:2] for c in SHOT_CHAPTERS])
+def test_chapters_read_in_both_themes_and_on_a_phone(browser, server, book, capsys_session_disabled,
+                                                     chapter, dark, width):
+    if not (HTML / f"{chapter}.html").is_file():
+        pytest.fail(f"{chapter}.html was not built (log {book.log})")
+    name = f"{chapter.split('/')[1][:2]}_{'dark' if dark else 'light'}_{width}.png"
+    report = _open_page(browser, f"{server}/{chapter}.html", name, dark=dark, width=width, full_page=True)
+    _check(report, capsys_session_disabled)
+    lay = report.layout
+    capsys_session_disabled(f"[layout] {name}: theme {lay['theme']}, {lay['images']} figures, "
+                            f"{lay['scrolling']} boxes scroll sideways")
+    assert lay["theme"] == ("dark" if dark else "light")
+    assert not lay["clipped"], f"tables cut off with no way to scroll on {name}: {lay['clipped']}"
+    assert lay["dimmed"] == 0, f"{lay['dimmed']} figures are dimmed by the theme's filter on {name}"

@@ -334,3 +334,26 @@ def test_recomputation_beats_the_round_trip_of_p_on_every_listed_gpu():
             product = 2 * d / (gpu.peak_tflops(torch.float16) * 1e12)
             assert round_trip / product == pytest.approx(2 * gpu.ridge_point(torch.float16) / d)
             assert round_trip > product, (key, d)
+
+
+def test_traffic_ratio_is_about_m_over_2d2_as_the_glossary_says():
+    # standard / FlashAttention-2 traffic with the paper's tiles, for the GPUs of chapter 5's table
+    from flashtut.hardware import GPUS
+    for key in ("T4", "A100-80GB", "H200-SXM"):
+        m = GPUS[key].smem_per_block_kib * 1024 // 2
+        for d in (64, 128):
+            ratio = io.hbm_traffic("standard", 16384, d).elements / io.hbm_traffic("flash2", 16384, d, m).elements
+            assert ratio == pytest.approx(m / (2 * d * d), rel=0.06)
+    t4 = GPUS["T4"].smem_per_block_kib * 1024 // 2
+    assert io.hbm_traffic("standard", 16384, 128).elements == pytest.approx(
+        io.hbm_traffic("flash2", 16384, 128, t4).elements, rel=0.01)
+
+
+def test_ch04_merge_checker_catches_a_merge_without_the_empty_guard():
+    def no_guard(m_a, d_a, m_b, d_b):
+        m = torch.maximum(m_a, m_b)
+        return m, d_a * torch.exp(m_a - m) + d_b * torch.exp(m_b - m)   # nan where both are empty
+
+    res = ch04.check_merge(no_guard)
+    assert not res and "got nan, expected 0" in res.message
+    assert ch04.check_merge(ch04.solution_merge) and ch04.check_merge(flashtut.merge_softmax_states)

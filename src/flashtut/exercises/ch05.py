@@ -14,39 +14,41 @@ import torch
 
 from ..costs import io_complexity as io
 from ..checks import accum_dtype, check_block, check_qkv, check_scale
-from ..reference import naive_attention
+from ..reference import attention_lse, naive_attention
 from ..checks import check_count
 from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable,
                       check_seed, compare, mutation_note)
 
 
-def buggy_tiled_attention(q, k, v, block_size: int = 128):
-    """Tiled attention with the classic bug (non-causal, scale ``1/sqrt(D)``). Do not use it:
-    it is here to be found out.
-
-    For each query block it streams the key/value blocks, raises the running max ``m`` and adds
-    ``exp(s - m)`` to the running sum and ``exp(s - m) @ v`` to the output, but what was added
-    before under a smaller ``m`` is never multiplied by ``exp(m_old - m_new)``.
-    """
-    B, H, Nq, Nk, D = check_qkv(q, k, v)
-    block_size = check_block("block_size", block_size)
-    acc_t = accum_dtype(q.dtype)
+def buggy_loop(q, k, v, block_size=128):
+    """The "simplified Flash Attention" loop of the errata, in plain tensors (non-causal,
+    scale ``1/sqrt(D)``). It passes some tests and fails others: find out which, and why."""
+    B, H, Nq, D = q.shape
     scale = 1.0 / math.sqrt(D)
     out = torch.empty_like(q)
     for q0 in range(0, Nq, block_size):
-        qi = q[:, :, q0:q0 + block_size].to(acc_t)
-        rows = qi.shape[2]
-        m = torch.full((B, H, rows), float("-inf"), dtype=acc_t, device=q.device)
-        row_sum = torch.zeros((B, H, rows), dtype=acc_t, device=q.device)
-        acc = torch.zeros((B, H, rows, D), dtype=acc_t, device=q.device)
-        for k0 in range(0, Nk, block_size):
-            s = qi @ k[:, :, k0:k0 + block_size].to(acc_t).transpose(-2, -1) * scale
+        qi = q[:, :, q0:q0 + block_size]
+        m = torch.full(qi.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+        row_sum = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        for k0 in range(0, k.shape[2], block_size):
+            s = qi @ k[:, :, k0:k0 + block_size].transpose(-2, -1) * scale
             m = torch.maximum(m, s.amax(dim=-1))
             p = torch.exp(s - m[..., None])
-            row_sum = row_sum + p.sum(dim=-1)                      # BUG: old sum not rescaled
-            acc = acc + p @ v[:, :, k0:k0 + block_size].to(acc_t)  # BUG: old output not rescaled
-        out[:, :, q0:q0 + block_size] = (acc / row_sum[..., None]).to(q.dtype)
+            row_sum = row_sum + p.sum(dim=-1)
+            acc = acc + p @ v[:, :, k0:k0 + block_size]
+        out[:, :, q0:q0 + block_size] = acc / row_sum[..., None]
     return out
+
+
+def buggy_tiled_attention(q, k, v, block_size: int = 128):
+    """``buggy_loop`` behind the library's input checks, on any float dtype (it computes in the
+    accumulation dtype). Do not use it: it never multiplies the running sum and the output
+    accumulated under an older, smaller maximum by ``exp(m_old - m_new)``."""
+    check_qkv(q, k, v)
+    block_size = check_block("block_size", block_size)
+    acc_t = accum_dtype(q.dtype)
+    return buggy_loop(q.to(acc_t), k.to(acc_t), v.to(acc_t), block_size).to(q.dtype)
 
 
 def max_rise_after_first_block(q, k, block_size: int = 128, scale: float | None = None) -> torch.Tensor:
@@ -194,6 +196,192 @@ def solution_fa1_traffic(n, d, block_m, block_n):
     return n * d + 2 * n + 2 * n * d + t_c * (3 * n * d + 4 * n)
 
 
-__all__ = ["buggy_tiled_attention", "max_rise_after_first_block", "inputs_max_in_first_block",
+
+
+# --- Exercise 5.3 (headline): the tiled forward with log-sum-exp and causal block skipping -------
+
+def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
+    """Worked solution of exercise 5.3, in plain tensors: returns ``(o, lse)``, scale
+    ``1/sqrt(D)``. ``flashtut.tiled_attention`` is this loop plus its input checks."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=acc_t, device=q.device)
+    for q0 in range(0, Nq, block_m):
+        q1 = min(q0 + block_m, Nq)
+        qi = q[:, :, q0:q1].to(acc_t) * D ** -0.5
+        m = torch.full(qi.shape[:3], float("-inf"), dtype=acc_t, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        k_end = min(q1, Nk) if causal else Nk     # later key blocks are hidden from every row
+        for k0 in range(0, k_end, block_n):
+            k1 = min(k0 + block_n, Nk)
+            s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)
+            if causal:
+                rows = torch.arange(q0, q1, device=q.device)[:, None]
+                cols = torch.arange(k0, k1, device=q.device)[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = alpha * l + p.sum(dim=-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, k0:k1].to(acc_t)
+            m = m_new
+        o[:, :, q0:q1] = (acc / l[..., None]).to(q.dtype)
+        lse[:, :, q0:q1] = m + torch.log(l)
+    return o, lse
+
+
+def _forward_limits(B, H, Nq, Nk, D, bm, bn):
+    """Allowed sizes, in elements: one block per read; no tensor larger than a score tile or a
+    whole output; tensors alive at once within the output, log-sum-exp and a handful of tiles."""
+    bh = B * H
+    block = {"q": bh * bm * D, "k": bh * bn * D, "v": bh * bn * D}
+    largest = bh * max(bm * bn, Nq * D, Nk * D)
+    live = bh * (Nq * D + Nq + 12 * bm * bn + 4 * (bm + bn) * D)
+    return block, largest, live
+
+
+def _call(fn, args):
+    try:
+        return fn(*args), None
+    except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
+        return None, f"your function raised {type(exc).__name__}: {exc}"
+
+
+def _pair(got):
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return None, f"expected (o, lse), got {type(got).__name__}"
+    return got, None
+
+
+def technique_report(trace, block, largest, live, what="score tile"):
+    """Messages for what a ``technique.watch`` trace shows wrong (empty when nothing is)."""
+    problems = []
+    if trace.whole_reads:
+        name, op, shape = trace.whole_reads[0]
+        problems.append(f"read {name} {shape} at once (aten.{op}); load one block of rows at a "
+                        f"time ({block[name]:,} elements here), as a kernel loads a tile into SRAM")
+    if trace.largest[0] > largest:
+        n, op, shape = trace.largest
+        problems.append(f"made a tensor of shape {shape} ({n:,} elements, aten.{op}); the largest "
+                        f"allowed is {largest:,}: one {what} or one whole output. An Nq x Nk "
+                        f"matrix, or a whole row or column of tiles, is what tiling avoids")
+    elif trace.peak_live > live:
+        problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {live:,}): "
+                        f"do not keep every tile; fold each into running statistics and drop it")
+    if trace.input_writes:
+        name, op = trace.input_writes[0]
+        problems.append(f"wrote into its input {name} (aten.{op}); work on copies of the blocks")
+    if trace.masked_products:
+        op, qr, kr = trace.masked_products[0]
+        problems.append(f"multiplied query rows {qr[0]}..{qr[1]} with key rows {kr[0]}..{kr[1]} "
+                        f"(aten.{op}): every one of those keys is hidden from every one of those "
+                        f"rows, so the tile contributes nothing; skip it")
+    return problems
+
+
+def add_verdict(lines: list, head: str, problems: list, passed: str) -> bool:
+    """Append one case's verdict to ``lines``; return whether it passed."""
+    if problems:
+        lines.append(f"✗ {head}:")
+        lines += ["  " + p.replace("\n", "\n  ") for p in problems]
+        return False
+    lines.append(f"✓ {head}: {passed}")
+    return True
+
+
+def _fp16_inputs(gen):
+    """Long float16 rows (3000 keys, near-uniform scores, values around 1): the running sum
+    reaches thousands, where float16's spacing is 2 to 4, so a float16 accumulator drifts."""
+    B, H, Nq, Nk, D = 1, 2, 37, 3000, 16
+    q = (0.3 * torch.randn(B, H, Nq, D, generator=gen)).half()
+    k = torch.randn(B, H, Nk, D, generator=gen).half()
+    v = (1 + 0.5 * torch.randn(B, H, Nk, D, generator=gen)).half()
+    return q, k, v
+
+
+def check_flash_forward(fn, seed: int = 0) -> CheckResult:
+    """Check ``fn(q, k, v, causal, block_m, block_n) -> (o, lse)`` (scale ``1/sqrt(D)``): the
+    numbers, in float64 against naive attention, causal or not, ``Nq != Nk``, sizes no block
+    divides; the technique, by watching every operator it runs (``technique.watch``): blocks
+    read one at a time, no ``Nq x Nk`` tensor, each key block loaded once per query block (one
+    pass), with ``causal`` no key block above the diagonal touched, inputs left unchanged;
+    and float16 rows long enough that a float16 accumulator fails."""
+    from . import technique as tq
+    gen = torch.Generator().manual_seed(seed)
+    lines, ok = [], True
+    f64 = {"generator": gen, "dtype": torch.float64}
+    for causal in (False, True):
+        # small D and many key blocks per row: a row of score tiles is already over budget
+        B, H, Nq, Nk, D, bm, bn = (2, 1, 200, 150, 4, 16, 20) if causal else (2, 1, 100, 300, 4, 16, 20)
+        q = 2 * torch.randn(B, H, Nq, D, **f64)
+        k = torch.randn(B, H, Nk, D, **f64) * torch.linspace(0.5, 2.5, Nk, dtype=torch.float64)[:, None]
+        v = torch.randn(B, H, Nk, D, **f64)
+        (qg, kg, vg), kept = tq.private_copies(q, k, v)
+        head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
+        block, largest, live = _forward_limits(B, H, Nq, Nk, D, bm, bn)
+        try:
+            got, trace = tq.watch(lambda: fn(qg, kg, vg, causal, bm, bn), dict(q=qg, k=kg, v=vg),
+                                  block_elements=block, causal=causal)
+            err = None
+        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
+            got, trace, err = None, None, f"your function raised {type(exc).__name__}: {exc}"
+        if err is None:
+            got, err = _pair(got)
+        if err:
+            lines.append(f"✗ {head}: {err}")
+            ok = False
+            continue
+        problems = []
+        for name, res in (("o", compare(got[0], naive_attention(q, k, v, causal=causal), name="o",
+                                        atol=1e-9, rtol=1e-9)),
+                          ("lse", compare(got[1], attention_lse(q, k, causal=causal), name="lse", atol=1e-9, rtol=1e-9))):
+            if not res:
+                problems.append(res.message)
+        changed = tq.mutated("qkv", (qg, kg, vg), kept)
+        if changed:
+            problems.append(f"changed its input {', '.join(changed)}: a kernel reads q, k and v and "
+                            f"writes only o and lse")
+        problems += technique_report(trace, block, largest, live)
+        once = io.count(io.flash2_schedule(Nq, Nk, D, bm, bn, causal)).reads
+        for name, key in (("k", "K"), ("v", "V")):
+            n_read, n_once = trace.read_elements(name), B * H * once[key]
+            if n_read > n_once:
+                why = ("the key blocks after a query block's last row are hidden from all of it: "
+                       "stop the inner loop before them" if trace.masked_products else
+                       "each block should be loaded once per query block: one pass, the online "
+                       "softmax, not one pass for the max and another for the sum")
+                problems.append(f"read {n_read:,} elements of {name}; loading each visible key block "
+                                f"once per query block reads {n_once:,}: {why}")
+        ok &= add_verdict(lines, head, problems, "o and lse match, read block by block, no Nq x Nk "
+                          "tensor" + (", masked tiles skipped" if causal else ", one pass"))
+    q, k, v = _fp16_inputs(gen)
+    (qg, kg, vg), kept = tq.private_copies(q, k, v)
+    got, err = _call(fn, (qg, kg, vg, False, 16, 64))
+    if err is None:
+        got, err = _pair(got)
+    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks 16x64"
+    if err:
+        ok = False
+        lines.append(f"✗ {head}: {err}")
+    else:
+        exact = naive_attention(q.double(), k.double(), v.double())
+        p16 = torch.softmax((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5, dim=-1) @ v
+        bound = 2 * float((p16.double() - exact).abs().max())
+        res = compare(got[0], exact, name="o", atol=bound, rtol=0.0)
+        if res:
+            lines.append(f"✓ {head}: max error {res.max_abs_err:.1e}, within twice PyTorch's own "
+                         f"float16 error ({bound:.1e})")
+        else:
+            ok = False
+            lines.append(f"✗ {head}: max error {res.max_abs_err:.1e} against float64, more than twice "
+                         f"PyTorch's own float16 error ({bound:.1e}); the running sum reaches about "
+                         f"3000, where float16 cannot add 1: keep m, l and the accumulator in float32")
+    return CheckResult(ok, tq.wrap("\n".join(lines)))
+
+
+__all__ = ["buggy_loop", "buggy_tiled_attention", "max_rise_after_first_block", "inputs_max_in_first_block",
+           "solution_flash_forward", "check_flash_forward", "technique_report", "add_verdict",
            "inputs_random", "check_tiled_attention", "solution_fixed_tiled_attention",
            "check_fa1_traffic", "solution_fa1_traffic"]

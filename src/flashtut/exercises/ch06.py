@@ -10,6 +10,8 @@ import torch
 
 from ..reference import attention_lse, causal_mask, naive_attention
 from ..checks import check_count
+from . import technique as tq
+from .ch05 import add_verdict, solution_flash_forward, technique_report
 from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed,
                       compare, mutation_note, run_trials)
 
@@ -129,5 +131,209 @@ def solution_attention_backward(q, k, v, do, causal=False, scale=None):
     return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, dv
 
 
+# --- Exercise 6.4 (headline): the tiled backward --------------------------------------------------
+
+def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block_n=64):
+    """Worked solution of exercise 6.4, in plain tensors: ``(dq, dk, dv)``, scale ``1/sqrt(D)``.
+    ``flashtut.tiled_attention_backward`` is this loop plus its input checks."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = D ** -0.5
+    delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)       # one number per query row
+    dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for k0 in range(0, Nk, block_n):                       # dK_j, dV_j stay on chip
+        k1 = min(k0 + block_n, Nk)
+        kj, vj = k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t)
+        dk_j, dv_j = torch.zeros_like(kj), torch.zeros_like(vj)
+        first = (k0 // block_m) * block_m if causal else 0  # earlier query blocks see none of it
+        for q0 in range(first, Nq, block_m):
+            q1 = min(q0 + block_m, Nq)
+            qi, doi = q[:, :, q0:q1].to(acc_t), do[:, :, q0:q1].to(acc_t)
+            s = qi @ kj.transpose(-2, -1) * scale
+            if causal:
+                rows = torch.arange(q0, q1, device=q.device)[:, None]
+                cols = torch.arange(k0, k1, device=q.device)[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
+            p = torch.exp(s - lse[:, :, q0:q1, None])     # recomputed, already normalised
+            dv_j += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
+            dq[:, :, q0:q1] += ds @ kj * scale
+            dk_j += ds.transpose(-2, -1) @ qi * scale
+        dk[:, :, k0:k1], dv[:, :, k0:k1] = dk_j.to(k.dtype), dv_j.to(v.dtype)
+    return dq.to(q.dtype), dk, dv
+
+
+def _backward_limits(B, H, Nq, Nk, D, bm, bn):
+    """Allowed sizes, in elements, for a backward: reads of ``q``, ``k``, ``v`` one block at a
+    time (``o``, ``do`` and ``lse`` may be read whole, for Delta); no tensor larger than a tile or
+    a whole gradient; alive at once: the gradients, Delta and a handful of tiles."""
+    bh = B * H
+    block = {"q": bh * bm * D, "k": bh * bn * D, "v": bh * bn * D}
+    largest = bh * max(bm * bn, Nq * D, Nk * D)
+    live = bh * (2 * (Nq + Nk) * D + 2 * Nq + 10 * bm * bn + 8 * (bm + bn) * D)
+    return block, largest, live
+
+
+def _sizes(causal):
+    # small D and many blocks: a column of score tiles (Nq x block_n) is already over budget
+    return (2, 1, 120, 90, 4, 16, 12) if causal else (2, 1, 90, 110, 4, 16, 12)
+
+
+def _f64_inputs(gen, B, H, Nq, Nk, D):
+    f64 = {"generator": gen, "dtype": torch.float64}
+    q = 2 * torch.randn(B, H, Nq, D, **f64)
+    k = torch.randn(B, H, Nk, D, **f64)
+    v, do = torch.randn(B, H, Nk, D, **f64), torch.randn(B, H, Nq, D, **f64)
+    return q, k, v, do
+
+
+def _grads_report(got, want):
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        return [f"expected (dq, dk, dv), got {type(got).__name__}"]
+    out = []
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        res = compare(g, w, name=name, **_TOL)
+        if not res:
+            out.append(res.message)
+    return out
+
+
+def check_flash_backward(fn, seed: int = 0) -> CheckResult:
+    """Check ``fn(q, k, v, o, lse, do, causal, block_m, block_n) -> (dq, dk, dv)`` (scale
+    ``1/sqrt(D)``) against autograd through naive attention in float64, causal or not,
+    ``Nq != Nk``, sizes no block divides; and its technique, by watching every operator it runs:
+    ``q``, ``k``, ``v`` read a block at a time, no ``Nq x Nk`` tensor and no row or column of
+    tiles kept, with ``causal`` no tile above the diagonal computed, no input changed."""
+    gen = torch.Generator().manual_seed(seed)
+    lines, ok = [], True
+    for causal in (False, True):
+        B, H, Nq, Nk, D, bm, bn = _sizes(causal)
+        q, k, v, do = _f64_inputs(gen, B, H, Nq, Nk, D)
+        o = naive_attention(q, k, v, causal=causal)
+        lse = attention_lse(q, k, causal=causal)
+        names = ("q", "k", "v", "o", "lse", "do")
+        given, kept = tq.private_copies(q, k, v, o, lse, do)
+        block, largest, live = _backward_limits(B, H, Nq, Nk, D, bm, bn)
+        head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
+        try:
+            got, trace = tq.watch(lambda: fn(*given, causal, bm, bn), dict(zip(names, given)),
+                                  block_elements=block, causal=causal)
+        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
+            lines.append(f"✗ {head}: your function raised {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        problems = _grads_report(got, autograd_grads(q, k, v, do, causal=causal))
+        changed = tq.mutated(names, given, kept)
+        if changed:
+            problems.append(f"changed its input {', '.join(changed)}: a backward reads them and "
+                            f"writes only dq, dk and dv")
+        problems += technique_report(trace, block, largest, live, what="tile")
+        ok &= add_verdict(lines, head, problems, "dq, dk, dv match autograd; tiles recomputed block "
+                          "by block" + (", masked tiles skipped" if causal else ""))
+    return CheckResult(ok, tq.wrap("\n".join(lines)))
+
+
+# --- Exercise 6.5 (headline): forward and backward as one autograd.Function ---------------------
+
+class SolutionFlashAttention(torch.autograd.Function):
+    """Worked solution of exercise 6.5: ``SolutionFlashAttention.apply(q, k, v, causal, block_m,
+    block_n)``. The forward saves ``q, k, v, o`` and the log-sum-exp, nothing of size
+    ``Nq x Nk``; the backward recomputes the probabilities from them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_m=64, block_n=64):
+        o, lse = solution_flash_forward(q, k, v, causal, block_m, block_n)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.blocks = causal, (block_m, block_n)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = solution_flash_backward(q, k, v, o, lse, do, ctx.causal, *ctx.blocks)
+        return dq, dk, dv, None, None, None    # one gradient per input of forward
+
+
+def _saved_sizes(run):
+    sizes = []
+
+    def pack(t):
+        sizes.append((t.numel(), tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sizes
+
+
+def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
+    """Check a ``torch.autograd.Function`` subclass used as ``fn_class.apply(q, k, v, causal,
+    block_m, block_n) -> o``: ``torch.autograd.gradcheck`` on tiny float64 inputs (causal and
+    not); the output and the gradients at larger sizes against naive attention and autograd;
+    nothing of size ``Nq x Nk`` saved for the backward; forward and backward watched as in
+    ``check_flash_backward``; inputs left unchanged."""
+    if not (isinstance(fn_class, type) and issubclass(fn_class, torch.autograd.Function)):
+        return CheckResult(False, tq.wrap(f"✗ expected a subclass of torch.autograd.Function, got "
+                                          f"{fn_class!r}: write class MyFlash(torch.autograd.Function)"))
+    gen = torch.Generator().manual_seed(seed)
+    lines, ok = [], True
+    for causal in (False, True):
+        q, k, v, _ = _f64_inputs(gen, 1, 2, 5, 7, 3)
+        inputs = tuple(t.requires_grad_(True) for t in (q, k, v))
+        head = f"gradcheck, causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks 2x3"
+        try:
+            torch.autograd.gradcheck(lambda q, k, v: fn_class.apply(q, k, v, causal, 2, 3), inputs,
+                                     eps=1e-6, atol=1e-5, rtol=1e-4)
+            lines.append(f"✓ {head}: passed")
+        except Exception as exc:  # GradcheckError or the reader's own error: show its first lines
+            ok = False
+            first = (str(exc).strip().splitlines() or [""])[0]
+            for i, name in enumerate("qkv"):
+                first = first.replace(f"input {i}", f"input {i} ({name})")
+            lines.append(f"✗ {head}: {type(exc).__name__}: {first}")
+    for causal in (False, True):
+        B, H, Nq, Nk, D, bm, bn = _sizes(causal)
+        q, k, v, do = _f64_inputs(gen, B, H, Nq, Nk, D)
+        names = ("q", "k", "v", "do")
+        given, kept = tq.private_copies(q, k, v, do)
+        qg, kg, vg, dog = given
+        for t in (qg, kg, vg):
+            t.requires_grad_(True)
+        block, largest, live = _backward_limits(B, H, Nq, Nk, D, bm, bn)
+        head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
+        out = {}
+
+        def run():
+            out["o"] = fn_class.apply(qg, kg, vg, causal, bm, bn)
+            out["grads"] = torch.autograd.grad(out["o"], (qg, kg, vg), dog)
+
+        try:
+            saved, trace = tq.watch(lambda: _saved_sizes(run), dict(zip(names, given)),
+                                    block_elements=block, causal=causal)
+        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
+            lines.append(f"✗ {head}: forward or backward raised {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        problems = []
+        res = compare(out["o"], naive_attention(q, k, v, causal=causal), name="o", **_TOL)
+        if not res:
+            problems.append(res.message)
+        problems += _grads_report(out["grads"], autograd_grads(q, k, v, do, causal=causal))
+        changed = tq.mutated(names, [t.detach() for t in given], kept)
+        if changed:
+            problems.append(f"changed its input {', '.join(changed)}")
+        big = [shape for n, shape in saved if n > B * H * max(Nq, Nk) * D]
+        if big:
+            problems.append(f"saved a tensor of shape {big[0]} for the backward: save q, k, v, o "
+                            f"and the log-sum-exp, and recompute the probabilities")
+        problems += technique_report(trace, block, largest, live, what="tile")
+        ok &= add_verdict(lines, head, problems, f"o and gradients match, {len(saved)} tensors "
+                          f"saved, none Nq x Nk, tiled forward and backward")
+    return CheckResult(ok, tq.wrap("\n".join(lines)))
+
+
 __all__ = ["autograd_grads", "check_delta", "solution_delta", "check_dv_tile", "solution_dv_tile",
-           "check_attention_backward", "solution_attention_backward"]
+           "check_attention_backward", "solution_attention_backward",
+           "solution_flash_backward", "check_flash_backward", "SolutionFlashAttention",
+           "check_flash_function"]

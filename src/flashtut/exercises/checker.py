@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -13,6 +14,17 @@ from ..checks import check_count
 
 #: the most trials (or cases) a checker takes: enough for any check, few enough to finish
 MAX_TRIALS = 100_000
+
+
+def wrap(text: str, width: int = 90) -> str:
+    """Wrap every line of a checker message at ``width`` columns, keeping its indentation, so
+    that it reads without scrolling on a narrow page."""
+    out = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        out.append(textwrap.fill(line, width, subsequent_indent=indent + "  ",
+                                 break_long_words=False, break_on_hyphens=False) or line)
+    return "\n".join(out)
 
 
 @dataclass
@@ -29,10 +41,10 @@ class CheckResult:
         return self.ok
 
     def __str__(self) -> str:
-        return self.message
+        return wrap(self.message)
 
     def _repr_pretty_(self, p, cycle):  # IPython shows the message, not the dataclass
-        p.text(self.message)
+        p.text(wrap(self.message))
 
 
 def _as_real_tensor(x, name: str):

@@ -10,31 +10,17 @@ from __future__ import annotations
 
 from ..bench.report import IMPL_ORDER, format_ratio_table, impl_order, ladder_key, ratio_table  # noqa: F401  (re-exported for notebooks)
 from . import roofline as _roofline
+from . import style as _style
 from .style import PALETTE, subplots
 
-_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h"]
-_LINESTYLES = ["-", "--", "-.", ":"]
-
-
 _OTHERS: dict[str, int] = {}
-# ours in the warm colours, PyTorch's in the cool ones, the references in grey and sky blue;
-# the palette's yellow (weak on white) goes to the least important line, sdpa-math
-_FIXED = {"naive": 7, "tiled": 5, "sdpa-math": 6, "sdpa-efficient": 4, "sdpa-flash": 0, "sdpa-cudnn": 2,
-          "triton": 1, "cuda": 3}
 
 
 def impl_style(name: str) -> dict:
-    """Colour, marker and line style of an implementation (stable across figures)."""
-    name = name.split(" [")[0]                     # "impl [device]" keeps the impl's look
-    if name in _FIXED:
-        return {"color": PALETTE[_FIXED[name]], "marker": _MARKERS[IMPL_ORDER.index(name)], "linestyle": "-"}
-    if name.startswith("cuda-v"):                 # the ladder: dashed, one colour per step
-        step = ladder_key(name)[0]
-        return {"color": [PALETTE[i] for i in (5, 2, 4, 0, 7)][(step - 1) % 5],
-                "marker": _MARKERS[(8 + step) % len(_MARKERS)], "linestyle": "--"}
-    i = _OTHERS.setdefault(name, len(_OTHERS))   # other names: next free slot, in order seen
-    return {"color": PALETTE[(i * 3 + 1) % len(PALETTE)], "marker": _MARKERS[(i + 3) % len(_MARKERS)],
-            "linestyle": _LINESTYLES[1 + i % 3]}
+    """Colour, marker and line style of an implementation: the one table of
+    ``flashtut.figures.style.IMPL_STYLE``; other names get the next spare colour, in order seen."""
+    base = name.split(" [")[0]                     # "impl [device]" keeps the impl's look
+    return _style.impl_style(base, _OTHERS.setdefault(base, len(_OTHERS)))
 
 
 def _rows(rows, kind):

@@ -168,3 +168,160 @@ def fast_vs_sdpa(rows, D: int = 128, mode: str = "fwd"):
     ax.set_title(f"fast CUDA kernel (solid) vs SDPA flash (dashed), D = {D}")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     return fig
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def warp_tiles(block_m: int = 64, block_n: int = 64, warps: int = 4, mma_m: int = 16, mma_n: int = 8):
+    """The bridge from a Triton ``tl.dot`` to chapter 8: a ``block_m x block_n`` score tile split
+    into one strip of rows per warp, and one warp's strip cut into the ``mma_m x mma_n`` tiles of
+    ``mma.sync`` (each one instruction per step of k). Returns the ``Figure``."""
+    for name, val in (("block_m", block_m), ("block_n", block_n), ("warps", warps), ("mma_m", mma_m),
+                      ("mma_n", mma_n)):
+        _positive(name, val)
+    if block_m % (warps * mma_m) or block_n % mma_n:
+        raise ValueError(f"block_m ({block_m}) must be a multiple of warps * mma_m ({warps * mma_m}) "
+                         f"and block_n ({block_n}) of mma_n ({mma_n})")
+    rows = block_m // warps
+    fig, ax = subplots(figsize=(7.0, 4.6))
+    for w in range(warps):
+        y = block_m - (w + 1) * rows
+        ax.add_patch(Rectangle((0, y), block_n, rows, facecolor=PALETTE[w % len(PALETTE)], alpha=0.35,
+                               edgecolor=INK, linewidth=1.2))
+        ax.text(block_n + 1, y + rows / 2, f"warp {w}: rows {w * rows}..{(w + 1) * rows - 1}",
+                va="center", fontsize=10, color=INK)
+    y0 = block_m - rows                                    # warp 0's strip, cut into mma tiles
+    for r in range(rows // mma_m):
+        for c in range(block_n // mma_n):
+            ax.add_patch(Rectangle((c * mma_n, y0 + rows - (r + 1) * mma_m), mma_n, mma_m, fill=False,
+                                   edgecolor=INK, linewidth=0.6))
+    ax.text(mma_n / 2, block_m - mma_m / 2, f"{mma_m}×{mma_n}", ha="center", va="center", fontsize=8,
+            color=INK)
+    ax.set_xlim(0, block_n * 1.75)
+    ax.set_ylim(0, block_m)
+    ax.set_aspect("equal")
+    ax.set_xticks([0, block_n])
+    ax.set_yticks([0, block_m])
+    ax.set_xlabel(f"keys of the tile (block_n = {block_n})")
+    ax.set_ylabel(f"query rows (block_m = {block_m})")
+    ax.grid(False)
+    ax.set_title(f"S = Q Kᵀ for one tile: {warps} warps, warp 0 cut into mma.sync "
+                 f"m{mma_m}n{mma_n} tiles", loc="left", fontsize=10)
+    return fig
+
+
+def pipeline_timeline(n_tiles: int = 4, stages: int = 2):
+    """Load, compute and barrier of the key/value loop, one row per kind of work and one block per
+    tile: without overlap (each tile's load waits for the previous tile's compute) and with
+    ``stages``-deep ``cp.async`` buffering (tile ``j + 1`` loads while tile ``j`` computes).
+    Durations are illustrative: a load as long as the compute of a tile. Returns the ``Figure``."""
+    _positive("n_tiles", n_tiles)
+    _positive("stages", stages)
+    if stages < 2:
+        raise ValueError(f"stages must be at least 2 for any overlap, got {stages}")
+    load, mm1, soft, mm2 = 1.0, 0.4, 0.3, 0.4
+    comp = mm1 + soft + mm2
+    fig, axes = subplots(2, 1, figsize=(8.0, 4.2), sharex=True)
+    lanes = {"load K_j, V_j (cp.async)": 2, "S = Q K_jᵀ, O += P V_j (mma)": 1, "softmax": 0}
+    for ax, overlap in zip(axes, (False, True)):
+        t_load_end, comp_ends = [], []
+        comp_end = 0.0
+        for j in range(n_tiles):
+            if overlap:   # a buffer frees when the tile `stages` back has been computed
+                free = comp_ends[j - stages] if j >= stages else 0.0
+                start = max(t_load_end[j - 1] if j else 0.0, free)
+            else:
+                start = comp_end
+            t_load_end.append(start + load)
+            c0 = max(t_load_end[j], comp_end)
+            color = PALETTE[j % len(PALETTE)]
+            ax.broken_barh([(start, load)], (2 - 0.35, 0.7), facecolors=color, edgecolor=INK, lw=0.5)
+            ax.broken_barh([(c0, mm1), (c0 + mm1 + soft, mm2)], (1 - 0.35, 0.7), facecolors=color,
+                           edgecolor=INK, lw=0.5)
+            ax.broken_barh([(c0 + mm1, soft)], (-0.35, 0.7), facecolors=color, edgecolor=INK, lw=0.5)
+            ax.axvline(c0, color=INK, lw=0.6, ls=":")      # __syncthreads: the tile is in shared memory
+            ax.text(start + load / 2, 2, f"j={j}", ha="center", va="center", fontsize=9)
+            comp_end = c0 + comp
+            comp_ends.append(comp_end)
+        ax.set_yticks(list(lanes.values()), list(lanes.keys()))
+        ax.set_title(("with " + f"{stages}-stage cp.async buffering: the next tile loads during this one's math"
+                      if overlap else "no overlap: every load waits for the previous tile's math"),
+                     loc="left", fontsize=10)
+        ax.set_xlim(0, n_tiles * (load + comp) + 0.2)
+        ax.grid(False)
+    axes[1].set_xlabel("time (one tile's load = 1; dotted lines: barriers)")
+    return fig
+
+
+def ldmatrix_lanes():
+    """``ldmatrix.sync.aligned.m8n8.x4``: which lane gives the shared-memory address of which
+    16-byte row of a 16x16 half-precision operand (left), and which lane receives which two
+    elements of one 8x8 matrix (right; register ``r_i`` of every lane holds matrix ``i``)."""
+    fig, (ax_a, ax_r) = subplots(1, 2, figsize=(10.0, 4.8), gridspec_kw={"width_ratios": [1.35, 1]})
+    for m in range(4):                        # matrix m: rows 8*(m % 2).., columns 8*(m // 2)..
+        r0, c0 = 8 * (m % 2), 8 * (m // 2)
+        for r in range(8):
+            lane = 8 * m + r
+            ax_a.add_patch(Rectangle((c0, 15 - (r0 + r)), 8, 1, facecolor=PALETTE[m], alpha=0.45,
+                                     edgecolor=INK, linewidth=0.5))
+            ax_a.text(c0 + 4, 15 - (r0 + r) + 0.5, f"lane {lane} → row {r0 + r}, cols {c0}..{c0 + 7}",
+                      ha="center", va="center", fontsize=7, color="black")
+        ax_a.text(c0 + 4, 16.4 if m % 2 == 0 else -1.1, f"matrix {m} → r{m}", ha="center",
+                  fontsize=9, color=INK)
+    ax_a.set_xlim(-0.5, 16.5)
+    ax_a.set_ylim(-1.8, 17.2)
+    ax_a.set_title("addresses: one 16-byte row per lane", loc="left", fontsize=10)
+    ax_r.set_title("delivered: matrix 0 into r0 of each lane", loc="left", fontsize=10)
+    for ax in (ax_a, ax_r):
+        ax.set_aspect("equal")
+        ax.axis("off")
+    labels = [[f"T{4 * r + c // 2}" for c in range(8)] for r in range(8)]
+    colors = [[_lane_color(4 * r + c // 2) for c in range(8)] for r in range(8)]
+    _grid(ax_r, 8, 8, colors, labels, fontsize=7)
+    ax_r.set_xlim(-0.2, 8.2)
+    ax_r.set_ylim(-0.8, 8.6)
+    ax_r.text(4, -0.6, "lane t holds row t / 4, columns 2 (t mod 4) and 2 (t mod 4) + 1",
+              ha="center", fontsize=8, color=INK)
+    return fig
+
+
+def backward_dataflow():
+    """The backward pass of chapters 6 to 8 as data flow: what each kernel reads from HBM, what it
+    recomputes on chip, and what it writes. Returns the ``Figure``."""
+    fig, ax = subplots(figsize=(9.0, 5.0))
+    ax.axis("off")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6)
+
+    def box(x, y, w, h, text, color):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.3, edgecolor=INK, linewidth=1))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9, color="black")
+
+    def arrow(x0, y0, x1, y1):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=12,
+                                     color=INK, linewidth=1))
+
+    ax.text(0.1, 5.7, "HBM", fontsize=10, color=INK, weight="bold")
+    ax.text(3.4, 5.7, "on chip, per tile", fontsize=10, color=INK, weight="bold")
+    ax.text(8.3, 5.7, "HBM", fontsize=10, color=INK, weight="bold")
+    box(0.1, 4.3, 2.2, 1.0, "O, dO", PALETTE[7])
+    box(0.1, 2.6, 2.2, 1.2, "Q, K, V, dO,\nlse, Δ", PALETTE[7])
+    box(0.1, 0.5, 2.2, 1.2, "Q, K, V, dO,\nlse, Δ", PALETTE[7])
+    box(3.2, 4.3, 4.3, 1.0, "preprocess: Δ = rowsum(dO ∘ O)", PALETTE[5])
+    box(3.2, 2.2, 4.3, 1.9, "dK, dV kernel (one block per key block)\nP = exp(scale · Q Kᵀ − lse)\n"
+        "dV += Pᵀ dO,  dP = dO Vᵀ\ndS = P ∘ (dP − Δ),  dK += scale · dSᵀ Q", PALETTE[0])
+    box(3.2, 0.2, 4.3, 1.7, "dQ kernel (one block per query block)\nP, dP, dS recomputed\n"
+        "dQ += scale · dS K", PALETTE[1])
+    box(8.3, 4.3, 1.6, 1.0, "Δ", PALETTE[7])
+    box(8.3, 2.6, 1.6, 1.2, "dK, dV", PALETTE[7])
+    box(8.3, 0.5, 1.6, 1.2, "dQ", PALETTE[7])
+    for y in (4.8, 3.2, 1.1):
+        arrow(2.3, y, 3.2, y)
+        arrow(7.5, y, 8.3, y)
+    ax.set_title("the backward: Δ first, then two kernels that recompute P from the log-sum-exp",
+                 loc="left", fontsize=10)
+    return fig

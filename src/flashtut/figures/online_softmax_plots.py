@@ -91,3 +91,33 @@ def running_state_figure(x: torch.Tensor, block_size: int = 4):
     ax_d.set_ylabel("running sum")
     ax_d.legend(loc="upper left")
     return fig
+
+
+def accumulator_figure(maxima, fixed, buggy, exact: float, block_size: int):
+    """Chapter 05: one coordinate of one query row's output estimate ``acc / l`` after each key
+    block, for the loop that rescales (``fixed``) and the loop that does not (``buggy``),
+    against the exact output (``exact``); the top panel shows the running maximum, so the
+    reader sees that the two part ways exactly where it rises. Returns the ``Figure``."""
+    seqs = {"maxima": maxima, "fixed": fixed, "buggy": buggy}
+    n = len(maxima)
+    for name, seq in seqs.items():
+        if len(seq) != n or n == 0 or not all(math.isfinite(float(x)) for x in seq):
+            raise ValueError(f"{name} must be a non-empty list of finite numbers, one per block "
+                             f"(got {len(seq)}, expected {len(maxima) or 'at least 1'})")
+    if not math.isfinite(float(exact)):
+        raise ValueError(f"exact must be a finite number, got {exact!r}")
+    bs = check_block("block_size", block_size)
+    keys = [bs * (i + 1) for i in range(n)]
+    fig, (ax_m, ax_o) = subplots(2, 1, figsize=(7.0, 4.8), sharex=True, height_ratios=(1, 2))
+    ax_m.step(keys, [float(x) for x in maxima], where="post", color=PALETTE[3], lw=2)
+    ax_m.set_ylabel("running max $m$")
+    ax_m.set_title(f"one query row, keys in blocks of {bs}", loc="left")
+    ax_o.plot(keys, [float(x) for x in fixed], "o-", color=PALETTE[0], ms=5,
+              label=r"rescaled by $e^{m_{old}-m_{new}}$")
+    ax_o.plot(keys, [float(x) for x in buggy], "s--", color=PALETTE[1], ms=5,
+              label="never rescaled (the bug)")
+    ax_o.axhline(float(exact), color=PALETTE[2], lw=1.2, ls="-.", label="exact output")
+    ax_o.set_xlabel("keys read")
+    ax_o.set_ylabel("output estimate acc / ℓ")
+    ax_o.legend(loc="best")
+    return fig
