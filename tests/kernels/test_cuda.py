@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flashtut
-from flashtut.bench.accuracy import yardstick
+from flashtut.bench.accuracy import lowp_attention, yardstick, yardstick_tolerance
 from flashtut.cuda import VARIANTS
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
@@ -141,6 +141,19 @@ def test_fast_kernel_other_tile_sizes(warps, block_n, m_tiles):
                 assert "shared memory" in str(exc)
                 continue
             assert_yardstick(f"v3 w{warps} n{block_n} mt{m_tiles} D={D} causal={causal}", q, k, v, o, causal, None)
+
+
+def assert_fa_criterion(name, got, ref, lowp_err):
+    """The yardstick on one tensor whose PyTorch-in-the-input-dtype error ``lowp_err`` is known
+    (for masks the public API cannot express, such as a negative diagonal offset)."""
+    err = (got.double() - ref.double()).abs().max().item()
+    tol = yardstick_tolerance(got.dtype, lowp_err)
+    assert err <= tol, f"{name}: error {err:.3g} above {tol:.3g} (PyTorch in {got.dtype}: {lowp_err:.3g})"
+
+
+def torch_error(q, k, v, causal, scale, ref):
+    """PyTorch attention's own error in the input precision against ``ref``."""
+    return (lowp_attention(q, k, v, causal, scale).double() - ref.double()).abs().max().item()
 
 
 def _masked_attention(q, k, v, offset, scale):
