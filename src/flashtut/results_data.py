@@ -80,6 +80,10 @@ PRODUCERS = {
                            "against padded batches",
                            "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.model.measure "
                            "--out book/data/capstone_h200.json"),
+    "real_models_h200.json": ("Triton with grouped-query heads (32 over 8), a window of 4096 and packed "
+                              "batches against SDPA flash, N 16384, D 128, TFLOP/s of visible keys",
+                              "FLASHTUT_TRITON_AUTOTUNE=0 python -m flashtut.bench real-models --warmup-ms 10 "
+                              "--rep-ms 50 --out book/data/real_models_h200.json"),
     "anchors_h200_sdpa.json": ("PyTorch SDPA and FlexAttention reference figures, copied from the "
                                "project's H200 anchor file", None),
     # the kernel chapters' own runs
