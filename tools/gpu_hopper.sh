@@ -5,8 +5,8 @@
 #              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
 #   sass       each W1 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, ptxas
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
-#              cuDNN and the fast CUDA kernel in one process (QUICK=1: N 4096, float16 only)
-#   ncu        Nsight Compute on W1, the fast CUDA kernel and SDPA flash at N = 4096, D = 128: the
+#              cuDNN and the fast mma.sync CUDA kernel (cuda-mma) in one process (QUICK=1: N 4096, float16 only)
+#   ncu        Nsight Compute on W1, the fast mma.sync CUDA kernel and SDPA flash at N = 4096, D = 128: the
 #              sections (speed of light, pipes, warp states, occupancy), then the tensor-pipe, wgmma
 #              and stall metrics by name
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
@@ -76,9 +76,9 @@ fi
 
 if want ncu && command -v ncu > /dev/null; then
     stage ncu
-    PROFILE="-m flashtut.bench run --impl hopper-w1,cuda,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
+    PROFILE="-m flashtut.bench run --impl hopper-w1,cuda-mma,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
              --mode fwd --tokens 16384 --hidden 2048 --warmup-ms 1 --rep-ms 1 --no-progress"
-    KERNELS="regex:flash_fwd_w1|flash_fwd_v3|flash_fwd_kernel"
+    KERNELS="regex:flash_fwd_w1|flash_fwd_v3|flash_fwd_v4|flash_fwd_kernel"
     timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 6 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
         python3 $PROFILE > "$OUT/ncu.txt" 2>&1

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from flashtut.cuda import compile as cc
 from flashtut.cuda import configs
-from flashtut.cuda import hopper
+from flashtut.cuda import hopper, hopper_launch
 from flashtut.cuda import hopper_layout as hl
 from test_cuda_compile import NVRTC, parse_ptxas
 
@@ -256,14 +256,112 @@ def test_builds_for_sm90a(monkeypatch):
         calls.append((source, kernel, arch))
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(hopper, "get_function", fake_get_function)
-    monkeypatch.setattr(hopper, "max_smem_per_block", lambda index: 232448)
-    monkeypatch.setattr(hopper.torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
-    hopper._plan.cache_clear()
+    monkeypatch.setattr(hopper_launch, "get_function", fake_get_function)
+    monkeypatch.setattr(hopper_launch, "max_smem_per_block", lambda index: 232448)
+    monkeypatch.setattr(hopper_launch.torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    hopper_launch._plan.cache_clear()
     with pytest.raises(RuntimeError, match="stop here"):
-        hopper._plan("w1", torch.float16, 128, 0, 128, True)
+        hopper_launch._plan("w1", torch.float16, 128, 0, 128, True)
     assert calls == [("fwd_w1_wgmma.cu", "flash_fwd_w1", "90a")]
-    hopper._plan.cache_clear()
+    hopper_launch._plan.cache_clear()
+
+
+# ------------------------------------------------------------------ which forward cuda_attention runs
+
+@pytest.mark.parametrize("arch", [75, 80, 86, 89, 90, 100, 120])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("nvrtc", [None, (11, 8), (12, 0), (13, 0)], ids=str)
+def test_auto_takes_wgmma_exactly_where_w1_runs(arch, dtype, D, nvrtc):
+    choice = configs.choose_forward("auto", arch, dtype, D, nvrtc)
+    runs_w1 = arch == 90 and D in (64, 128) and nvrtc is not None and nvrtc >= (12, 0)
+    if runs_w1:
+        assert choice[:2] == ("wgmma", "w1")
+    else:
+        assert choice.kernel == "mma" and choice.variant == configs.fast_variant(D, arch)
+        assert choice.reason  # says why wgmma was not taken
+        expect = "sm_90" if arch != 90 else ("head dim" if D == 256 else "NVRTC")
+        assert expect in choice.reason
+    assert configs.choose_forward("mma", arch, dtype, D, nvrtc)[:2] == ("mma", configs.fast_variant(D, arch))
+
+
+def test_asking_for_wgmma_where_it_cannot_run_says_why():
+    assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", "w1")
+    with pytest.raises(RuntimeError, match="sm_90 GPUs only.*sm_80.*forward_kernel='mma'"):
+        configs.choose_forward("wgmma", 80, torch.float16, 128, (12, 4))
+    with pytest.raises(ValueError, match="head dims up to 128.*D = 256"):
+        configs.choose_forward("wgmma", 90, torch.float16, 256, (12, 4))
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        configs.choose_forward("wgmma", 90, torch.float32, 64, (12, 4))
+    with pytest.raises(RuntimeError, match="NVRTC .*11, 8.*cupy-cuda12x"):
+        configs.choose_forward("wgmma", 90, torch.float16, 64, (11, 8))
+    with pytest.raises(ValueError, match="forward_kernel must be one of 'auto', 'mma', 'wgmma', got 'hopper'"):
+        configs.choose_forward("hopper", 90, torch.float16, 64, (12, 4))
+    with pytest.raises(TypeError, match="forward_kernel must be a str"):
+        configs.check_forward_kernel(1)
+
+
+def test_forward_kernel_is_checked_before_the_machine():
+    import flashtut
+
+    q = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="forward_kernel"):
+        flashtut.cuda_attention(q, q, q, forward_kernel="fastest")
+
+
+def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
+    """cuda_attention's autograd forward on CPU tensors with the GPU faked: which launch it makes, with what."""
+    from flashtut.cuda import attention as ca
+
+    calls = []
+
+    def fake_hopper(q, k, v, causal, scale, variant="w1", diag_offset=0, block_n=128, pv_split=True):
+        calls.append(("wgmma", variant, q.shape[-1], k.shape[1], causal, diag_offset))
+        return torch.zeros_like(q), torch.zeros(q.shape[:3])
+
+    def fake_mma(q, k, v, causal, scale, variant="v3", *rest, kv_group=None, diag_offset=0):
+        calls.append(("mma", variant, q.shape[-1], k.shape[1], causal, diag_offset))
+        return torch.zeros_like(q), torch.zeros(q.shape[:3])
+
+    monkeypatch.setattr(ca, "capability", lambda device: divmod(arch, 10))
+    monkeypatch.setattr(ca, "nvrtc_version", lambda: nvrtc)
+    monkeypatch.setattr(ca, "run_hopper", fake_hopper)
+    monkeypatch.setattr(ca, "_forward", fake_mma)
+
+    def run(D, alignment=None, dtype=torch.float16, Hkv=4, Nq=7, Nk=11, forward_kernel="auto"):
+        q = torch.randn(2, 4, Nq, D).to(dtype)
+        k, v = (torch.randn(2, Hkv, Nk, D).to(dtype) for _ in range(2))
+        o = ca.CudaAttention.apply(q, k, v, alignment, 0.1, False, forward_kernel)
+        assert o.shape == q.shape
+        return calls.pop()
+    return run
+
+
+def test_cuda_attention_runs_w1_on_sm90(monkeypatch):
+    run = _dispatch(monkeypatch, 90)
+    assert run(128) == ("wgmma", "w1", 128, 4, False, 0)
+    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w1", 64, 4, False, 0)       # padded to 64
+    assert run(64, "top-left", Hkv=2) == ("wgmma", "w1", 64, 2, True, 0)           # grouped heads
+    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w1", 128, 1, True, 4)
+    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w1", 128, 4, True, -4)
+    assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W1 has no D = 256
+    assert run(128, forward_kernel="mma") == ("mma", "v5", 128, 4, False, 0)
+    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w1", 64, 4, True, 0)
+
+
+@pytest.mark.parametrize("arch", [75, 80, 89, 100])
+def test_cuda_attention_keeps_mma_elsewhere(monkeypatch, arch):
+    run = _dispatch(monkeypatch, arch)
+    assert run(128, "bottom-right", Hkv=2) == ("mma", configs.fast_variant(128, arch), 128, 2, True, 4)
+    with pytest.raises(RuntimeError, match=f"sm_{arch}"):
+        run(128, forward_kernel="wgmma")
+
+
+def test_old_nvrtc_falls_back_on_sm90(monkeypatch):
+    run = _dispatch(monkeypatch, 90, nvrtc=(11, 8))
+    assert run(128)[:2] == ("mma", "v5")
+    with pytest.raises(RuntimeError, match="NVRTC"):
+        run(128, forward_kernel="wgmma")
 
 
 # ------------------------------------------------------------------ GPU: correctness on sm_90
@@ -332,3 +430,49 @@ def test_other_gpus_get_a_runtime_error():
     q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="sm_90"):
         hopper.forward_hopper(q, q, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="wgmma needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [(2, 4, 2, 301, 451, 128, False), (1, 4, 4, 333, 200, 64, True),
+                                  (2, 4, 1, 150, 300, 128, "bottom-right"), (1, 2, 2, 257, 130, 80, True)], ids=str)
+def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
+    """The default forward on an H100/H200 is W1; forward and backward meet the yardstick with it, and
+    both forwards give the mma.sync backward the same lse (to rounding)."""
+    import flashtut
+    from flashtut.bench.accuracy import yardstick_tolerance
+    from flashtut.cuda import attention as ca
+
+    B, H, Hkv, Nq, Nk, D, causal = case
+    g = torch.Generator().manual_seed(Nq + 3 * Nk + D)
+    q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
+    k, v = (torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype) for _ in range(2))
+    do = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
+    assert ca.forward_kernel_for(q)[:2] == ("wgmma", "w1")
+    scale = 0.9 / math.sqrt(D)
+    is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
+    rep = H // Hkv
+    # float64 reference with autograd, and PyTorch's own error in the input dtype (its yardstick)
+    leaves64 = [x.double().requires_grad_() for x in (q, k, v)]
+    ref, _, rows = reference(*leaves64, scale, is_causal, diag)
+    ref.backward(do.double())
+    low = [x.clone().requires_grad_() for x in (q, k, v)]
+    s = (low[0] @ low[1].repeat_interleave(rep, 1).transpose(-1, -2)).float() * scale
+    if is_causal:
+        s = s.masked_fill(torch.arange(Nk, device="cuda")[None] > torch.arange(Nq, device="cuda")[:, None] + diag,
+                          float("-inf"))
+    o_low = torch.softmax(s, -1).to(dtype) @ low[2].repeat_interleave(rep, 1)
+    o_low.backward(do)
+    outs = {}
+    for kernel in ("auto", "wgmma", "mma"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = flashtut.cuda_attention(*leaves, causal=causal, scale=scale, forward_kernel=kernel)
+        o.backward(do)
+        outs[kernel] = o
+        for name, got, want, lp in [("o", o, ref, o_low)] + [
+                (f"d{n}", x.grad, r.grad, y.grad) for n, x, r, y in zip("qkv", leaves, leaves64, low)]:
+            err = (got.double() - want.detach()).abs().max().item()
+            tol = yardstick_tolerance(dtype, (lp.detach().double() - want.detach()).abs().max().item())
+            assert err <= tol, f"{kernel} {case} {name}: error {err:.3g} above {tol:.3g}"
+    assert torch.equal(outs["auto"], outs["wgmma"])  # auto is W1 here, bit for bit

@@ -106,9 +106,9 @@ PRESETS = {
         impls=("naive", "cuda-ladder", "cuda", "sdpa-flash"), tokens=16384, hidden=2048, head_dims=(128, 64),
         seqlens=(4096, 16384), dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd", "bwd")),
     "hopper": dict(
-        what="chapter 11: the Hopper rungs (sm_90 only) against SDPA flash and cuDNN and the fast CUDA kernel, "
-             "forward, N 4096 and 16384, D 128 and 64, float16 and bfloat16",
-        impls=("sdpa-flash", "sdpa-cudnn", "cuda", "hopper"), tokens=16384, hidden=2048, head_dims=(128, 64),
+        what="chapter 11: the Hopper rungs (sm_90 only) against SDPA flash and cuDNN and the fast mma.sync CUDA "
+             "kernel, forward, N 4096 and 16384, D 128 and 64, float16 and bfloat16",
+        impls=("sdpa-flash", "sdpa-cudnn", "cuda-mma", "hopper"), tokens=16384, hidden=2048, head_dims=(128, 64),
         seqlens=(4096, 16384), dtypes=("float16", "bfloat16"), causal=(False, True), modes=("fwd",)),
     "cuda-tiles": dict(
         what="the fast CUDA forward at other tile shapes (registry.TILE_CHOICES), float16, N 4096 and 16384",

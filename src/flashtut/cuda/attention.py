@@ -14,9 +14,13 @@
   add ``dQ += dS K`` into a float32 buffer with vector reductions instead (then
   ``bwd_dq_convert.cu`` scales and converts it): five products, as FlashAttention-2;
   ``book/perflog_cuda_bwd.md`` weighs the two;
-* ``cuda_attention(q, k, v, causal, scale, deterministic=False)``: the fast forward
-  (``configs.fast_variant``) and the backward behind one autograd Function, which saves only
-  ``q, k, v, o`` and the log-sum-exp ``lse`` (B*H*Nq floats).
+* ``cuda_attention(q, k, v, causal, scale, deterministic=False, forward_kernel="auto")``: a fast
+  forward and the backward behind one autograd Function, which saves only ``q, k, v, o`` and the
+  log-sum-exp ``lse`` (B*H*Nq floats). The forward is chosen by ``configs.choose_forward``: on an
+  sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper.run_hopper``, rung W1 of
+  chapter 11) wherever it supports the case, elsewhere the mma.sync ladder's fast step
+  (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
+  backward is the mma.sync one either way: it needs only ``lse``, which both forwards write.
 
 Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
 ``h / kv_group``), and ``causal`` may be ``"bottom-right"`` (the kernels see query ``i`` and key
@@ -38,9 +42,12 @@ import torch
 
 from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, diag_offset
 from ..constants import LOG2E
-from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
+from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
+                      set_max_dynamic_smem)
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V3_ONLY_DIMS, V4_STEPS, VARIANTS,
-                      BackwardConfig, fast_variant, kernel_builds, launch_config, padded_dim, pick_config)
+                      BackwardConfig, ForwardChoice, check_forward_kernel, choose_forward, kernel_builds,
+                      launch_config, padded_dim, pick_config)
+from .hopper_launch import run_hopper
 
 
 class Prepared(NamedTuple):
@@ -284,20 +291,36 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
 
 # -- autograd ---------------------------------------------------------------------------------
 
+def forward_kernel_for(q: torch.Tensor, forward_kernel: str = "auto") -> ForwardChoice:
+    """The forward ``cuda_attention(q, ..., forward_kernel=forward_kernel)`` runs on ``q``'s GPU,
+    dtype and (padded) head dim, with the reason (``configs.choose_forward``); raises what that call
+    would raise for ``forward_kernel="wgmma"`` where wgmma cannot run."""
+    check_forward_kernel(forward_kernel)
+    major, minor = capability(q.device)
+    arch = 10 * major + minor
+    # the NVRTC version matters only where wgmma could run; elsewhere CuPy need not be asked
+    return choose_forward(forward_kernel, arch, q.dtype, padded_dim(q.shape[-1]),
+                          nvrtc_version() if arch == 90 else None)
+
+
 class CudaAttention(torch.autograd.Function):
-    """Autograd wrapper: ``forward`` runs the fast forward (``configs.fast_variant``), ``backward``
-    the CUDA backward. Head dims that are not built are zero-padded on the way in and cut on the
-    way out; what is saved is the padded tensors."""
+    """Autograd wrapper: ``forward`` runs the forward :func:`forward_kernel_for` picks (wgmma on
+    sm_90, mma.sync elsewhere), ``backward`` the CUDA backward. Head dims that are not built are
+    zero-padded on the way in and cut on the way out; what is saved is the padded tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alignment, scale: float, deterministic: bool):
+    def forward(ctx, q, k, v, alignment, scale: float, deterministic: bool, forward_kernel: str = "auto"):
         # checked once, in cuda_attention; alignment is None, "top-left" or "bottom-right"
         D = q.shape[-1]
         pd = padded_dim(D)
         q, k, v = (pad_head_dim(t, pd) for t in (q, k, v))
-        major, minor = capability(q.device)
-        o, lse = _forward(q, k, v, alignment is not None, scale, fast_variant(pd, 10 * major + minor),
-                          kv_group=q.shape[1] // k.shape[1], diag_offset=diag_offset(alignment, q.shape[2], k.shape[2]))
+        choice = forward_kernel_for(q, forward_kernel)
+        offset = diag_offset(alignment, q.shape[2], k.shape[2])
+        if choice.kernel == "wgmma":
+            o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset)
+        else:
+            o, lse = _forward(q, k, v, alignment is not None, scale, choice.variant,
+                              kv_group=q.shape[1] // k.shape[1], diag_offset=offset)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = alignment or False, scale, deterministic, D
         return o if pd == D else o[..., :D].contiguous()
@@ -310,11 +333,11 @@ class CudaAttention(torch.autograd.Function):
                                    deterministic=ctx.deterministic)
         if q.shape[-1] != D:
             dq, dk, dv = (g[..., :D] for g in (dq, dk, dv))
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
-                   deterministic: bool = False):
+                   deterministic: bool = False, forward_kernel: str = "auto"):
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
     128 (padded to 64 or 128 inside), or 256 (forward only, sm_80 and newer).
 
@@ -325,6 +348,12 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
     ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
     (the Triton kernels have it).
+
+    ``forward_kernel``: ``"auto"`` (the default) runs the Hopper forward with warpgroup MMA on an
+    sm_90 GPU wherever it supports the case (float16/bfloat16, D up to 128, every mask alignment and
+    grouped heads) and the mma.sync forward everywhere else; ``"mma"`` always the mma.sync forward;
+    ``"wgmma"`` the Hopper forward or an error saying why it cannot run (``configs.FORWARD_KERNELS``).
     """
+    check_forward_kernel(forward_kernel)
     p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention", window=window)
-    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, bool(deterministic))
+    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, bool(deterministic), forward_kernel)

@@ -154,6 +154,17 @@ def capability(device=None) -> tuple[int, int]:
     return _capability(_device_index(device))
 
 
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of the NVRTC that CuPy compiles with, or None when CuPy cannot say (no CuPy,
+    no NVRTC library): the Hopper kernels need 12.0 or newer for the sm_90a target."""
+    try:
+        from cupy.cuda import nvrtc
+        return tuple(int(x) for x in nvrtc.getVersion())[:2]
+    except Exception:  # noqa: BLE001 - any failure means the version is unknown, which the caller handles
+        return None
+
+
 def device_arch(device=None) -> str:
     """``"90"`` for an H100/H200, ``"75"`` for a T4 ... (the current CUDA device by default)."""
     major, minor = capability(device)

@@ -13,6 +13,7 @@ chosen by :func:`pick_config`; :func:`kernel_builds` lists its kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -422,3 +423,67 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
 def hopper_builds() -> list[HopperConfig]:
     """Every build the Hopper forward makes at its defaults (the CPU tests compile exactly these)."""
     return [hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HEAD_DIMS]
+
+
+# -- which forward cuda_attention runs ------------------------------------------------------------
+
+#: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
+FORWARD_KERNELS = {
+    "auto": "wgmma where it runs (sm_90, head dim padded to 64 or 128, an NVRTC that targets sm_90a), "
+            "mma.sync everywhere else",
+    "mma": "the mma.sync ladder's fast step (fast_variant), on every GPU from sm_75",
+    "wgmma": "the Hopper forward, rung W1 of chapter 11 (sm_90 only; an error anywhere else)",
+}
+#: the first NVRTC release that compiles for the sm_90a target (wgmma)
+HOPPER_NVRTC = (12, 0)
+
+
+class ForwardChoice(NamedTuple):
+    """The forward one ``cuda_attention`` call runs: ``kernel`` ``"mma"`` or ``"wgmma"``, ``variant``
+    the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why."""
+    kernel: str
+    variant: str
+    reason: str
+
+
+def check_forward_kernel(forward_kernel) -> str:
+    """``forward_kernel`` itself, or the ValueError (TypeError for a non-string) that names it."""
+    if not isinstance(forward_kernel, str):
+        raise TypeError(f"forward_kernel must be a str, one of {', '.join(map(repr, FORWARD_KERNELS))}; "
+                        f"got {type(forward_kernel).__name__}")
+    if forward_kernel not in FORWARD_KERNELS:
+        raise ValueError(f"forward_kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, "
+                         f"got {forward_kernel!r}")
+    return forward_kernel
+
+
+def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim: int,
+                   nvrtc_version: tuple[int, int] | None) -> ForwardChoice:
+    """Which forward runs for a (padded) ``head_dim`` and ``dtype`` on a GPU of ``arch`` (75, 90 ...)
+    whose NVRTC is ``nvrtc_version`` (``(major, minor)``; None: unknown, as good as too old).
+
+    ``"auto"`` takes wgmma wherever rung W1 supports the case and falls back to mma.sync otherwise;
+    ``"wgmma"`` raises where it cannot run: ``ValueError`` for a head dim or dtype W1 is not built
+    for, ``RuntimeError`` for a GPU other than sm_90 or an NVRTC too old for sm_90a."""
+    check_forward_kernel(forward_kernel)
+    mma = ForwardChoice("mma", fast_variant(head_dim, arch), "")
+    if forward_kernel == "mma":
+        return mma._replace(reason="asked for")
+    why_not = None
+    if arch != 90:
+        why_not = (RuntimeError, f"wgmma exists on sm_90 GPUs only (H100, H200); this GPU is sm_{arch}")
+    elif dtype not in DTYPE_DEFINES:
+        why_not = (ValueError, f"the wgmma forward is built for float16 and bfloat16, got {dtype}")
+    elif head_dim not in HEAD_DIMS:
+        why_not = (ValueError, f"the wgmma forward is built for head dims up to {max(HEAD_DIMS)} (padded to "
+                               f"{' or '.join(map(str, HEAD_DIMS))}), got D = {head_dim}")
+    elif nvrtc_version is None or tuple(nvrtc_version) < HOPPER_NVRTC:
+        why_not = (RuntimeError, f"NVRTC {nvrtc_version or 'of unknown version'} cannot target sm_90a (wgmma) "
+                                 f"before {HOPPER_NVRTC[0]}.{HOPPER_NVRTC[1]}; install a CuPy for CUDA 12 or 13 "
+                                 "(pip install cupy-cuda12x)")
+    if why_not is None:
+        return ForwardChoice("wgmma", "w1", "sm_90 with an NVRTC that targets sm_90a")
+    if forward_kernel == "wgmma":
+        error, message = why_not
+        raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")
+    return mma._replace(reason=why_not[1])

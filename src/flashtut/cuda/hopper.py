@@ -4,19 +4,17 @@ Rung W1 (``kernels/fwd_w1_wgmma.cu``) computes both products with warpgroup MMA
 (``wgmma.mma_async``), which exists only on the ``sm_90a`` target: it is built with
 ``get_function(..., arch="90a")``, not for the plain ``sm_90`` a build for the current device
 gets. The kernel file still compiles for every other target (its body is a trap there), so the CI
-compile checks cover it like the rest. What to build and launch: ``configs.hopper_config``.
+compile checks cover it like the rest. What to build and launch: ``configs.hopper_config``; the
+launch itself, :func:`run_hopper`, lives in ``hopper_launch`` because ``cuda_attention`` runs it too.
 """
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 
-from ..constants import LOG2E
 from .attention import _ready, prepare_inputs
-from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
-from .configs import HOPPER_ARCH, HOPPER_VARIANTS, hopper_config
+from .compile import capability
+from .configs import HOPPER_VARIANTS
+from .hopper_launch import run_hopper
 
 
 def check_hopper(x: torch.Tensor) -> None:
@@ -49,18 +47,6 @@ def _heads_like(t, q):
     return t
 
 
-@functools.lru_cache(maxsize=None)
-def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool):
-    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split)
-    if cfg.dynamic_smem > max_smem_per_block(device_index):
-        raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
-                           f"allows {max_smem_per_block(device_index)}")
-    with torch.cuda.device(device_index):
-        fn = get_function(cfg.source, cfg.kernel, cfg.define_dict, arch=HOPPER_ARCH)
-    set_max_dynamic_smem(fn, cfg.dynamic_smem)
-    return cfg, fn
-
-
 def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
                    block_n: int = 128, pv_split: bool = True):
     """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
@@ -91,20 +77,3 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     # them with H heads, a copy to drop once the shared checks take Hkv heads
     q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
     return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split)
-
-
-def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
-               block_n: int = 128, pv_split: bool = True):
-    """:func:`forward_hopper` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
-    ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset)."""
-    B, H, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split)
-        o = torch.empty_like(q)
-        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
-        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        launch(fn, grid, (cfg.threads, 1, 1),
-               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset)),
-               cfg.dynamic_smem)
-    return o, lse
