@@ -118,6 +118,10 @@ PRODUCERS = {
     "hopper_h200_w1_first.json": ("chapter 11's first Hopper run: rung W1 (wgmma) and its variants against SDPA "
                                   "flash, SDPA cuDNN and cuda-v3 at N = 4096, float16",
                                   "git checkout 98cfec4 && OUT=<folder> bash tools/gpu_hopper.sh --quick"),
+    "sass_evidence_h200.json": ("instruction counts (SASS) of our Triton forward and backward with and without "
+                                "DISABLE_MMA_V3=1, of W1, the mma.sync CUDA forward and SDPA flash, with Triton's "
+                                "speed against SDPA flash under both settings (chapter 11, issues 12 and 14)",
+                                "OUT=<folder> bash tools/gpu_sass_evidence.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
                                 "python -m flashtut.bench host --label after --out book/data/host_overhead_h200.json"),

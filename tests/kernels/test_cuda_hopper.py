@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import math
 import os
 import re
@@ -30,6 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from flashtut.bench.sass import find_cuobjdump
 from flashtut.cuda import compile as cc
 from flashtut.cuda import configs
 from flashtut.cuda import hopper, hopper_launch
@@ -41,20 +41,7 @@ HAS_CUDA = torch.cuda.is_available()
 IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _find_cuobjdump():
-    if path := shutil.which("cuobjdump"):
-        return path
-    if NVCC and (path := Path(NVCC).resolve().parent / "cuobjdump").is_file():
-        return str(path)
-    spec = importlib.util.find_spec("triton")  # Triton's wheel carries one; found without importing it
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root) / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if path.is_file():
-            return str(path)
-    return None
-
-
-CUOBJDUMP = _find_cuobjdump()
+CUOBJDUMP = find_cuobjdump()
 needs_nvcc = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="needs nvcc and cuobjdump")
 needs_nvrtc = pytest.mark.skipif(NVRTC is None or CUOBJDUMP is None, reason="needs the NVRTC wheel and cuobjdump")
 

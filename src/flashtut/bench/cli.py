@@ -14,7 +14,7 @@ from . import registry
 from ..costs.flops import MODES
 from .provenance import collect
 from .report import memory_table, notes, roofline_table, speed_table
-from .results import save_results
+from .results import load_results, save_results
 from .roofline import MATMUL_DTYPES, copy_bandwidth, matmul_rate
 from .sweeps import MEMORY_PRESETS, PRESETS, dtype_name, parse_dtype, protocol_cases, run_memory, run_speed
 
@@ -283,7 +283,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rep-ms", type=_budget_ms, default=100.0, help="timing budget per measurement (ms)")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", metavar="FILE.json", type=output_file)
+
+    p = sub.add_parser("sass", help="instruction counts (SASS) of compiled kernels: ours and SDPA flash",
+                       description="Count the instructions (HGMMA, HMMA, UTMALDG, LDGSTS, LDSM ...) in the "
+                                   "machine code of our Triton kernels (the cubins of Triton cache folders), "
+                                   "our CUDA forward kernels (NVRTC builds) and SDPA's flash forward (in "
+                                   "libtorch_cuda.so), and write them, with the speed rows given, as one file "
+                                   "(flashtut.bench.sass).")
+    p.add_argument("--what", type=_sass_parts, default=["triton", "cuda", "sdpa"],
+                   help="comma-separated: triton, cuda, sdpa (default: all three)")
+    p.add_argument("--triton-cache", action="append", default=[], type=_setting_path, metavar="SETTING=DIR",
+                   help="a Triton cache folder that one process filled, and the setting it ran under")
+    p.add_argument("--speed", action="append", default=[], type=_setting_path, metavar="SETTING=FILE.json",
+                   help="speed rows of one `run` process, and the setting it ran under")
+    p.add_argument("--part", action="append", default=[], metavar="FILE.json",
+                   help="the rows of another sass file to include (a part run in parallel)")
+    p.add_argument("--listings", metavar="DIR", help="also write each Triton kernel's whole SASS there")
+    p.add_argument("--torch-lib", help="the library with SDPA's kernels (default: torch's libtorch_cuda.so)")
+    p.add_argument("--arch", default="sm_90", help="architecture of the SDPA kernels to read (default sm_90)")
+    p.add_argument("-D", "--head-dim", type=_positive_int, default=128, help="head dim of the kernels (default 128)")
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
     return parser
+
+
+def _sass_parts(text: str) -> list[str]:
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in parts if t not in ("triton", "cuda", "sdpa")]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of triton, cuda, sdpa, got {text!r}")
+    return parts
+
+
+def _setting_path(text: str) -> tuple[str, str]:
+    # a setting may itself hold "=" (DISABLE_MMA_V3=1=dir): the path is what follows the last one
+    setting, _, path = text.rpartition("=")
+    if not setting or not path:
+        raise argparse.ArgumentTypeError(f"expected SETTING=PATH, got {text!r}")
+    return setting, path
 
 
 # ------------------------------------------------------------------------------- commands
@@ -478,6 +514,52 @@ def _cmd_real_models(parser, args, argv) -> int:
     return 1 if any(r["status"] in ("failed", "error") for r in saver.rows) else 0
 
 
+def _cmd_sass(parser, args, argv) -> int:
+    from . import sass
+
+    cuobjdump = sass.find_cuobjdump()
+    if cuobjdump is None and ("triton" in args.what or "sdpa" in args.what):
+        parser.error("cuobjdump not found: install the CUDA toolkit, or triton (its wheel carries one)")
+    rows, failed = [], False
+    for setting, path in [(None, p) for p in args.part] + list(args.speed):
+        try:
+            got = load_results(path)["rows"]
+        except (OSError, ValueError) as exc:   # a part cut off by its time limit: say so, keep the rest
+            failed = True
+            print(f"{path}: {exc}", flush=True)
+            continue
+        rows += got if setting is None else sass.tag_speed_rows(got, setting)
+    steps = []
+    if "triton" in args.what:
+        steps += [(f"triton {setting}", "triton", setting,
+                   lambda d=d, setting=setting: sass.triton_cache_rows(d, cuobjdump, setting, args.listings))
+                  for setting, d in args.triton_cache]
+    if "cuda" in args.what:
+        steps.append(("cuda", "cuda", "default", lambda: sass.cuda_kernel_rows(head_dim=args.head_dim)))
+    if "sdpa" in args.what:
+        steps.append(("sdpa-flash", "sdpa-flash", "default",
+                      lambda: sass.sdpa_flash_rows(cuobjdump, args.torch_lib, args.arch, args.head_dim,
+                                                     timeout_s=45)))
+    for what, impl, setting, step in steps:
+        try:
+            got = step()
+            print(f"{what}: {len(got)} kernels", flush=True)
+            rows += got
+        except Exception as exc:  # noqa: BLE001 - one missing part must not lose the others
+            failed = True
+            print(f"{what}: {type(exc).__name__}: {exc}", flush=True)
+            rows.append(sass.error_row(impl, setting, exc))
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    config = {"what": args.what, "triton_cache": dict(args.triton_cache), "speed": dict(args.speed),
+              "arch": args.arch, "head_dim": args.head_dim, "cuobjdump": cuobjdump}
+    if args.out:
+        save_results(args.out, "sass", rows, collect(device, argv), config)
+        print(f"wrote {len(rows)} rows to {args.out}")
+    for line in sass.summary(rows):
+        print(line)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -494,4 +576,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_host(parser, args, argv)
     if args.command == "real-models":
         return _cmd_real_models(parser, args, argv)
+    if args.command == "sass":
+        return _cmd_sass(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

@@ -1,10 +1,12 @@
 """JSON files of benchmark results: one schema for every measurement the book commits.
 
-A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model",
+A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "sass",
 "provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
 each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
 ``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
-names the file and row that is malformed.
+names the file and row that is malformed. A row may name its own ``kind``: a ``sass`` file (the
+instruction counts of compiled kernels, ``flashtut.bench.sass``) also holds the speed rows measured
+with those kernels.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline", "host", "model")
+KINDS = ("speed", "memory", "roofline", "host", "model", "sass")
 #: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
 MODEL_SECTIONS = ("loss", "generation", "packed", "scaling")
 
@@ -61,7 +63,7 @@ def check_row(row, kind: str | None = None) -> str | None:
         return f"status: got {status!r}; accepted: a string such as 'ok'"
     optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
                         "roofline": ("tflops", "gb_per_s", "ms"), "host": (),
-                        "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops")}[kind]
+                        "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops"), "sass": ()}[kind]
     for key in optional_numbers:
         if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
             return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
@@ -92,6 +94,16 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"entry: got {row.get('entry')!r}; accepted: the name of what was called"
         if not (_number(row.get("us_per_call")) and row["us_per_call"] > 0):
             return f"us_per_call: got {row.get('us_per_call')!r}; accepted: a positive number"
+    if kind == "sass":           # flashtut.bench.sass: one compiled kernel's instruction counts
+        for key in ("impl", "kernel"):
+            if not isinstance(row.get(key), str):
+                return f"{key}: got {row.get(key)!r}; accepted: a name"
+        counts = row.get("counts")
+        if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                                   and not isinstance(v, bool) and v >= 0 for k, v in counts.items()):
+            return f"counts: got {counts!r}; accepted: an object of opcode -> non-negative integer"
+        if status == "ok" and not counts:
+            return "counts: empty in a row whose status is 'ok'"
     if kind == "model":          # flashtut.model.measure: the small GPT of chapter 12
         if row.get("section") not in MODEL_SECTIONS:
             return f"section: got {row.get('section')!r}; accepted: {', '.join(MODEL_SECTIONS)}"
@@ -135,6 +147,8 @@ def measurement_key(row: dict) -> tuple:
         return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
     if row.get("kind") == "host":
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
+    if row.get("kind") == "sass":
+        return ("sass", row.get("device"), row.get("impl"), row.get("setting"), row.get("kernel"), row.get("binary"))
     if row.get("kind") == "model":
         return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
                 row.get("layout"), row.get("context"), row.get("prompt"))

@@ -198,6 +198,14 @@ def _cubin(code: str, arch: str, defines: dict) -> Path:
     return path
 
 
+def build_cubin(source: str, defines: dict | None = None, arch: str = "90a") -> Path:
+    """Compile ``source`` (file name or text) with ``defines`` for ``arch`` into a cubin file, with the
+    options of :func:`nvrtc_options` (what :func:`get_function` runs for that target), and return its
+    path: for reading the machine code (``cuobjdump --dump-sass``). Needs CuPy's NVRTC, not a GPU."""
+    _cupy()
+    return _cubin(load_source(source), normalize_arch(arch), dict(defines or {}))
+
+
 @functools.lru_cache(maxsize=None)
 def _function(arch: str, native: bool, source: str, kernel: str, defines: tuple):
     # one build per (arch, source, kernel, defines) and process: a kernel file is read and its
