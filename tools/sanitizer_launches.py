@@ -9,6 +9,8 @@ every build of the Hopper rungs), for compute-sanitizer:
 Odd lengths (77 queries, 131 keys, and the reverse for the Hopper rungs) so that every masked tail
 is exercised; the Hopper launches also cover grouped heads and both causal alignments.
 """
+import os
+
 import torch
 
 import flashtut
@@ -43,5 +45,12 @@ if torch.cuda.get_device_capability() == (9, 0):
                 forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal)  # Nq > Nk
             for block_n, pv_split in ((64, True), (128, False)):
                 forward_hopper(q, k, v, causal=True, block_n=block_n, pv_split=pv_split)
+            # rung W2 (TMA, mbarriers) only when asked: until its gpu test has passed on the machine, a
+            # kernel that never finishes would cost every tool's whole run
+            if os.environ.get("FLASHTUT_SANITIZE_W2") == "1":
+                for causal in (False, True, "bottom-right"):
+                    forward_hopper(q, k, v, causal=causal, variant="w2")
+                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w2")
+                forward_hopper(q, k, v, causal=True, variant="w2", block_n=64, stages=3)
 torch.cuda.synchronize()
 print("sanitizer launches done")

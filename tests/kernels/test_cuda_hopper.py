@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -50,6 +51,8 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w1", torch.float16, 128, pv_split=False),
     configs.hopper_config("w1", torch.float16, 128, block_n=64),
     configs.hopper_config("w1", torch.bfloat16, 64, block_n=64),
+    configs.hopper_config("w2", torch.float16, 128, stages=3),
+    configs.hopper_config("w2", torch.bfloat16, 64, block_n=64, stages=4),
 ]
 _TMP = Path(tempfile.mkdtemp(prefix="flashtut_hopper_"))
 
@@ -65,11 +68,11 @@ def sass(cubin: Path) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def nvcc_build(defines: tuple, arch: str = "90a") -> tuple[str, str]:
-    """(ptxas log, SASS) of fwd_w1_wgmma.cu built by nvcc for ``arch``."""
-    cubin = _TMP / f"nvcc_{arch}_{abs(hash(defines))}.cubin"
+def nvcc_build(defines: tuple, arch: str = "90a", source: str = "fwd_w1_wgmma.cu") -> tuple[str, str]:
+    """(ptxas log, SASS) of ``source`` built by nvcc for ``arch``."""
+    cubin = _TMP / f"nvcc_{arch}_{source}_{abs(hash(defines))}.cubin"
     cmd = [NVCC, "-std=c++17", "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
-           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.KERNEL_DIR / "fwd_w1_wgmma.cu")]
+           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.KERNEL_DIR / source)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return res.stderr + res.stdout, sass(cubin)
@@ -111,19 +114,26 @@ def hgmma_counts(text: str) -> dict:
 
 def expected_hgmma(cfg) -> dict:
     d = cfg.define_dict
-    D, bn, bf = d["HEAD_DIM"], d["W1_BLOCK_N"], bool(d["FT_BF16"])
-    split = d["W1_PV_SPLIT"] and D == 128
+    w2 = cfg.kernel == "flash_fwd_w2"
+    D, bn, bf = d["HEAD_DIM"], d["W2_BLOCK_N" if w2 else "W1_BLOCK_N"], bool(d["FT_BF16"])
+    split = (w2 or d["W1_PV_SPLIT"]) and D == 128
     pv_n = 64 if split else D
     return {("ss", f"64x{bn}x16", bf): D // 16, ("rs_t", f"64x{pv_n}x16", bf): (bn // 16) * (D // pv_n)}
 
 
 def check_resources(log: str, cfg) -> dict:
-    rows = [r for r in parse_ptxas(log) if r["kernel"] == "flash_fwd_w1"]
+    rows = [r for r in parse_ptxas(log) if r["kernel"] == cfg.kernel]
     assert len(rows) == 1, log
     r = rows[0]
     assert r["spill_st"] == 0 and r["spill_ld"] == 0 and r["stack"] == 0, f"{_label(cfg)}: spills\n{log}"
     assert "warning" not in log.lower(), f"{_label(cfg)}: ptxas warns (a serialised wgmma?)\n{log}"
     d = cfg.define_dict
+    if cfg.kernel == "flash_fwd_w2":
+        # 384 threads: ptxas reports the launch's share (65536 / 384, rounded down to 8); the consumers'
+        # 240 after setmaxnreg are a run-time grant, so the accumulators are checked against that
+        need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W2_BLOCK_N"]).values())
+        assert r["regs"] == 168 and need <= configs.W2_REGS["consumer"], (need, r)
+        return r
     need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W1_BLOCK_N"]).values())
     assert need <= r["regs"] <= 255, (need, r)
     return r
@@ -132,22 +142,28 @@ def check_resources(log: str, cfg) -> dict:
 @needs_nvcc
 @pytest.mark.parametrize("cfg", BUILDS, ids=_label)
 def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
-    log, text = nvcc_build(cfg.defines)
+    log, text = nvcc_build(cfg.defines, source=cfg.source)
     r = check_resources(log, cfg)
     record_property("nvcc sm_90a " + _label(cfg), f"{r['regs']} registers, spill 0")
     print(f"nvcc sm_90a {_label(cfg)}: {r['regs']} registers")
     assert hgmma_counts(text) == expected_hgmma(cfg), text[:2000]
     assert not re.search(r"\bHMMA\b", text), "mma.sync in the wgmma kernel"
     assert "WARPGROUP.ARRIVE" in text and "WARPGROUP.DEPBAR" in text  # wgmma.fence, wgmma.wait_group
+    if cfg.kernel == "flash_fwd_w2":
+        # TMA loads (one per 64-column box: Q, K and V), no cp.async; both register reallocations
+        assert text.count("UTMALDG.3D") == 3 * (cfg.define_dict["HEAD_DIM"] // 64) and "LDGSTS" not in text
+        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and "USETMAXREG.TRY_ALLOC.CTAPOOL" in text
+        assert "SYNCS" in text   # the mbarrier operations
 
 
 @needs_nvcc
 def test_plain_sm90_has_no_wgmma():
     # the same file built for sm_90 (no "a"): the wgmma path is compiled out, which is why the launcher
     # builds for sm_90a
-    _, text = nvcc_build(configs.hopper_builds()[0].defines, arch="90")
-    assert "HGMMA" not in text and "flash_fwd_w1" in text
-    assert "TRAP" in text  # the body is __trap(): launched there by mistake, it fails loudly
+    for cfg in (configs.hopper_config("w1", torch.float16, 64), configs.hopper_config("w2", torch.float16, 64)):
+        _, text = nvcc_build(cfg.defines, arch="90", source=cfg.source)
+        assert "HGMMA" not in text and "UTMALDG" not in text and cfg.kernel in text
+        assert "TRAP" in text  # the body is __trap(): launched there by mistake, it fails loudly
 
 
 @needs_nvrtc
@@ -190,7 +206,11 @@ def test_kernel_address_functions_match_the_model():
 def test_configs_fit_an_h100():
     for cfg in BUILDS:
         assert cfg.dynamic_smem <= configs.SMEM_PER_BLOCK[90], cfg
-        assert cfg.block_m == 128 and cfg.threads == 256  # two warpgroups of 64 rows
+        # two consumer warpgroups of 64 rows (and W2's producer warpgroup)
+        assert cfg.block_m == 128 and cfg.threads == (384 if cfg.kernel == "flash_fwd_w2" else 256)
+    assert configs.w2_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024 + 8 * 7
+    assert configs.hopper_config("w2", torch.float16, 128, stages=3).dynamic_smem <= configs.SMEM_PER_BLOCK[90]
+    assert configs.W2_REGS["producer"] * 128 + configs.W2_REGS["consumer"] * 256 <= 65536
     assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
 
 
@@ -203,6 +223,12 @@ def test_config_errors():
         configs.hopper_config("w1", torch.float16, 96)
     with pytest.raises(ValueError, match="block_n"):
         configs.hopper_config("w1", torch.float16, 64, block_n=96)
+    with pytest.raises(ValueError, match="stages"):
+        configs.hopper_config("w2", torch.float16, 64, stages=5)
+    with pytest.raises(ValueError, match="stages applies to W2"):
+        configs.hopper_config("w1", torch.float16, 64, stages=3)
+    with pytest.raises(ValueError, match="pv_split"):
+        configs.hopper_config("w2", torch.float16, 128, pv_split=False)
 
 
 def test_causal_alignments():
@@ -463,3 +489,56 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
             tol = yardstick_tolerance(dtype, (lp.detach().double() - want.detach()).abs().max().item())
             assert err <= tol, f"{kernel} {case} {name}: error {err:.3g} above {tol:.3g}"
     assert torch.equal(outs["auto"], outs["wgmma"])  # auto is W1 here, bit for bit
+
+
+# ------------------------------------------------------------------ GPU: rung W2 (TMA, mbarriers, setmaxnreg)
+
+W2_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
+
+
+def w2_check(dtype_name: str) -> None:
+    """Every GPU case through W2 at each of :data:`W2_SETTINGS`, with W1's criteria; run in a child
+    process by the test below, so that a W2 that never finishes (a lost mbarrier phase) or faults
+    costs that process, not the test session."""
+    dtype = getattr(torch, dtype_name)
+    for block_n, stages in W2_SETTINGS:
+        for case in GPU_CASES:
+            B, H, Hkv, Nq, Nk, D, causal = case
+            if configs.w2_smem_bytes(D, block_n, stages) > configs.SMEM_PER_BLOCK[90]:
+                continue
+            g = torch.Generator().manual_seed(Nq * 7 + Nk)
+            q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
+            k = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
+            v = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
+            scale = 1.3 / math.sqrt(D)
+            o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, variant="w2", block_n=block_n,
+                                           stages=stages)
+            torch.cuda.synchronize()
+            is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
+            ref, ref_lse, rows = reference(q, k, v, scale, is_causal, diag)
+            err = (o.double() - ref).abs().max().item()
+            t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
+            name = f"W2 n{block_n} s{stages} {dtype_name} {case}"
+            assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
+            assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
+            if not rows.all():
+                assert (o[..., ~rows, :] == 0).all() and torch.isneginf(lse[..., ~rows]).all(), name
+            w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
+            # the arithmetic of W1 in the same order: only the loads changed, so equal to rounding
+            torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
+            print("ok", name, f"error {err:.2e} (PyTorch {t_err:.2e})", flush=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_w2_matches_the_reference_and_w1(dtype_name):
+    here = Path(__file__).resolve().parent
+    code = f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; t.w2_check({dtype_name!r})"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"W2 did not finish in 180 s (a deadlock in its mbarrier ring?); output so far:\n{exc.stdout}")
+    assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert res.stdout.count("ok W2") >= len(GPU_CASES), res.stdout

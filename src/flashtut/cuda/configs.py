@@ -374,7 +374,12 @@ def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
 HOPPER_VARIANTS = {
     "w1": "wgmma for S = Q K^T (both operands from shared memory) and O += P V (P from registers), "
           "two consumer warpgroups of 64 rows, 128-byte swizzled tiles, cp.async double buffer",
+    "w2": "W1 fed by TMA (cp.async.bulk.tensor) into a ring of shared-memory stages guarded by mbarriers, "
+          "from a producer warpgroup that hands its registers to the consumers (setmaxnreg)",
 }
+#: W2's register split per thread after setmaxnreg: producer warpgroup, each consumer warpgroup
+#: (128 * 24 + 256 * 240 = 64512 of an SM's 65536 32-bit registers)
+W2_REGS = {"producer": 24, "consumer": 240}
 
 #: the target wgmma needs: the "a" suffix names features of this chip that later ones may lack
 HOPPER_ARCH = "90a"
@@ -402,11 +407,18 @@ def w1_smem_bytes(head_dim: int, block_n: int = 128, block_m: int = 128) -> int:
     return (block_m + 4 * block_n) * head_dim * 2 + 1024
 
 
+def w2_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: int = 128) -> int:
+    """Q tile + ``stages`` K and V tiles, 1024 bytes of alignment slack and the mbarriers (8 bytes
+    each: Q full, and per stage K full, V full and K/V empty)."""
+    return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 3 * stages)
+
+
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
-                  pv_split: bool = True) -> HopperConfig:
+                  pv_split: bool = True, stages: int = 2) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
-    16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset)."""
+    16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
+    W2 always splits. ``stages`` (W2 only, 2 to 4): K/V stages in its ring."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -415,6 +427,16 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
+    if variant == "w2":
+        if not pv_split:
+            raise ValueError("pv_split=False is a W1 variant; W2 always splits P V into 64-column wgmma")
+        if stages not in (2, 3, 4):
+            raise ValueError(f"stages must be 2, 3 or 4, got {stages!r}")
+        d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W2_BLOCK_N": block_n, "W2_STAGES": stages}
+        return HopperConfig("fwd_w2_tma.cu", "flash_fwd_w2", tuple(sorted(d.items())), 128, block_n, 384,
+                            w2_smem_bytes(head_dim, block_n, stages))
+    if stages != 2:
+        raise ValueError(f"stages applies to W2 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
     return HopperConfig("fwd_w1_wgmma.cu", "flash_fwd_w1", tuple(sorted(d.items())), 128, block_n, 256,
                         w1_smem_bytes(head_dim, block_n))

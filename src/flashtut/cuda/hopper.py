@@ -1,4 +1,8 @@
-"""The Hopper forward ladder (chapter 11): ``forward_hopper(q, k, v)`` runs rung W1 on an sm_90 GPU.
+"""The Hopper forward ladder (chapter 11): ``forward_hopper(q, k, v, variant=...)`` runs a rung on an sm_90 GPU.
+
+Rung W2 (``kernels/fwd_w2_tma.cu``, ``variant="w2"``) keeps W1's math and replaces its loads: a
+producer warpgroup issues TMA copies into a ring of shared-memory stages guarded by mbarriers, and
+hands its registers to the two consumer warpgroups with ``setmaxnreg``.
 
 Rung W1 (``kernels/fwd_w1_wgmma.cu``) computes both products with warpgroup MMA
 (``wgmma.mma_async``), which exists only on the ``sm_90a`` target: it is built with
@@ -48,12 +52,13 @@ def _heads_like(t, q):
 
 
 def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
-                   block_n: int = 128, pv_split: bool = True):
+                   block_n: int = 128, pv_split: bool = True, stages: int = 2):
     """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
 
     ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
     key/value head ``h // (H // Hkv)``); ``causal`` is ``False``, ``True`` / ``"top-left"`` or
-    ``"bottom-right"``. ``block_n`` and ``pv_split``: see ``flashtut.cuda.configs.hopper_config``.
+    ``"bottom-right"``. ``block_n``, ``pv_split`` and ``stages`` (W2's ring): see
+    ``flashtut.cuda.configs.hopper_config``.
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """
@@ -76,4 +81,4 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     # grouped k / v go to the kernel as they are; prepare_inputs checked (and copied) stride-0 views of
     # them with H heads, a copy to drop once the shared checks take Hkv heads
     q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
-    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split)
+    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages)

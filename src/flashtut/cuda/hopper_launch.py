@@ -1,11 +1,17 @@
 """The Hopper forward's build and launch without input checks: ``run_hopper`` on checked tensors.
 
+Rung W2 reads its tiles with TMA, which needs a tensor map per operand: a 128-byte descriptor of
+the tensor (base address, sizes, strides, the box one copy moves, the shared-memory swizzle) that
+only the driver can encode, with ``cuTensorMapEncodeTiled``. :func:`tensor_maps` calls it through
+ctypes on the driver library and hands the kernel the three maps in one small GPU buffer.
+
 Two callers share it: ``hopper.forward_hopper`` (chapter 11's entry point, which checks its inputs
 first) and ``attention.CudaAttention``, whose forward on an sm_90 GPU is rung W1 (see
 ``configs.choose_forward``). It sits below both so that neither imports the other in a loop.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -16,9 +22,57 @@ from .compile import get_function, launch, max_smem_per_block, set_max_dynamic_s
 from .configs import HOPPER_ARCH, hopper_config
 
 
+#: CUtensorMapDataType of each element type, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+#: (cuda.h); interleave none and out-of-bounds fill with zeros are both 0
+_TMA_DTYPE = {torch.float16: 6, torch.bfloat16: 9}
+_TMA_SWIZZLE_128B, _TMA_L2_128B = 3, 2
+TENSOR_MAP_BYTES = 128
+
+
 @functools.lru_cache(maxsize=None)
-def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool):
-    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split)
+def _encode_tiled():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError(f"the TMA rung needs the CUDA driver library libcuda.so.1 ({exc})") from exc
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
+    """The TMA descriptor of a contiguous ``(B, H, N, D)`` 16-bit tensor seen as the 3-D array
+    ``(D, N, B * H)`` (fastest first), copied in boxes of 64 columns (128 bytes, the swizzle's span) x
+    ``box_rows`` rows x 1 head, 128-byte swizzled; rows past ``N`` arrive as zeros."""
+    B, H, N, D = t.shape
+    dims = (ctypes.c_uint64 * 3)(D, N, B * H)
+    strides = (ctypes.c_uint64 * 2)(D * t.element_size(), N * D * t.element_size())   # of dims 1 and 2, bytes
+    box = (ctypes.c_uint32 * 3)(64, box_rows, 1)
+    step = (ctypes.c_uint32 * 3)(1, 1, 1)
+    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
+    addr = (ctypes.addressof(raw) + 63) // 64 * 64        # CUtensorMap is 64-byte aligned
+    rc = _encode_tiled()(addr, _TMA_DTYPE[t.dtype], 3, t.data_ptr(), dims, strides, box, step, 0,
+                         _TMA_SWIZZLE_128B, _TMA_L2_128B, 0)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {rc} for a tensor of shape "
+                           f"{tuple(t.shape)}, {t.dtype}, box (64, {box_rows}, 1)")
+    return ctypes.string_at(addr, TENSOR_MAP_BYTES)
+
+
+def tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
+    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 takes)."""
+    blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool,
+          stages: int = 2):
+    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages)
     if cfg.dynamic_smem > max_smem_per_block(device_index):
         raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
                            f"allows {max_smem_per_block(device_index)}")
@@ -29,17 +83,20 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, bl
 
 
 def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
-               block_n: int = 128, pv_split: bool = True):
+               block_n: int = 128, pv_split: bool = True, stages: int = 2):
     """``hopper.forward_hopper`` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
     ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
+        # W2 reads q, k and v through their tensor maps; the buffer lives until the launch is queued,
+        # and torch's caching allocator keeps its memory from reuse until the stream has passed it
+        inputs = (q, k, v) if variant == "w1" else (tensor_maps(q, k, v, cfg.block_m, cfg.block_n),)
         launch(fn, grid, (cfg.threads, 1, 1),
-               (q, k, v, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset)),
+               (*inputs, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset)),
                cfg.dynamic_smem)
     return o, lse

@@ -18,7 +18,7 @@
 // Grouped heads: query head bh = b * H + h reads key/value head bh / kv_group = b * Hkv + h / kv_group.
 // Causal: query i sees key j iff j <= i + diag_offset (0: top-left, Nk - Nq: bottom-right); a row that
 // sees no key writes o = 0 and lse = -inf.
-#include "ft_wgmma.cuh"
+#include "ft_wgmma_softmax.cuh"
 
 #ifndef W1_BLOCK_N
 #define W1_BLOCK_N 128  // keys per K/V tile: the N of the S = Q K^T wgmma (64 or 128)
@@ -128,41 +128,10 @@ flash_fwd_w1(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         wgmma_wait<0>();
         wgmma_fence_operands<W1_BLOCK_N / 2>(s);
 
-        // s[i] is S[row r0 + 8 * ((i / 2) % 2)][key n0 + 8 * (i / 4) + 2t + i % 2]; the mask costs
-        // instructions, so it is evaluated only on tiles that cross the end of K or the diagonal
-        if (n0 + W1_BLOCK_N > Nk || (causal && n0 + W1_BLOCK_N - 1 > warp_row0 + diag_offset)) {
-#pragma unroll
-            for (int i = 0; i < W1_BLOCK_N / 2; ++i) {
-                const int row = r0 + 8 * ((i / 2) % 2), col = n0 + 8 * (i / 4) + 2 * t + i % 2;
-                if (col >= Nk || (causal && col > row + diag_offset)) s[i] = FT_NEG_INF;
-            }
-        }
+        wg_mask<W1_BLOCK_N>(s, n0, Nk, causal, diag_offset, warp_row0, r0, t);
 
-        // online softmax in log2 units, per row: the 4 lanes of a quad share rows g and g + 8
-        float m_tile[2] = {FT_NEG_INF, FT_NEG_INF};
-#pragma unroll
-        for (int i = 0; i < W1_BLOCK_N / 2; ++i) m_tile[(i / 2) % 2] = fmaxf(m_tile[(i / 2) % 2], s[i]);
-        float neg_mscaled[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(m_tile[r]));
-            const float m_use = m_new == FT_NEG_INF ? 0.f : m_new;  // a row with no key yet stays at 0
-            alpha[r] = ft_exp2((m[r] - m_use) * scale_log2);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-            neg_mscaled[r] = -m_use * scale_log2;
-        }
-#pragma unroll
-        for (int i = 0; i < HEAD_DIM / 2; ++i) acc[i] *= alpha[(i / 2) % 2];
-        // P in the A-from-registers layout: register 4 kp + e of k-step kp is s[8 kp + 2e], s[8 kp + 2e + 1]
         ft_raw2 pf[W1_BLOCK_N / 4];
-#pragma unroll
-        for (int i = 0; i < W1_BLOCK_N / 2; i += 2) {
-            const float p0 = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
-            const float p1 = ft_exp2(fmaf(s[i + 1], scale_log2, neg_mscaled[(i / 2) % 2]));
-            l[(i / 2) % 2] += p0 + p1;
-            pf[i / 2] = ft_pack2(p0, p1);
-        }
+        wg_softmax<W1_BLOCK_N>(s, m, l, acc, scale_log2, pf);
 
         // O += P V: per 16 keys (8-key groups 1024 bytes apart: SBO), V read N-major from its tile
         wgmma_fence();  // acc was rescaled and pf written by ordinary instructions
@@ -183,20 +152,7 @@ flash_fwd_w1(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         wgmma_fence_operands<HEAD_DIM / 2>(acc);
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float lsum = quad_sum(l[r]);
-        const int row = r0 + 8 * r;
-        if (row >= Nq) continue;
-        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // no visible key: o = 0
-        ft_raw* orow = o + ((size_t)bh * Nq + row) * HEAD_DIM;
-#pragma unroll
-        for (int c8 = 0; c8 < HEAD_DIM / 8; ++c8)
-            *reinterpret_cast<ft_raw2*>(orow + 8 * c8 + 2 * t) =
-                ft_pack2(acc[4 * c8 + 2 * r] * inv, acc[4 * c8 + 2 * r + 1] * inv);
-        if (t == 0)
-            lse[(size_t)bh * Nq + row] = lsum > 0.f ? (m[r] * scale_log2 + ft_log2(lsum)) * FT_LN2 : FT_NEG_INF;
-    }
+    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
 #else
     __trap();  // built for a target without wgmma; flashtut.cuda.hopper launches it on sm_90a only
 #endif

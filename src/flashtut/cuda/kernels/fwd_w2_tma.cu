@@ -1,0 +1,212 @@
+// fwd_w2_tma.cu: Hopper rung W2, W1 fed by the Tensor Memory Accelerator from a producer warpgroup (sm_90a).
+//
+// What changes from fwd_w1_wgmma.cu:
+//  * a block is three warpgroups: warpgroup 0 produces, 1 and 2 consume (64 query rows each, the W1 math);
+//  * one thread of the producer issues every load as a TMA copy (cp.async.bulk.tensor): the copy engine
+//    moves a whole 64-column box of a tile and writes it in the 128-byte swizzle wgmma reads, so no
+//    consumer thread computes an address or issues a load;
+//  * K and V tiles go to a ring of W2_STAGES shared-memory stages, each guarded by mbarriers: "full"
+//    (the producer announces the bytes to expect, the TMA unit counts them in as they land) and "empty"
+//    (one arrival per consumer warp once its wgmma have read the stage), so a stage is refilled the
+//    moment both consumers are done with it, without a __syncthreads anywhere in the loop;
+//  * register reallocation: the producer needs a handful of registers, the consumers all they can get;
+//    setmaxnreg moves them (the producer gives back down to W2_PRODUCER_REGS, the consumers grow to
+//    W2_CONSUMER_REGS: 128 * 24 + 256 * 240 = 64512 of the SM's 65536).
+// The loads: three tensor maps (Q, K, V as 3-D arrays of (HEAD_DIM, N, heads), boxes of 64 columns x
+// rows x 1 head, 128-byte swizzle, rows past N filled with zeros by the TMA unit), encoded on the host by
+// cuTensorMapEncodeTiled and passed in global memory, 128 bytes each (flashtut.cuda.hopper_launch).
+// Kept from W1: the two products with wgmma, the online softmax in registers, causal tile skipping with
+// the heaviest query blocks first, grouped heads, either causal alignment, o = 0 and lse = -inf for a
+// row that sees no key.
+#include "ft_wgmma_softmax.cuh"
+
+#ifndef W2_BLOCK_N
+#define W2_BLOCK_N 128  // keys per K/V tile (64 or 128)
+#endif
+#ifndef W2_STAGES
+#define W2_STAGES 2     // K/V stages in the ring
+#endif
+#define W2_BLOCK_M 128
+#define W2_THREADS 384
+#define W2_PRODUCER_REGS 24
+#define W2_CONSUMER_REGS 240
+#define W2_KSTEPS (HEAD_DIM / 16)
+#define W2_PSTEPS (W2_BLOCK_N / 16)
+#define W2_Q_BYTES (W2_BLOCK_M * HEAD_DIM * 2)
+#define W2_KV_BYTES (W2_BLOCK_N * HEAD_DIM * 2)
+#define W2_CONSUMER_WARPS 8   // arrivals that free a stage: every consumer warp once
+
+// mbarriers, by shared address. A phase completes when the expected arrivals and transaction bytes are
+// in; waiters name the parity of the phase they wait for (0, 1, 0, ... as a stage is reused).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#if FT_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+#if FT_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if FT_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if FT_SM90A
+    unsigned done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+#endif
+}
+
+// one box (64 columns x rows x 1 head) of a 3-D tensor map into shared memory at dst; its bytes count
+// towards bar's transaction total
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const void* tmap, int col, int row, int head, unsigned bar) {
+#if FT_SM90A
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(dst), "l"(tmap), "r"(col), "r"(row), "r"(head), "r"(bar) : "memory");
+#endif
+}
+
+// a ROWS x HEAD_DIM tile: HEAD_DIM / 64 boxes, one per 64-column block (the [cols / 64][ROWS][64] layout)
+template <int ROWS>
+__device__ __forceinline__ void tma_tile(unsigned dst, const void* tmap, int row0, int head, unsigned bar) {
+#pragma unroll
+    for (int cb = 0; cb < HEAD_DIM / 64; ++cb) tma_load_3d(dst + cb * ROWS * 128, tmap, cb * 64, row0, head, bar);
+}
+
+// grid (ceil(Nq / 128), B * H), block 384 threads, dynamic shared memory
+// W2_Q_BYTES + 2 * W2_STAGES * W2_KV_BYTES + 1024 (alignment) + 8 * (1 + 3 * W2_STAGES) (mbarriers)
+extern "C" __global__ void __launch_bounds__(W2_THREADS, 1)
+flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
+             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
+#if FT_SM90A
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    const unsigned q_s = smem_addr(smem);                          // [HEAD_DIM / 64][128][64]
+    const unsigned k_s = q_s + W2_Q_BYTES;                         // [W2_STAGES][HEAD_DIM / 64][W2_BLOCK_N][64]
+    const unsigned v_s = k_s + W2_STAGES * W2_KV_BYTES;
+    const unsigned bars = v_s + W2_STAGES * W2_KV_BYTES;           // q_full, k_full[S], v_full[S], kv_empty[S]
+    const unsigned q_full = bars;
+#define W2_K_FULL(s) (bars + 8u * (1 + (s)))
+#define W2_V_FULL(s) (bars + 8u * (1 + W2_STAGES + (s)))
+#define W2_KV_EMPTY(s) (bars + 8u * (1 + 2 * W2_STAGES + (s)))
+
+    const int wg = threadIdx.x / 128;
+    const int bh = blockIdx.y;
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = mb * W2_BLOCK_M;
+    int n_end = Nk;
+    if (causal) n_end = min(Nk, max(0, min(m0 + W2_BLOCK_M, Nq) + diag_offset));
+    const int n_tiles = (n_end + W2_BLOCK_N - 1) / W2_BLOCK_N;
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < W2_STAGES; ++s) {
+            mbar_init(W2_K_FULL(s), 1);
+            mbar_init(W2_V_FULL(s), 1);
+            mbar_init(W2_KV_EMPTY(s), W2_CONSUMER_WARPS);
+        }
+        // the initialised barriers, visible to the TMA unit (the async proxy) and to the other threads
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fence_proxy_async_smem();
+    }
+    __syncthreads();  // the only block-wide barrier: the producer returns early, the loop needs none
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(W2_PRODUCER_REGS));
+        if (threadIdx.x == 0) {
+            const void* tq = tmaps;
+            const void* tk = tmaps + 128;
+            const void* tv = tmaps + 256;
+            const int kv_head = bh / kv_group;
+            mbar_arrive_expect_tx(q_full, W2_Q_BYTES);
+            tma_tile<W2_BLOCK_M>(q_s, tq, m0, bh, q_full);
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % W2_STAGES;
+                // the stage's previous tile (j - W2_STAGES) must be released by every consumer warp
+                if (j >= W2_STAGES) mbar_wait(W2_KV_EMPTY(s), ((j / W2_STAGES) - 1) & 1);
+                mbar_arrive_expect_tx(W2_K_FULL(s), W2_KV_BYTES);
+                tma_tile<W2_BLOCK_N>(k_s + s * W2_KV_BYTES, tk, j * W2_BLOCK_N, kv_head, W2_K_FULL(s));
+                mbar_arrive_expect_tx(W2_V_FULL(s), W2_KV_BYTES);
+                tma_tile<W2_BLOCK_N>(v_s + s * W2_KV_BYTES, tv, j * W2_BLOCK_N, kv_head, W2_V_FULL(s));
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(W2_CONSUMER_REGS));
+
+    const int cw = wg - 1;                      // consumer warpgroup 0 or 1
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wg_row0 = m0 + cw * 64;
+    const int warp_row0 = wg_row0 + warp * 16;
+    const int r0 = warp_row0 + g;
+    const unsigned q_addr = q_s + cw * 64 * 128;
+
+    float acc[HEAD_DIM / 2];
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) acc[i] = 0.f;
+    float m[2] = {FT_NEG_INF, FT_NEG_INF}, l[2] = {0.f, 0.f};
+    mbar_wait(q_full, 0);
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % W2_STAGES;
+        const unsigned parity = (j / W2_STAGES) & 1;
+        const int n0 = j * W2_BLOCK_N;
+        const unsigned k_addr = k_s + s * W2_KV_BYTES, v_addr = v_s + s * W2_KV_BYTES;
+        mbar_wait(W2_K_FULL(s), parity);
+        // a warpgroup with no row that sees this tile still waits for it and releases it: the producer
+        // counts every consumer warp once per tile, and waiting keeps each warp's arrivals in tile order
+        if (wg_row0 >= Nq || (causal && n0 > wg_row0 + 63 + diag_offset)) {
+            mbar_wait(W2_V_FULL(s), parity);
+            if (lane == 0) mbar_arrive(W2_KV_EMPTY(s));
+            continue;
+        }
+
+        float sc[W2_BLOCK_N / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < W2_KSTEPS; ++ks) {
+            const unsigned a = q_addr + (ks / 4) * (W2_BLOCK_M * 128) + (ks % 4) * 32;
+            const unsigned b = k_addr + (ks / 4) * (W2_BLOCK_N * 128) + (ks % 4) * 32;
+            wgmma_ss<W2_BLOCK_N>(sc, wgmma_desc(a, 16, 1024), wgmma_desc(b, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands<W2_BLOCK_N / 2>(sc);
+
+        wg_mask<W2_BLOCK_N>(sc, n0, Nk, causal, diag_offset, warp_row0, r0, t);
+
+        ft_raw2 pf[W2_BLOCK_N / 4];
+        wg_softmax<W2_BLOCK_N>(sc, m, l, acc, scale_log2, pf);
+
+        mbar_wait(W2_V_FULL(s), parity);
+        wgmma_fence();
+#pragma unroll
+        for (int kp = 0; kp < W2_PSTEPS; ++kp) {
+            const ft_raw2 a[4] = {pf[4 * kp], pf[4 * kp + 1], pf[4 * kp + 2], pf[4 * kp + 3]};
+            const unsigned b = v_addr + kp * 16 * 128;
+#pragma unroll
+            for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+                wgmma_rs_nmajor<64>(acc + 32 * cb, a, wgmma_desc(b + cb * W2_BLOCK_N * 128, 1024, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands<HEAD_DIM / 2>(acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(W2_KV_EMPTY(s));  // this warp's wgmma have read stage s
+    }
+
+    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+#undef W2_K_FULL
+#undef W2_V_FULL
+#undef W2_KV_EMPTY
+#else
+    __trap();  // built for a target without TMA and wgmma; flashtut.cuda.hopper launches it on sm_90a only
+#endif
+}
