@@ -674,3 +674,19 @@ def test_plot_of_rows_that_cannot_be_drawn_says_why(tmp_path, capsys):
     src = save_results(tmp_path / "f.json", "speed", [failed], collect("cpu", ["run"]))
     assert figures_main(["plot", str(src), "--out-dir", str(tmp_path / "out")]) == 1
     assert "nothing written: no successful fwd speed rows with D=16" in capsys.readouterr().err
+
+
+def test_the_gpu_scripts_name_only_tests_and_modules_that_exist():
+    """A moved test file or module turns a device call into a wasted one: catch it here, on the CPU."""
+    import importlib.util
+    import re
+
+    tools = os.path.join(ROOT, "tools")
+    for name in sorted(os.listdir(tools)):
+        if not name.endswith(".sh"):
+            continue
+        text = open(os.path.join(tools, name)).read()
+        for path in re.findall(r"\btests/[\w/]+\.py", text):
+            assert os.path.exists(os.path.join(ROOT, path)), f"tools/{name}: {path} does not exist"
+        for module in re.findall(r"python3? -m (flashtut[\w.]*)", text):
+            assert importlib.util.find_spec(module) is not None, f"tools/{name}: no module {module}"
