@@ -56,6 +56,7 @@ def test_flash_kernel_names_pick_the_head_dim_dtype_and_arch():
     assert got == [base.format(d=128, t="6half_t", c=c) for c in (0, 1)]
     assert len(sass.flash_kernel_names(listing, "sm_90", 64, "bfloat16_t")) == 2
     assert sass.flash_kernel_names(listing, "sm_100", 128) == []
+    assert len(sass.flash_kernel_names(listing, "sm_90", None, None)) == 8   # no filter: every flash forward
 
 
 def test_speed_rows_are_tagged_with_their_setting_and_ratio():

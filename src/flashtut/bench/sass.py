@@ -173,16 +173,16 @@ def torch_cuda_library() -> Path:
     return lib
 
 
-def flash_kernel_names(listing: str, arch: str, head_dim: int = 128, dtype: str = "half_t",
+def flash_kernel_names(listing: str, arch: str, head_dim: int | None = 128, dtype: str | None = "half_t",
                        pattern: str = "flash_fwd_kernel") -> list[str]:
     """The mangled names in a ``cuobjdump --list-text`` listing of the ``pattern`` kernels (not the
     split-KV ones) built for ``arch`` with ``head_dim`` and element type ``dtype`` (cutlass's
-    ``half_t`` or ``bfloat16_t``), as Itanium mangling spells the template arguments."""
+    ``half_t`` or ``bfloat16_t``), as Itanium mangling spells the template arguments (None: any)."""
     names = []
     for m in _TEXT_SECTION.finditer(listing):
         name, sm = m.group(1), m.group(2)
         if sm == arch and pattern in name and "splitkv" not in name and name not in names \
-                and f"ILi{head_dim}E" in name and dtype in name:
+                and (head_dim is None or f"ILi{head_dim}E" in name) and (dtype is None or dtype in name):
             names.append(name)
     return names
 
@@ -195,6 +195,9 @@ def sdpa_flash_rows(cuobjdump: str, lib=None, arch: str = "sm_90", head_dim: int
     lib = Path(lib) if lib else torch_cuda_library()
     listing = _run([cuobjdump, "--list-text", str(lib)], timeout_s)
     names = flash_kernel_names(listing, arch, head_dim, dtype)
+    # a torch whose kernel names spell the head dim or type otherwise: every flash forward of the arch
+    matched = bool(names)
+    names = names or flash_kernel_names(listing, arch, None, None)
     if not names:
         archs = sorted({sm for _, sm in _TEXT_SECTION.findall(listing)})
         raise RuntimeError(f"no flash_fwd_kernel for {arch}, D {head_dim}, {dtype} in {lib.name}; "
@@ -202,8 +205,10 @@ def sdpa_flash_rows(cuobjdump: str, lib=None, arch: str = "sm_90", head_dim: int
     funcs = split_functions(dump_sass(lib, cuobjdump, names[:limit], arch, timeout_s))
     demangled = _demangle(list(funcs))
     return [{"kind": "sass", "impl": "sdpa-flash", "setting": "default", "kernel": demangled.get(name, name),
-             "mode": "fwd", "arch": arch, "binary": lib.name, "dtype": "float16" if dtype == "half_t" else dtype,
-             "D": head_dim, **count_row(lines)} for name, lines in funcs.items()]
+             "mode": "fwd", "arch": arch, "binary": lib.name,
+             **({"dtype": "float16" if dtype == "half_t" else dtype, "D": head_dim} if matched else
+                {"note": f"no instantiation named for D {head_dim} and {dtype}: every flash forward of {arch}"}),
+             **count_row(lines)} for name, lines in funcs.items()]
 
 
 def _demangle(names: list[str]) -> dict[str, str]:
