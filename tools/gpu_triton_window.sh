@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sliding window's Triton backward against SDPA flash on one GPU (issue 15's benchmark shape),
-# from the repository root: first tools/triton_window_bench.py (the whole backward with the default
+# from the repository root: first `python -m flashtut.bench window-backward` (the whole backward with the default
 # tiles and autotuned, each backward kernel alone per tile, the fused backward, SDPA flash), then
 # the gpu tests of the Triton kernels with grouped-query heads, windows and packed batches
 # (autotuning off: each list's first tile) in the time left.
@@ -14,7 +14,7 @@ export FLASHTUT_TRITON_AUTOTUNE=0
 stage info
 machine_info
 stage bench
-timeout "${T_BENCH:-75}" python3 tools/triton_window_bench.py --out "$OUT" --budget-s "${BUDGET_S:-35}" \
+timeout "${T_BENCH:-75}" python3 -m flashtut.bench window-backward --out-dir "$OUT" --budget-s "${BUDGET_S:-35}" \
     > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$LOG"
 grep -E "sdpa|SPLIT|FUSED|DEFAULT|AUTOTUNED|total" "$OUT/bench.log" | tee -a "$LOG"

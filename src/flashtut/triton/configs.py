@@ -74,10 +74,12 @@ BWD_DQ = {
 }
 # The first entry of a list is what runs with autotuning off. A sliding window gives every dK/dV
 # program the same short query range, and its best tile differs from the causal one. Measured on
-# the H200 (fp16, D = 128, N = 16384, window 4096, tools/triton_window_bench.py, two runs), the
+# the H200 (fp16, D = 128, N = 16384, window 4096, python -m flashtut.bench window-backward, two runs), the
 # dK/dV kernel alone: 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3
 # (the old first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms, 32x128 5.64).
 # dQ: 128x64/w8 with 3 or 4 stages traded places between the runs (1.20-1.32 ms): no override.
+# These runs predate the removal of the dK/dV kernel's register spills (flashtut.triton.backward,
+# GROUPED and WIDE_ROWS), which spilled more at 64x128 than at 32x128: to be measured again.
 WINDOW_FIRST = {
     ("dkdv", "hopper", "large"): TileConfig(64, 128, 8, 2),
 }

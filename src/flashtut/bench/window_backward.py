@@ -1,32 +1,28 @@
 """Where the sliding window's Triton backward loses time, kernel by kernel, against SDPA flash.
 
-Run on a GPU from the repository root (``tools/gpu_triton_window.sh`` does, with the tests):
-    PYTHONPATH=src python3 tools/triton_window_bench.py --out DIR [--quick]
-
-The shape is the issue's benchmark: B = 1, H = Hkv = 16, N = 16384, D = 128, float16, causal, a
-window of 4096 against no window. For each mask it times, with ``triton.testing.do_bench``
-(median), each kernel of the backward on its own (Delta, dK/dV, dQ) under several pinned tile
-configurations, the fused backward (dQ by float32 atomics from the dK/dV program), the whole
-backward with the best pinned pair, the same with the dQ kernel on a second stream, and SDPA's
-flash backward (full causal: it has no window). Rates are TFLOP/s on visible keys (2.5 times the
-forward's FLOPs), the yardstick of ``python -m flashtut.bench real-models``. Every variant's
-gradients are compared with the default backward's before it is timed.
+``python -m flashtut.bench window-backward --out-dir DIR`` on a CUDA GPU (``tools/gpu_triton_window.sh``
+runs it with the tests). The shape is the real-models comparison's window case: B = 1, H = Hkv = 16,
+N = 16384, D = 128, float16, causal, a window of 4096 against no window. For each mask it times,
+with ``triton.testing.do_bench`` (median): the whole backward with each list's first tile and (window
+only) autotuned; each kernel of the backward on its own (Delta, dK/dV, dQ) under several pinned tile
+configurations; the fused backward (dQ by float32 atomics from the dK/dV program); the whole backward
+with the best pinned pair; the same with the dQ kernel on a second stream; and SDPA's flash backward
+(full causal: it has no window). Rates are TFLOP/s on visible keys (2.5 times the forward's FLOPs),
+the yardstick of ``python -m flashtut.bench real-models``. Every variant's gradients are compared with
+the default backward's before it is timed. Writes ``triton_window.txt`` (the lines printed) and
+``triton_window.json`` (a plain list of rows, a diagnosis rather than a results file) to DIR.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
-os.environ.setdefault("FLASHTUT_TRITON_AUTOTUNE", "0")
-
-from flashtut.costs.flops import visible_attention_flops  # noqa: E402
-from flashtut.triton import attention as A  # noqa: E402
-from flashtut.triton.configs import TileConfig as T  # noqa: E402
+from ..costs.flops import visible_attention_flops
+from ..triton import attention as A
+from ..triton.configs import TileConfig as T
 
 DKDV = [T(64, 128, 8, 3), T(64, 128, 8, 2), T(32, 128, 8, 3), T(32, 64, 4, 3), T(64, 64, 8, 3),
         T(32, 128, 4, 3), T(32, 128, 8, 4), T(64, 64, 4, 3)]
@@ -44,13 +40,22 @@ def cfg_name(c):
     return f"{c.block_m}x{c.block_n}/w{c.num_warps}/s{c.num_stages}"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".gpu_out")
-    ap.add_argument("--quick", action="store_true", help="fewer configurations (the first four of each)")
-    ap.add_argument("--budget-s", type=float, default=140.0, help="stop sweeping after this long")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+def run_window_backward(out_dir: str, budget_s: float = 140.0, quick: bool = False) -> list[dict]:
+    """Time the variants of the module docstring on the current CUDA GPU; ``budget_s`` stops the
+    tile sweeps (past their first two entries) after that many seconds, ``quick`` sweeps four tiles."""
+    os.makedirs(out_dir, exist_ok=True)
+    saved_autotune = os.environ.get("FLASHTUT_TRITON_AUTOTUNE")
+    os.environ["FLASHTUT_TRITON_AUTOTUNE"] = "0"
+    try:
+        return _run(out_dir, budget_s, quick)
+    finally:
+        if saved_autotune is None:
+            os.environ.pop("FLASHTUT_TRITON_AUTOTUNE", None)
+        else:
+            os.environ["FLASHTUT_TRITON_AUTOTUNE"] = saved_autotune
+
+
+def _run(out_dir, budget_s, quick):
     t_start = time.time()
     lines, rows = [], []
 
@@ -81,7 +86,6 @@ def main():
     say(f"sdpa-flash bwd full causal: {ms:.3f} ms {sdpa_rate:.1f} TFLOP/s")
     rows.append(dict(variant="sdpa-flash", window=None, ms=ms, tflops=sdpa_rate))
     del o_sdpa, leaves
-    quick = args.quick
 
     for window in (W, None):
         mask = (("top-left"), window)
@@ -120,7 +124,7 @@ def main():
         def sweep(name, cands, fn_for, check):
             best = None
             for i, c in enumerate(cands[:4] if quick or window is None else cands):
-                if i >= 2 and time.time() - t_start > args.budget_s:     # the first two always run
+                if i >= 2 and time.time() - t_start > budget_s:     # the first two always run
                     say(f"{tag} {name}: budget spent, sweep cut")
                     break
                 try:
@@ -188,12 +192,11 @@ def main():
         torch.cuda.empty_cache()
 
     say(f"total {time.time() - t_start:.0f} s")
-    with open(os.path.join(args.out, "triton_window.txt"), "w") as f:
+    with open(os.path.join(out_dir, "triton_window.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "triton_window.json"), "w") as f:
+    with open(os.path.join(out_dir, "triton_window.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    return 0
+    return rows
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["run_window_backward"]
