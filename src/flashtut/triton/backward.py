@@ -171,35 +171,6 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
     return dk, dv
 
 
-@triton.jit
-def _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h, q_start,
-               stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don,
-               stride_dqb, stride_dqh, stride_dqn, stride_lb, stride_lh,
-               offs_n, offs_m0, offs_d, lo, a, b_end, hi, n_q, n_k, head_dim, qk_scale, off, window,
-               BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, PAD_D: tl.constexpr,
-               DOT_PREC: tl.constexpr, DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr,
-               WIDE_ROWS: tl.constexpr):
-    """Query head ``h``'s share of one key block's dK, dV: its masked, unmasked, masked tiles."""
-    q_base = Q + b * stride_qb + h * stride_qh + q_start * stride_qn
-    do_base = DO + b * stride_dob + h * stride_doh + q_start * stride_don
-    lse_base = LSE + b * stride_lb + h * stride_lh + q_start
-    delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
-    dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
-    dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                              stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                              lo, a, n_q, n_k, head_dim, qk_scale, off, window,
-                              BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
-    dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                              stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                              a, b_end, n_q, n_k, head_dim, qk_scale, off, window,
-                              BLOCK_M, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
-    dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                              stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                              b_end, hi, n_q, n_k, head_dim, qk_scale, off, window,
-                              BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
-    return dk, dv
-
-
 # lengths are not specialised on: one compilation serves every sequence length
 @triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
 def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
@@ -246,21 +217,27 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lo, a, b_end, hi = query_range(start_n, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
-    if GROUPED:
-        for g in range(0, group):           # the query heads that read this key/value head
-            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h_kv * group + g, q_start,
-                                stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don,
-                                stride_dqb, stride_dqh, stride_dqn, stride_lb, stride_lh,
-                                offs_n, offs_m0, offs_d, lo, a, b_end, hi, n_q, n_k, head_dim, qk_scale,
-                                off, window, BLOCK_M, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ,
-                                WIDE_ROWS)
-    else:
-        dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, b, h_kv, q_start,
-                            stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don,
-                            stride_dqb, stride_dqh, stride_dqn, stride_lb, stride_lh,
-                            offs_n, offs_m0, offs_d, lo, a, b_end, hi, n_q, n_k, head_dim, qk_scale,
-                            off, window, BLOCK_M, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ,
-                            WIDE_ROWS)
+    # one query head per key/value head: a loop of one trip known when compiling, which the
+    # compiler removes (a loop over a runtime count kept state live and cost registers)
+    for g in range(0, group if GROUPED else 1):     # the query heads that read this key/value head
+        h = h_kv * group + g
+        q_base = Q + b * stride_qb + h * stride_qh + q_start * stride_qn
+        do_base = DO + b * stride_dob + h * stride_doh + q_start * stride_don
+        lse_base = LSE + b * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
+        dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
 
     dk = dk * scale
     tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn + offs_d[None, :],
