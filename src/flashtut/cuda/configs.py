@@ -375,6 +375,17 @@ def backward_builds(arch: int) -> list[tuple[str, dict]]:
     return out
 
 
+def attention_builds(dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
+                     deterministic: bool = False) -> dict[str, tuple[str, str, dict]]:
+    """What the first ``cuda_attention`` forward and backward compile on an sm_``arch`` GPU with
+    ``smem_limit`` bytes per block, at (unpadded) ``head_dim``: step name -> (source, kernel,
+    defines); ``"forward"`` then the backward's steps (:func:`kernel_builds`)."""
+    d = padded_dim(head_dim)
+    fwd = launch_config(fast_variant(d, arch), dtype, d, arch, smem_limit)
+    return {"forward": (fwd.source, fwd.kernel, fwd.define_dict),
+            **kernel_builds(pick_config(d, arch, smem_limit, deterministic), dtype)}
+
+
 def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
     """The backward's dQ strategies measured against each other (flashtut.bench.cuda_ladder): name ->
     config, on the sm_80+ tiles (64 queries per step, two stages)."""
