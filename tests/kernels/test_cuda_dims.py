@@ -27,6 +27,12 @@ def test_built_dims_and_padding():
     assert cfgs.HEAD_DIMS == (32, 64, 96, 128) and cfgs.WIDE_DIMS == (256,)
     assert [cfgs.padded_dim(d) for d in (8, 24, 32, 40, 72, 80, 96, 104, 120, 256)] == \
         [32, 32, 32, 64, 96, 96, 96, 128, 128, 256]
+    # the teaching steps of the ladder keep 64 and 128; the fast steps and the backward take all four
+    assert cfgs.FAST_STEPS == ("v3", "v5") and cfgs.padded_dim(40, "v3") == cfgs.padded_dim(40) == 64
+    assert [cfgs.padded_dim(d, "v1") for d in (24, 80, 96)] == [64, 128, 128]
+    dims = lambda pipe: {c.define_dict["HEAD_DIM"] for c in cfgs.forward_builds(90)   # noqa: E731
+                         if c.define_dict.get("V4_PIPE") == pipe and not c.define_dict.get("V4_SKIP_RESCALE")}
+    assert dims(1) == {32, 64, 96, 128} and dims(0) == {64, 128}   # step 5 (fast), step 4 (teaching)
 
 
 @pytest.mark.parametrize("arch, limit", [H100, A100])

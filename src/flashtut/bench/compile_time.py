@@ -17,6 +17,10 @@
   (``cache="disk"``: what every later session on the same machine pays; CuPy keeps the
   binaries on disk, keyed by the source text and options).
 
+``--warm`` instead compiles every build of those first calls (both backward paths) in parallel
+processes into CuPy's disk cache, so that later processes on the machine load them in
+milliseconds (tools/gpu_cuda_dims.sh runs it before the tests).
+
 Needs a CUDA GPU and CuPy: the compile is CPU work, but its target is the GPU's architecture.
 """
 from __future__ import annotations
@@ -82,14 +86,14 @@ def nvrtc_rows(dtypes, dims, arch: int, smem_limit: int, log=print) -> list[dict
 
 def _first_call(dtype_name: str, D: int) -> dict:
     # runs in a child process (see first_call_rows): the first forward, then the first backward
-    import flashtut
+    from ..cuda.attention import cuda_attention
 
     dtype = DTYPE_NAMES[dtype_name]
     q, k, v = (torch.randn(1, 2, 130, D, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
     do = torch.randn(1, 2, 130, D, device="cuda", dtype=dtype)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    o = flashtut.cuda_attention(q, k, v, causal=True)
+    o = cuda_attention(q, k, v, causal=True)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     o.backward(do)
@@ -121,12 +125,44 @@ def first_call_rows(dtypes, dims, arch: int, log=print) -> list[dict]:
     return rows
 
 
+def _warm_one(build: tuple) -> float:
+    # in a spawned process: a CUDA context cannot cross a fork
+    t0 = time.perf_counter()
+    cc.get_function(build[0], build[1], dict(build[2]))
+    return time.perf_counter() - t0
+
+
+def warm_cache(dtypes, dims, arch: int, smem_limit: int, workers: int = 16, log=print) -> int:
+    """Compile every build of the first calls at ``dtypes`` x ``dims`` (default and deterministic
+    backward) into CuPy's disk cache, ``workers`` processes at a time; returns how many."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    builds = set()
+    for dtype in dtypes:
+        for D in dims:
+            for det in (False, True):
+                try:
+                    found = cfgs.attention_builds(dtype, D, arch, smem_limit, det).values()
+                except (RuntimeError, ValueError):   # not built for this GPU
+                    continue
+                builds |= {(src, kern, tuple(sorted(defs.items()))) for src, kern, defs in found}
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        secs = list(pool.map(_warm_one, sorted(builds)))
+    log(f"warm: {len(builds)} builds in {time.perf_counter() - t0:.1f} s"
+        + (f" (each {min(secs):.1f} to {max(secs):.1f} s)" if secs else ""))
+    return len(builds)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flashtut.bench.compile_time", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="results JSON to write")
     ap.add_argument("--dims", type=int, nargs="+", default=[*cfgs.HEAD_DIMS, *cfgs.WIDE_DIMS])
     ap.add_argument("--dtypes", nargs="+", choices=sorted(DTYPE_NAMES), default=["float16", "bfloat16"])
     ap.add_argument("--no-first-call", action="store_true", help="NVRTC times only (no child processes)")
+    ap.add_argument("--warm", action="store_true", help="only compile every build into CuPy's disk cache")
+    ap.add_argument("--workers", type=int, default=16, help="processes for --warm")
     ap.add_argument("--child", nargs=2, metavar=("DTYPE", "D"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -138,6 +174,9 @@ def main(argv=None) -> int:
     major, minor = cc.capability()
     arch = 10 * major + minor
     dtypes = [DTYPE_NAMES[n] for n in a.dtypes if arch >= 80 or n == "float16"]
+    if a.warm:
+        warm_cache(dtypes, a.dims, arch, cc.max_smem_per_block(), a.workers)
+        return 0
     rows = nvrtc_rows(dtypes, a.dims, arch, cc.max_smem_per_block())
     if not a.no_first_call:
         rows += first_call_rows(dtypes, a.dims, arch)

@@ -2,8 +2,8 @@
 
 * ``cuda_forward(q, k, v, causal, scale, variant="v3")`` runs any step of the forward ladder
   (``flashtut.cuda.VARIANTS``) and returns ``(o, lse)``; head dims other than 32, 64, 96 and 128
-  (any multiple of 8 up to 128) are zero-padded to the next of them, and step 3 also runs
-  D = 256 (sm_80+);
+  (any multiple of 8 up to 128) are zero-padded to the next of them (of 64 and 128 for the
+  teaching steps, ``configs.built_dims``), and step 3 also runs D = 256 (sm_80+);
 * ``cuda_backward(q, k, v, o, lse, do, causal, scale)`` runs the backward with recomputation:
   ``bwd_preprocess.cu`` (``Delta = rowsum(dO * O)`` and ``lse2 = lse * log2(e)`` per query row),
   ``bwd_dkdv.cu`` (one thread block per key block; ``dK`` and ``dV`` accumulate in registers
@@ -142,8 +142,8 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
                  warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
     """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
     ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. CUDA float16 tensors,
-    bfloat16 from sm_80, D any multiple of 8 up to 128 (zero-padded to 32, 64, 96 or 128 inside),
-    or 256 for step v3 (sm_80+). ``warps``, ``block_n`` and ``m_tiles`` override the fast kernel's tile sizes (see
+    bfloat16 from sm_80, D any multiple of 8 up to 128 (zero-padded inside to 32, 64, 96 or 128
+    for the fast steps v3 and v5, to 64 or 128 for the others), or 256 for step v3 (sm_80+). ``warps``, ``block_n`` and ``m_tiles`` override the fast kernel's tile sizes (see
     ``flashtut.cuda.configs.launch_config``), for experiments."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
@@ -152,7 +152,7 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
         raise ValueError(f"variant {variant!r} takes k and v with q's heads and top-left causal only; "
                          f"accepted for grouped-query heads or causal='bottom-right': {REAL_MODEL_VARIANTS}")
     D = p.shape[-1]
-    pd = padded_dim(D)
+    pd = padded_dim(D, variant)
     o, lse = _forward(*(pad_head_dim(t, pd) for t in p.tensors), p.causal, p.scale, variant, warps,
                       block_n, m_tiles, kv_group=p.kv_group, diag_offset=p.diag_offset)
     return (o if pd == D else o[..., :D].contiguous()), lse

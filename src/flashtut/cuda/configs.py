@@ -62,10 +62,23 @@ WIDE_DIMS = (256,)
 EXPERIMENT_DIMS = (64, 128)
 
 
-def padded_dim(head_dim: int) -> int:
-    """The built head dim that ``head_dim`` runs at: the next of :data:`HEAD_DIMS` up to 128
-    (32, 64, 96 or 128), else itself (256)."""
-    return next((d for d in HEAD_DIMS if head_dim <= d), head_dim)
+#: the forward steps built at every one of :data:`HEAD_DIMS`: the ones ``cuda_attention`` runs
+FAST_STEPS = tuple(sorted({"v3", *FAST_VARIANTS.values()}))
+#: the other (teaching) steps of the ladder are built at 64 and 128 only, to keep the number of
+#: builds (and CI's compile test) down; D = 32 and 96 run there padded to 64 and 128
+LADDER_DIMS = (64, 128)
+
+
+def built_dims(variant: str | None = None) -> tuple:
+    """The head dims up to 128 that forward step ``variant`` (None: the backward, or
+    ``cuda_attention``) is built for."""
+    return HEAD_DIMS if variant is None or variant in FAST_STEPS else LADDER_DIMS
+
+
+def padded_dim(head_dim: int, variant: str | None = None) -> int:
+    """The built head dim that ``head_dim`` runs at: the next of :func:`built_dims` up to 128
+    (32, 64, 96 or 128 for the backward and the fast steps), else itself (256)."""
+    return next((d for d in built_dims(variant) if head_dim <= d), head_dim)
 
 
 def _smem_by_arch() -> tuple[dict, dict]:
@@ -198,7 +211,7 @@ def forward_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfi
     dtypes = [torch.float16] + ([torch.bfloat16] if arch >= 80 else [])
     return [launch_config(variant, dt, d, arch, limit)
             for variant in VARIANTS for dt in dtypes
-            for d in HEAD_DIMS + (WIDE_DIMS if variant == "v3" and arch >= 80 else ())]
+            for d in built_dims(variant) + (WIDE_DIMS if variant == "v3" and arch >= 80 else ())]
 
 
 def register_budget(variant: str, head_dim: int, block_n: int = 64, m_tiles: int = 1) -> dict:
