@@ -48,8 +48,8 @@ def fast_variant(head_dim: int, arch: int) -> str:
 DTYPE_DEFINES = {torch.float16: {"FT_BF16": 0}, torch.bfloat16: {"FT_BF16": 1}}
 #: dtypes the kernels take
 DTYPES = tuple(DTYPE_DEFINES)
-#: head dims every kernel is built for, forward and backward, on every GPU; every other multiple
-#: of 8 up to 128 is zero-padded to the next of these (zero columns of Q and K add nothing to a
+#: head dims the backward and the fast forward steps (:data:`FAST_STEPS`) are built for, on every
+#: GPU; every other multiple of 8 up to 128 is zero-padded to the next of these (zero columns of Q and K add nothing to a
 #: score, zero columns of V give output columns that are cut off again), so it costs the larger
 #: dim's time. Multiples of 32: the fast forward's swizzle (ft_swizzle.cuh) works on groups of 4
 #: or 8 16-byte chunks, and the atomic dQ on 32- or 64-column chunks
