@@ -11,6 +11,7 @@
 #   kernels    Triton, CUDA and SDPA flash at the long shapes, with a longer timing budget
 #                                                                                  bench_h200_kernels.json
 #   roofline   copy bandwidth and matmul rates (chapter 01)                        h200_roofline.json
+#   instructions  mma.sync's and wgmma's own ceilings (chapter 09)          h200_instruction_peaks.json
 #   memory     peak extra memory of one forward against N (chapter 09)             memory_h200.json
 #   triton     chapter 07's runs: Triton against SDPA flash, autotuned, and the N sweep
 #                                                                                  triton_h200.json, triton_h200_sweep.json
@@ -57,6 +58,11 @@ fi
 if want roofline; then
     stage roofline
     bench "${T_ROOFLINE:-40}" roofline roofline --dtype float16,bfloat16,float32,tf32 --out "$OUT/h200_roofline.json"
+fi
+if want instructions; then
+    stage instructions
+    bench "${T_INSTRUCTIONS:-60}" instructions roofline --what instruction --dtype float16,bfloat16 \
+        --out "$OUT/h200_instruction_peaks.json"
 fi
 if want memory; then
     stage memory

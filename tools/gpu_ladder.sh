@@ -26,7 +26,7 @@ D=src/flashtut/cuda/kernels
 PTXAS=$!
 
 if [ "${T_TEST:-0}" != 0 ]; then
-  timeout "$T_TEST" python3 -m pytest tests/test_cuda.py -m gpu -q -rf -p no:cacheprovider -k "v4 or v5 or v6 or v7 or group or diag" \
+  timeout "$T_TEST" python3 -m pytest tests/kernels/test_cuda.py -m gpu -q -rf -p no:cacheprovider -k "v4 or v5 or v6 or v7 or group or diag" \
       2>&1 | tail -15
 fi
 

@@ -11,7 +11,7 @@ OUT=${OUT:-.gpu_out}
 source tools/gpu_common.sh   # PYTHONPATH, $OUT, the run log
 machine_info
 timeout ${T_WARM:-30} python3 -m flashtut.bench.cuda_ladder --warm-only
-timeout ${T_TEST:-90} python3 -m pytest tests/test_cuda.py tests/test_cuda_backward.py -m gpu -q -rf \
+timeout ${T_TEST:-90} python3 -m pytest tests/kernels/test_cuda.py tests/kernels/test_cuda_backward.py -m gpu -q -rf \
     -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 echo "tests exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -25
 timeout ${T_BENCH:-55} python3 -m flashtut.bench run --impl cuda,sdpa-flash -D 128,64 -N 4096,16384 \

@@ -75,6 +75,10 @@ PRODUCERS = {
     "h200_roofline.json": ("copy bandwidth and matrix-multiply rates",
                            "python -m flashtut.bench roofline --dtype float16,bfloat16,float32,tf32 "
                            "--out book/data/h200_roofline.json"),
+    "h200_instruction_peaks.json": ("each tensor-core instruction's own ceiling: mma.sync and wgmma issued "
+                                    "back to back on operands in place, float16 and bfloat16 (chapter 09)",
+                                    "python -m flashtut.bench roofline --what instruction --dtype float16,bfloat16 "
+                                    "--out book/data/h200_instruction_peaks.json"),
     "capstone_h200.json": ("chapter 12's small GPT with each attention backend: loss per step, tokens/s and "
                            "peak memory against context, KV-cache generation against recompute, packed "
                            "against padded batches",

@@ -674,3 +674,51 @@ def test_plot_of_rows_that_cannot_be_drawn_says_why(tmp_path, capsys):
     src = save_results(tmp_path / "f.json", "speed", [failed], collect("cpu", ["run"]))
     assert figures_main(["plot", str(src), "--out-dir", str(tmp_path / "out")]) == 1
     assert "nothing written: no successful fwd speed rows with D=16" in capsys.readouterr().err
+
+
+def test_the_gpu_scripts_name_only_tests_and_modules_that_exist():
+    """A moved test file or module turns a device call into a wasted one: catch it here, on the CPU."""
+    import importlib.util
+    import re
+
+    tools = os.path.join(ROOT, "tools")
+    for name in sorted(os.listdir(tools)):
+        if not name.endswith(".sh"):
+            continue
+        text = open(os.path.join(tools, name)).read()
+        for path in re.findall(r"\btests/[\w/]+\.py", text):
+            assert os.path.exists(os.path.join(ROOT, path)), f"tools/{name}: {path} does not exist"
+        for module in re.findall(r"python3? -m (flashtut[\w.]*)", text):
+            assert importlib.util.find_spec(module) is not None, f"tools/{name}: no module {module}"
+
+
+# ------------------------------------------------------------------ tensor-core instruction ceilings
+def test_instruction_peak_checks_its_arguments_and_says_why_it_cannot_run_on_the_cpu():
+    from flashtut.bench.roofline import instruction_peak
+
+    with pytest.raises(ValueError, match="instruction must be one of mma.sync, wgmma"):
+        instruction_peak("cpu", "hmma")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        instruction_peak("cpu", "mma.sync", "float32")
+    row = instruction_peak("cpu", "wgmma")
+    assert row["status"] == "unavailable" and "CUDA GPU" in row["reason"] and row["tflops"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_instruction_ceilings_are_below_the_datasheet_and_wgmma_above_mma_sync_on_hopper(dtype):
+    from flashtut.bench.roofline import instruction_peak
+    from flashtut.hardware import spec_for
+
+    cap = torch.cuda.get_device_capability()
+    if dtype == "bfloat16" and cap < (8, 0):
+        pytest.skip("bfloat16 tensor cores need sm_80")
+    mma = instruction_peak("cuda", "mma.sync", dtype, warmup_ms=5, rep_ms=20)
+    assert mma["status"] == "ok", mma
+    spec = spec_for(torch.cuda.get_device_name())
+    if spec is not None:     # the datasheet is the fastest instruction at the boost clock
+        peak = spec.peak_tflops(getattr(torch, dtype))
+        assert 0.2 * peak < mma["tflops"] <= 1.05 * peak, (mma, peak)
+    if cap[0] == 9:
+        wg = instruction_peak("cuda", "wgmma", dtype, warmup_ms=5, rep_ms=20)
+        assert wg["status"] == "ok" and wg["tflops"] > mma["tflops"], (wg, mma)

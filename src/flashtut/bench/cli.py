@@ -15,7 +15,7 @@ from ..costs.flops import MODES
 from .provenance import collect
 from .report import memory_table, notes, roofline_table, speed_table
 from .results import save_results
-from .roofline import MATMUL_DTYPES, copy_bandwidth, matmul_rate
+from .roofline import INSTRUCTIONS, MATMUL_DTYPES, copy_bandwidth, instruction_peak, matmul_rate
 from .sweeps import MEMORY_PRESETS, PRESETS, dtype_name, parse_dtype, protocol_cases, run_memory, run_speed
 
 EXAMPLES = """examples:
@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="auto")
     p.add_argument("--dtype", default="float16,bfloat16,float32",
                    help=f"matmul dtypes, comma-separated, of {', '.join(MATMUL_DTYPES)}")
+    p.add_argument("--what", default="copy,matmul",
+                   help="comma-separated, of copy, matmul and instruction (each tensor-core instruction's "
+                        f"own ceiling: {', '.join(INSTRUCTIONS)}, in the 16-bit dtypes of --dtype)")
     p.add_argument("--copy-mib", type=_positive_int, help="bytes copied, MiB (default 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--matmul-n", type=_positive_int, help="matrix size n (default 8192 on a GPU, 1024 on the CPU)")
     p.add_argument("--warmup-ms", type=_budget_ms, default=25.0)
@@ -419,13 +422,22 @@ def _cmd_roofline(parser, args, argv) -> int:
     for d in dtypes:
         if d not in MATMUL_DTYPES:
             parser.error(f"unknown matmul dtype {d!r}; accepted: {', '.join(MATMUL_DTYPES)}")
+    what = [w.strip() for w in args.what.split(",") if w.strip()]
+    for w in what:
+        if w not in ("copy", "matmul", "instruction"):
+            parser.error(f"unknown --what {w!r}; accepted: copy, matmul, instruction")
     copy_bytes = args.copy_mib * 2**20 if args.copy_mib else None
     saver = _Saver(args.out, "roofline", collect(args.device, argv),
-                   {"dtypes": dtypes, "copy_bytes": copy_bytes, "matmul_n": args.matmul_n}, every_s=0.0)
-    try:
-        saver(copy_bandwidth(args.device, copy_bytes, args.warmup_ms, args.rep_ms, args.seed))
-        for dtype in dtypes:                # each row is saved as soon as it is measured
+                   {"dtypes": dtypes, "copy_bytes": copy_bytes, "matmul_n": args.matmul_n, "what": what},
+                   every_s=0.0)
+    try:                                    # each row is saved as soon as it is measured
+        if "copy" in what:
+            saver(copy_bandwidth(args.device, copy_bytes, args.warmup_ms, args.rep_ms, args.seed))
+        for dtype in dtypes if "matmul" in what else ():
             saver(matmul_rate(args.device, dtype, args.matmul_n, args.warmup_ms, args.rep_ms, args.seed))
+        for instruction in INSTRUCTIONS if "instruction" in what else ():
+            for dtype in (d for d in dtypes if d in ("float16", "bfloat16")):
+                saver(instruction_peak(args.device, instruction, dtype, args.warmup_ms, args.rep_ms))
     finally:
         saver.flush()
     rows = saver.rows

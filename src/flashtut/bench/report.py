@@ -118,6 +118,13 @@ def roofline_table(rows: list[dict], markdown: bool = False) -> str:
                 st += ": " + r["reason"][:80]
             body.append(["matmul", r["dtype"], f"n={r['n']}", _fmt(r.get("ms"), ".4g"),
                          (_fmt(r.get("tflops"), ".4g") + " TFLOP/s") if r.get("tflops") else "-", st])
+        elif r.get("what") == "instruction":
+            st = r.get("status") or "-"
+            if st != "ok" and r.get("reason"):
+                st += ": " + r["reason"][:80]
+            size = f"{r['grid']} x {r['threads']} threads" if r.get("grid") else "-"
+            body.append([r["instruction"], r["dtype"], size, _fmt(r.get("ms"), ".4g"),
+                         (_fmt(r.get("tflops"), ".4g") + " TFLOP/s") if r.get("tflops") else "-", st])
     return format_table(["what", "dtype", "size", "ms", "rate", "status"], body, markdown)
 
 

@@ -4,6 +4,13 @@ Memory: a device-to-device copy of a large random tensor; its bandwidth counts t
 plus the bytes written. Arithmetic: a large square matrix product, ``2 n^3`` FLOPs, in float16,
 bfloat16, float32 (tf32 off: true float32) and, if asked, tf32. Their ratio is the ridge point:
 kernels with fewer FLOPs per byte than that are memory-bound here (Williams et al., 2009).
+
+A third kind of row measures the ceiling of one tensor-core *instruction* on its own
+(:func:`instruction_peak`): ``mma.sync`` (the warp-level MMA of Ampere, which FlashAttention-2 and
+our CUDA kernels use) and, on sm_90, ``wgmma`` (Hopper's warpgroup MMA, which cuBLAS, cuDNN and
+Triton use there), each issued back to back on operands already in place. The matrix product's
+rate is the ceiling of the best instruction; each instruction's rate is the ceiling of the
+kernels built on it.
 """
 from __future__ import annotations
 
@@ -17,6 +24,12 @@ from .memory import is_oom, release_cached
 from .timing import time_fn, timer_name
 
 MATMUL_DTYPES = ("float16", "bfloat16", "float32", "tf32")
+#: instruction -> (kernel in cuda/kernels/peak_mma.cu, FLOPs of one instruction, the unit that
+#: issues it, threads per unit, the oldest compute capability that has it)
+INSTRUCTIONS = {
+    "mma.sync": ("peak_mma_sync_loop", 2 * 16 * 8 * 16, "warp", 32, (7, 5)),
+    "wgmma": ("peak_wgmma_loop", 2 * 64 * 128 * 16, "warpgroup", 128, (9, 0)),
+}
 
 
 def _defaults(device):
@@ -113,3 +126,63 @@ def measure_roofline(device=None) -> dict:
     note = (f"measured live with flashtut.bench.roofline (sm_{major}{minor}, torch {torch.__version__}) "
             f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return ceilings_from_rows(run_roofline(device, dtypes=dtypes), torch.cuda.get_device_name(device), note)
+
+
+def instruction_peak(device, instruction: str, dtype: str = "float16", warmup_ms: float = 25,
+                     rep_ms: float = 100, target_ms: float = 2.0) -> dict:
+    """Row with the TFLOP/s that ``instruction`` (``"mma.sync"`` or ``"wgmma"``) reaches on its own on
+    this GPU in ``dtype`` (``float16`` or ``bfloat16``): every SM full of warps (warpgroups) that issue
+    it back to back on operands in registers (shared memory for wgmma) and do nothing else.
+
+    mma.sync: 8 warps per block, 4 blocks per SM, 8 independent accumulators per warp (m16n8k16;
+    two m16n8k8 on sm_75). wgmma: 2 warpgroups per block, one block per SM, m64n128k16 with A and B
+    from shared memory, two accumulators alternated so one group runs while the next is issued.
+    FLOPs count 2 m n k per instruction; the loop runs long enough (``target_ms``) that the
+    launch is noise."""
+    if instruction not in INSTRUCTIONS:
+        raise ValueError(f"instruction must be one of {', '.join(INSTRUCTIONS)}, got {instruction!r}")
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"dtype must be float16 or bfloat16 (the tensor-core inputs), got {dtype!r}")
+    device = torch.device(device)
+    kernel, flops_each, unit, unit_threads, oldest = INSTRUCTIONS[instruction]
+    row = {"kind": "roofline", "what": "instruction", "instruction": instruction, "dtype": dtype,
+           "flops": None, "ms": None, "tflops": None, "timer": timer_name(device), "status": None,
+           "reason": None}
+    if device.type != "cuda" or not torch.cuda.is_available():
+        row["status"], row["reason"] = "unavailable", "a tensor-core instruction needs a CUDA GPU"
+        return row
+    cap = torch.cuda.get_device_capability(device)
+    if cap < oldest or (dtype == "bfloat16" and cap < (8, 0)) or (instruction == "wgmma" and cap[0] != 9):
+        row["status"], row["reason"] = "unavailable", f"{instruction} in {dtype} does not run on sm_{cap[0]}{cap[1]}"
+        return row
+    from ..cuda import compile as cc          # CuPy: only when a GPU measurement is asked for
+
+    wgmma = instruction == "wgmma"
+    defines = {"FT_BF16": int(dtype == "bfloat16")}
+    fn = cc.get_function("peak_mma.cu", kernel, defines, arch="90a" if wgmma else None)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if wgmma:
+        threads, grid, smem, per_step = 2 * 128, sms, 8192 + 16384, 8
+        cc.set_max_dynamic_smem(fn, smem)
+    else:
+        threads, grid, smem, per_step = 8 * 32, 4 * sms, 0, 8
+    out = torch.empty(grid * threads, device=device, dtype=torch.float32)
+    units = grid * threads // unit_threads
+
+    def launch(steps):
+        with torch.cuda.device(device):
+            cc.launch(fn, (grid, 1, 1), (threads, 1, 1), (out, int(steps)), smem)
+
+    steps = 256                                   # grow the loop until one launch takes target_ms
+    while True:
+        ms = time_fn(lambda: launch(steps), device, 1, 5)
+        if ms >= target_ms or steps >= 1 << 22:
+            break
+        steps = int(steps * min(64.0, max(2.0, 1.2 * target_ms / max(ms, 1e-3))))
+    ms = time_fn(lambda: launch(steps), device, warmup_ms, rep_ms)
+    flops = float(units) * steps * per_step * flops_each
+    row.update(flops=flops, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, status="ok", steps=steps,
+               grid=grid, threads=threads, unit=unit)
+    if not bool(torch.isfinite(out).all()):
+        row.update(status="error", reason="non-finite accumulators: the operands are not what the kernel meant")
+    return row
