@@ -13,7 +13,7 @@ import torch
 
 import flashtut
 from flashtut.bench import compile_time, results
-from flashtut.bench.accuracy import yardstick
+from flashtut.bench.accuracy import lowp_attention, yardstick
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
 
@@ -98,6 +98,21 @@ def test_backward_head_dim_errors_name_the_built_dims(gen):
     q = torch.randn(1, 2, 9, 48, generator=gen).half()
     with pytest.raises(ValueError, match="32, 64, 96, 128, 256"):
         ca.cuda_backward(q, q, q, q, torch.zeros(1, 2, 9), q)
+
+
+def test_yardstick_judges_rows_that_see_no_key(gen):
+    # bottom-right with Nq > Nk: rows 0..5 see no key. PyTorch's own attention in the input dtype
+    # must give them 0 (not NaN, whose infinite error would let the yardstick pass anything)
+    q, k, do = (torch.randn(1, 2, n, 32, generator=gen).half() for n in (13, 7, 13))
+    assert torch.isfinite(lowp_attention(q, k, k, causal="bottom-right")).all()
+    leaves = [t.float().requires_grad_() for t in (q, k, k.clone())]
+    o = flashtut.naive_attention(*leaves, causal="bottom-right")
+    o.backward(do.float())
+    grads = [t.grad.half() for t in leaves]
+    assert yardstick(q, k, k, o.half(), grads, do, causal="bottom-right").passed
+    wrong = o.detach().half().clone()
+    wrong[0, 0, 10] += 0.5
+    assert not yardstick(q, k, k, wrong, causal="bottom-right").passed
 
 
 # ---------------------------------------------------------------- GPU
