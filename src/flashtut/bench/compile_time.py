@@ -177,16 +177,21 @@ def main(argv=None) -> int:
     if a.warm:
         warm_cache(dtypes, a.dims, arch, cc.max_smem_per_block(), a.workers)
         return 0
-    rows = nvrtc_rows(dtypes, a.dims, arch, cc.max_smem_per_block())
-    if not a.no_first_call:
-        rows += first_call_rows(dtypes, a.dims, arch)
-    if a.out:
-        prov = collect("cuda", sys.argv[1:] if argv is None else list(argv))
-        prov["command"] = "python -m flashtut.bench.compile_time " + " ".join(sys.argv[1:] if argv is None else argv)
-        prov["what"] = ("first-call compile time of cuda_attention's kernels: NVRTC seconds per build (runtime "
-                        "options, no cache), one by one and one thread each; and the first forward and backward "
-                        "in a new process with CuPy's kernel cache empty, then filled")
-        save_results(a.out, "compile", rows, prov)
+    args = sys.argv[1:] if argv is None else list(argv)
+    prov = collect("cuda", args)
+    prov["command"] = "python -m flashtut.bench.compile_time " + " ".join(args)
+    prov["what"] = ("first-call compile time of cuda_attention's kernels: NVRTC seconds per build (runtime "
+                    "options, no cache), one by one and one thread each; and the first forward and backward "
+                    "in a new process with CuPy's kernel cache empty, then filled")
+    rows: list[dict] = []
+    # one (dtype, head dim) at a time, the file rewritten after each: a run cut short keeps its rows
+    for dtype in dtypes:
+        for D in a.dims:
+            if not a.no_first_call:
+                rows += first_call_rows([dtype], [D], arch)
+            rows += nvrtc_rows([dtype], [D], arch, cc.max_smem_per_block())
+            if a.out:
+                save_results(a.out, "compile", rows, prov)
     return 0
 
 
