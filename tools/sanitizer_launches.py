@@ -8,8 +8,13 @@ every build of the Hopper rungs), for compute-sanitizer:
 
 Odd lengths (77 queries, 131 keys, and the reverse for the Hopper rungs) so that every masked tail
 is exercised; the Hopper launches also cover grouped heads and both causal alignments.
+
+``--dims``: instead, only the head dims added after 64 and 128: the fast forward and both
+backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
+over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 """
 import os
+import sys
 
 import torch
 
@@ -17,6 +22,25 @@ import flashtut
 from flashtut.cuda.attention import _forward
 from flashtut.cuda.attention import cuda_forward as forward
 from flashtut.cuda.configs import V4_STEPS
+
+
+def new_dims():
+    wide = (256,) if torch.cuda.get_device_capability()[0] >= 8 else ()
+    for D in (32, 96, *wide):
+        q = torch.randn(1, 4, 77, D, device="cuda", dtype=torch.float16, requires_grad=True)
+        k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(2))
+        for causal in (False, True, "bottom-right"):
+            for deterministic in (False, True):
+                flashtut.cuda_attention(q, k, v, causal=causal, deterministic=deterministic).sum().backward()
+                flashtut.cuda_attention(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal,
+                                        deterministic=deterministic).sum().backward()   # Nq > Nk
+    torch.cuda.synchronize()
+    print("sanitizer launches (new head dims) done")
+
+
+if "--dims" in sys.argv[1:]:
+    new_dims()
+    sys.exit(0)
 
 for D in (64, 128):
     q, k, v = (torch.randn(1, 2, 77, D, device="cuda", dtype=torch.float16) for _ in range(3))

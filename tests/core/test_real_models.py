@@ -412,9 +412,10 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D, fused", [(64, False), (128, False), (128, True)],
+                         ids=["D64", "D128", "D128-fused"])     # fused: dQ by atomics (use_fused_backward)
 @pytest.mark.parametrize("case", GPU_CASES, ids=["q{}k{}H{}kv{}-{}-w{}".format(*c) for c in GPU_CASES])
-def test_gpu_triton_accuracy_criterion(case, D, dtype):
+def test_gpu_triton_accuracy_criterion(case, D, fused, dtype):
     Nq, Nk, H, Hkv, causal, window = case
     gen = torch.Generator().manual_seed(Nq + D)
     q, k, v = _qkv(gen, 2, H, Hkv, Nq, Nk, D, dtype=dtype, device="cuda")
@@ -422,7 +423,9 @@ def test_gpu_triton_accuracy_criterion(case, D, dtype):
     ref = _grads64(q.float(), k.float(), v.float(), do.float(), causal, window)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     o = flashtut.triton_attention(qq, kk, vv, causal=causal, window=window)
-    ours = [_err(a, b) for a, b in zip((o, *torch.autograd.grad(o, (qq, kk, vv), do)), ref)]
+    with tk.use_fused_backward(fused):
+        grads = torch.autograd.grad(o, (qq, kk, vv), do)
+    ours = [_err(a, b) for a, b in zip((o, *grads), ref)]
     theirs = _lowp_torch_error(q, k, v, do, causal, window, ref)
     for name, a, b in zip(("o", "dq", "dk", "dv"), ours, theirs):
         assert math.isfinite(a) and a <= 2 * b + 1e-3, f"{name}: ours {a:.3e} vs torch {b:.3e}"
@@ -592,3 +595,129 @@ def test_real_models_cli_needs_a_gpu_or_small():
         pytest.skip("on a GPU the full run is allowed")
     with pytest.raises(SystemExit):
         main(["real-models", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        main(["window-backward", "--out-dir", "unused"])      # CUDA kernels only
+
+
+# ------------------------------------- the fused backward (dQ by atomics) and tile choice ----
+
+FUSED_CASES = [
+    (45, 45, 4, 1, True, 7, torch.float32),
+    (33, 70, 3, 1, "bottom-right", 19, torch.float16),
+    (61, 27, 2, 1, "bottom-right", None, torch.float32),    # rows that see no key
+    (37, 53, 4, 2, False, None, torch.float32),
+]
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test; the gpu test below runs the same switch")
+@pytest.mark.parametrize("case", FUSED_CASES, ids=["q{}k{}H{}kv{}-{}-w{}-{}".format(*c[:6], str(c[6])[-7:])
+                                                   for c in FUSED_CASES])
+def test_triton_fused_backward_against_float64(case):
+    Nq, Nk, H, Hkv, causal, window, dtype = case
+    gen = torch.Generator().manual_seed(3 * Nq + Nk)
+    q, k, v = _qkv(gen, 2, H, Hkv, Nq, Nk, 24, dtype=dtype)
+    do = _rand(gen, 2, H, Nq, 24, dtype=dtype)
+    _, rq, rk, rv = _grads64(q, k, v, do, causal, window)
+    o, lse = tk.triton_forward(q, k, v, causal=causal, window=window)
+    with tk.use_fused_backward(True):
+        plan = tk._BackwardPlan(q, k, v, o, lse, do, flashtut.checks.check_mask(causal, window), 24 ** -0.5)
+        grads = tk.triton_backward(q, k, v, o, lse, do, causal=causal, window=window)
+    assert plan.fused and plan.dq_acc.dtype == torch.float32
+    gtol = 5e-5 if dtype == torch.float32 else 2e-2
+    for got, want in zip(grads, (rq, rk, rv)):
+        assert got.dtype == dtype and got.shape == want.shape and torch.isfinite(got).all()
+        assert _err(got, want) < gtol * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_triton_fused_backward_packed_batches():
+    gen = torch.Generator().manual_seed(31)
+    q, k, v, cq, ck = _packed(gen, [5, 23, 1, 17], [9, 23, 4, 30], 4, 2, 16)
+    do = torch.randn(q.shape, generator=gen)
+    for causal, window in ((False, None), ("bottom-right", 6)):
+        q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+        want = flashtut.varlen_attention(q64, k64, v64, cq, ck, causal=causal, window=window, backend="naive")
+        wgrads = torch.autograd.grad(want, (q64, k64, v64), do.double())
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        with tk.use_fused_backward(True):
+            got = flashtut.varlen_attention(qq, kk, vv, cq, ck, causal=causal, window=window)
+            ggrads = torch.autograd.grad(got, (qq, kk, vv), do)
+        for a, b in zip(ggrads, wgrads):
+            assert _err(a, b) < 5e-5 * max(1.0, float(b.abs().max())), (causal, window)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test; test_gpu_64bit_row_offsets covers the device")
+def test_triton_dkdv_paths_agree(monkeypatch):
+    """The dK/dV kernel has a grouped and an ungrouped path, and 32- and 64-bit query addressing
+    (64-bit only past 2**31 elements: forced here): all give the float64 gradients."""
+    gen = torch.Generator().manual_seed(17)
+    for Hkv, causal, window in ((2, "bottom-right", 9), (4, True, None)):
+        q, k, v = _qkv(gen, 2, 4, Hkv, 41, 35, 16, dtype=torch.float32)
+        do = _rand(gen, 2, 4, 41, 16, dtype=torch.float32)
+        _, rq, rk, rv = _grads64(q, k, v, do, causal, window)
+        o, lse = tk.triton_forward(q, k, v, causal=causal, window=window)
+        for wide_from in (2 ** 31, 0):
+            monkeypatch.setattr(tk, "_WIDE_ROWS_FROM", wide_from)
+            plan = tk._BackwardPlan(q, k, v, o, lse, do, flashtut.checks.check_mask(causal, window), 0.25)
+            assert plan.dkdv_meta["WIDE_ROWS"] == (wide_from == 0)
+            assert plan.dkdv_meta["GROUPED"] == (Hkv < 4)
+            for got, want in zip(plan.run(), (rq, rk, rv)):
+                assert _err(got, want) < 5e-5, (Hkv, wide_from)
+
+
+def test_fused_backward_switch_nests_and_defaults_off():
+    assert not tk._FUSED_DQ
+    with tk.use_fused_backward():
+        with tk.use_fused_backward(False):
+            assert tk._FUSED_DQ[-1] is False
+        assert tk._FUSED_DQ[-1] is True
+    assert not tk._FUSED_DQ
+    with pytest.raises((TypeError, ValueError), match="enabled"):
+        with tk.use_fused_backward("yes"):
+            pass
+    # measured on the H200: the two deterministic kernels are faster, so they are the default
+    for window in (False, True):
+        assert not tk.configs.fused_backward_default((9, 0), False, True, window)
+
+
+def test_window_moves_its_measured_tile_first():
+    from flashtut.triton import configs
+    assert configs.search_space("dq", (9, 0), False, 128, window=True) == \
+        configs.search_space("dq", (9, 0), False, 128)                          # no override measured
+    for kernel in ("dkdv",):
+        plain = configs.search_space(kernel, (9, 0), False, 128)
+        windowed = configs.search_space(kernel, (9, 0), False, 128, window=True)
+        assert windowed[0] == configs.WINDOW_FIRST[kernel, "hopper", "large"] != plain[0]
+        assert sorted(map(tuple_of, plain)) == sorted(map(tuple_of, windowed))    # same entries, reordered
+        assert configs.search_space(kernel, (8, 0), False, 128, window=True) == \
+            configs.search_space(kernel, (8, 0), False, 128)                    # no measurement there
+
+
+def tuple_of(c):
+    return (c.block_m, c.block_n, c.num_warps, c.num_stages)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_half_precision_backward_skips_the_overflow_reread(monkeypatch):
+    """float16 scores cannot overflow float32: the gradients are not read a second time."""
+    checked = []
+    monkeypatch.setattr(tk, "raise_if_overflowed",
+                        lambda t, dtype, *a, **kw: checked.append((dtype, a[2] if len(a) > 2 else "output")))
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float16, torch.float32):
+        q, k, v = _qkv(gen, 1, 2, 1, 19, 23, 16, dtype=dtype)
+        do = _rand(gen, 1, 2, 19, 16, dtype=dtype)
+        o, lse = tk.triton_forward(q, k, v, causal=True, window=5)
+        tk.triton_backward(q, k, v, o, lse, do, causal=True, window=5)
+    assert (torch.float32, "gradients") in checked and (torch.float16, "gradients") not in checked
+
+
+@pytest.mark.gpu
+def test_gpu_default_backward_is_deterministic_with_a_window():
+    gen = torch.Generator().manual_seed(41)
+    q, k, v = _qkv(gen, 1, 8, 2, 1500, 1500, 128, dtype=torch.float16, device="cuda")
+    do = _rand(gen, 1, 8, 1500, 128, dtype=torch.float16, device="cuda")
+    o, lse = tk.triton_forward(q, k, v, causal=True, window=300)
+    first = tk.triton_backward(q, k, v, o, lse, do, causal=True, window=300)
+    again = tk.triton_backward(q, k, v, o, lse, do, causal=True, window=300)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

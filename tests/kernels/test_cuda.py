@@ -58,7 +58,7 @@ def test_bad_inputs_raise_documented_errors():
         flashtut.cuda_attention(q[0], q, q)
     with pytest.raises(ValueError, match="variant"):
         ca.cuda_forward(q, q, q, variant="v9")
-    assert [cfgs.padded_dim(d) for d in (8, 32, 64, 72, 96, 128, 256)] == [64, 64, 64, 128, 128, 128, 256]
+    assert [cfgs.padded_dim(d) for d in (8, 32, 40, 64, 72, 96, 104, 128, 256)] == [32, 32, 64, 64, 96, 96, 128, 128, 256]
     with pytest.raises(ValueError, match="warps"):
         cfgs.launch_config("v3", torch.float16, 64, 90, 200_000, warps=3)
     with pytest.raises(ValueError, match="block_n"):
@@ -231,20 +231,18 @@ def test_cuda_attention_pads_other_head_dims(D):
 
 
 @pytest.mark.gpu
-def test_head_dim_256_forward_and_a_clear_backward_error():
+def test_head_dim_256_forward_and_other_steps_refuse_it():
+    # the backward at D = 256: tests/kernels/test_cuda_dims.py
     dtype = torch.bfloat16 if _bf16_ok() else torch.float16
     q, k, v = rand_qkv(1, 2, 300, 177, 256, dtype, seed=9)
     for causal in (False, True):
         ref = flashtut.naive_attention(q.double(), k.double(), v.double(), causal=causal)
         try:
             o = flashtut.cuda_attention(q, k, v, causal=causal)
-        except RuntimeError as exc:   # a GPU whose shared memory cannot hold the D = 256 tiles
-            assert "shared memory" in str(exc)
+        except (RuntimeError, ValueError) as exc:   # a T4 (sm_75), or too little shared memory
+            assert "sm_80" in str(exc) or "shared memory" in str(exc)
             return
         assert_fa_criterion(f"D=256 causal={causal}", o, ref, torch_error(q, k, v, causal, None, ref))
-    leaf = q.clone().requires_grad_()
-    with pytest.raises(ValueError, match="head dim D = 256"):
-        flashtut.cuda_attention(leaf, k, v).sum().backward()
     with pytest.raises(ValueError, match="multiple of 8"):
         ca.cuda_forward(q, k, v, variant="v5")
 

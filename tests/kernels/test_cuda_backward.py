@@ -75,7 +75,9 @@ def test_runtime_builds_cover_both_dq_strategies(arch):
     assert sources == {"bwd_preprocess.cu", "bwd_dkdv.cu", "bwd_dq.cu", "bwd_dq_convert.cu"}
     dkdv = [d for src, d in builds if src == "bwd_dkdv.cu"]
     assert {d["DKDV_DQ_ATOMIC"] for d in dkdv} == {0, 1}
-    assert {d["HEAD_DIM"] for d in dkdv} == set(cfgs.HEAD_DIMS)
+    assert {d["HEAD_DIM"] for d in dkdv} == set(cfgs.HEAD_DIMS) | (set(cfgs.WIDE_DIMS) if arch >= 80 else set())
+    # D = 256 splits dK and dV over two blocks; the other dims keep both in one
+    assert all(d.get("DKDV_SPLIT", 0) == (d["HEAD_DIM"] > 128) for d in dkdv)
     # bfloat16 builds only where the tensor cores take bfloat16
     assert {d["FT_BF16"] for _, d in builds} == ({0} if arch < 80 else {0, 1})
     assert len({(src, tuple(sorted(d.items()))) for src, d in builds}) == len(builds)
@@ -105,9 +107,9 @@ def _valid(gen, dtype=torch.float16, D=64):
 
 
 @pytest.mark.parametrize("change, error, match", [
-    (lambda a: {**a, "q": a["q"][..., :32].contiguous(), "k": a["k"][..., :32].contiguous(),
-                "v": a["v"][..., :32].contiguous(), "o": a["o"][..., :32].contiguous(),
-                "do": a["do"][..., :32].contiguous()}, ValueError, "head dim D = 32"),
+    (lambda a: {**a, "q": a["q"][..., :40].contiguous(), "k": a["k"][..., :40].contiguous(),
+                "v": a["v"][..., :40].contiguous(), "o": a["o"][..., :40].contiguous(),
+                "do": a["do"][..., :40].contiguous()}, ValueError, "head dim D = 40"),
     (lambda a: {**{n: t.float() for n, t in a.items() if n != "lse"}, "lse": a["lse"]},
      ValueError, "float16 or bfloat16"),
     (lambda a: {**a, "o": a["o"][:, :, :5]}, ValueError, "o must have the shape of q"),

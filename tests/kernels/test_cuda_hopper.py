@@ -302,7 +302,7 @@ def test_asking_for_wgmma_where_it_cannot_run_says_why():
     assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", "w1")
     with pytest.raises(RuntimeError, match="sm_90 GPUs only.*sm_80.*forward_kernel='mma'"):
         configs.choose_forward("wgmma", 80, torch.float16, 128, (12, 4))
-    with pytest.raises(ValueError, match="head dims up to 128.*D = 256"):
+    with pytest.raises(ValueError, match="head dims 64 and 128.*D = 256"):
         configs.choose_forward("wgmma", 90, torch.float16, 256, (12, 4))
     with pytest.raises(ValueError, match="float16 and bfloat16"):
         configs.choose_forward("wgmma", 90, torch.float32, 64, (12, 4))
@@ -358,6 +358,7 @@ def test_cuda_attention_runs_w1_on_sm90(monkeypatch):
     assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w1", 128, 1, True, 4)
     assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w1", 128, 4, True, -4)
     assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W1 has no D = 256
+    assert run(80)[:3] == ("mma", configs.fast_variant(96, 90), 96)                # nor the padded D = 96
     assert run(128, forward_kernel="mma") == ("mma", "v5", 128, 4, False, 0)
     assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w1", 64, 4, True, 0)
 
@@ -449,7 +450,7 @@ def test_other_gpus_get_a_runtime_error():
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="wgmma needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", [(2, 4, 2, 301, 451, 128, False), (1, 4, 4, 333, 200, 64, True),
-                                  (2, 4, 1, 150, 300, 128, "bottom-right"), (1, 2, 2, 257, 130, 80, True)], ids=str)
+                                  (2, 4, 1, 150, 300, 128, "bottom-right"), (1, 2, 2, 257, 130, 40, True)], ids=str)
 def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
     """The default forward on an H100/H200 is W1; forward and backward meet the yardstick with it, and
     both forwards give the mma.sync backward the same lse (to rounding)."""

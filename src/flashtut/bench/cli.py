@@ -306,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_90", help="architecture of the SDPA kernels to read (default sm_90)")
     p.add_argument("-D", "--head-dim", type=_positive_int, default=128, help="head dim of the kernels (default 128)")
     p.add_argument("--out", metavar="FILE.json", type=output_file)
+
+    p = sub.add_parser("window-backward", help="the sliding window's Triton backward, kernel by kernel, "
+                                               "against SDPA flash (a diagnosis, CUDA only)",
+                       description="Causal, window 4096 against none, N 16384, H 16, D 128, fp16: the whole "
+                                   "backward (first tiles, autotuned), each kernel alone per tile, the fused "
+                                   "backward, dQ on a second stream, SDPA flash; TFLOP/s of visible keys.")
+    p.add_argument("--out-dir", default=".gpu_out", help="where triton_window.txt and .json go")
+    p.add_argument("--budget-s", type=float, default=140.0,
+                   help="stop the tile sweeps (past their first two tiles) after this long (s)")
+    p.add_argument("--quick", action="store_true", help="sweep four tiles per kernel")
     return parser
 
 
@@ -572,6 +582,15 @@ def _cmd_sass(parser, args, argv) -> int:
     return 1 if failed else 0
 
 
+def _cmd_window_backward(parser, args) -> int:
+    if not torch.cuda.is_available():
+        parser.error("window-backward times CUDA kernels: run it on a CUDA GPU")
+    from .window_backward import run_window_backward
+
+    run_window_backward(args.out_dir, args.budget_s, args.quick)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -590,4 +609,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_real_models(parser, args, argv)
     if args.command == "sass":
         return _cmd_sass(parser, args, argv)
+    if args.command == "window-backward":
+        return _cmd_window_backward(parser, args)
     return _cmd_roofline(parser, args, argv)

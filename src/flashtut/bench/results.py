@@ -1,6 +1,6 @@
 """JSON files of benchmark results: one schema for every measurement the book commits.
 
-A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "sass",
+A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "compile" | "sass",
 "provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
 each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
 ``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
@@ -15,7 +15,10 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline", "host", "model", "sass")
+KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass")
+#: what a ``compile`` row timed (``flashtut.bench.compile_time``): one NVRTC build, or a whole
+#: first call (compile + load + launch) of ``cuda_attention``'s forward or backward
+COMPILE_WHATS = ("nvrtc", "first-call")
 #: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
 MODEL_SECTIONS = ("loss", "generation", "packed", "scaling")
 
@@ -63,7 +66,8 @@ def check_row(row, kind: str | None = None) -> str | None:
         return f"status: got {status!r}; accepted: a string such as 'ok'"
     optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
                         "roofline": ("tflops", "gb_per_s", "ms"), "host": (),
-                        "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops"), "sass": ()}[kind]
+                        "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops"),
+                        "compile": ("seconds",), "sass": ()}[kind]
     for key in optional_numbers:
         if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
             return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
@@ -104,6 +108,14 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"counts: got {counts!r}; accepted: an object of opcode -> non-negative integer"
         if status == "ok" and not counts:
             return "counts: empty in a row whose status is 'ok'"
+    if kind == "compile":        # flashtut.bench.compile_time: first-call build time of the CUDA kernels
+        if row.get("what") not in COMPILE_WHATS:
+            return f"what: got {row.get('what')!r}; accepted: {', '.join(COMPILE_WHATS)}"
+        for key in ("step", "arch"):
+            if not isinstance(row.get(key), str):
+                return f"{key}: got {row.get(key)!r}; accepted: a string"
+        if status == "ok" and row.get("seconds") is None:
+            return "seconds: missing in a row whose status is 'ok'"
     if kind == "model":          # flashtut.model.measure: the small GPT of chapter 12
         if row.get("section") not in MODEL_SECTIONS:
             return f"section: got {row.get('section')!r}; accepted: {', '.join(MODEL_SECTIONS)}"
@@ -149,6 +161,9 @@ def measurement_key(row: dict) -> tuple:
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
     if row.get("kind") == "sass":
         return ("sass", row.get("device"), row.get("impl"), row.get("setting"), row.get("kernel"), row.get("binary"))
+    if row.get("kind") == "compile":
+        return ("compile", row.get("device"), row.get("arch"), row.get("what"), row.get("cache"), row.get("step"),
+                row.get("dtype"), row.get("D"), str(sorted((row.get("defines") or {}).items())))
     if row.get("kind") == "model":
         return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
                 row.get("layout"), row.get("context"), row.get("prompt"))

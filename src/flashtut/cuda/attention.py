@@ -1,8 +1,9 @@
 """The CUDA kernels on torch tensors: input checks, launches, and the autograd entry point.
 
 * ``cuda_forward(q, k, v, causal, scale, variant="v3")`` runs any step of the forward ladder
-  (``flashtut.cuda.VARIANTS``) and returns ``(o, lse)``; head dims other than 64 and 128 (any
-  multiple of 8 up to 128) are zero-padded to the next of them, and step 3 also runs D = 256;
+  (``flashtut.cuda.VARIANTS``) and returns ``(o, lse)``; head dims other than 32, 64, 96 and 128
+  (any multiple of 8 up to 128) are zero-padded to the next of them (of 64 and 128 for the
+  teaching steps, ``configs.built_dims``), and step 3 also runs D = 256 (sm_80+);
 * ``cuda_backward(q, k, v, o, lse, do, causal, scale)`` runs the backward with recomputation:
   ``bwd_preprocess.cu`` (``Delta = rowsum(dO * O)`` and ``lse2 = lse * log2(e)`` per query row),
   ``bwd_dkdv.cu`` (one thread block per key block; ``dK`` and ``dV`` accumulate in registers
@@ -13,12 +14,13 @@
   ``BackwardConfig(dq_atomic=True)`` as ``configs.pick_config`` chooses it, has the dK/dV kernel
   add ``dQ += dS K`` into a float32 buffer with vector reductions instead (then
   ``bwd_dq_convert.cu`` scales and converts it): five products, as FlashAttention-2;
-  ``book/perflog_cuda_bwd.md`` weighs the two;
+  ``book/perflog_cuda_bwd.md`` weighs the two. At D = 256 (sm_80+) the dK/dV kernel runs dK and
+  dV in separate blocks (grid z = 2) so that each keeps one 128-register accumulator;
 * ``cuda_attention(q, k, v, causal, scale, deterministic=False, forward_kernel="auto")``: a fast
   forward and the backward behind one autograd Function, which saves only ``q, k, v, o`` and the
   log-sum-exp ``lse`` (B*H*Nq floats). The forward is chosen by ``configs.choose_forward``: on an
-  sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper.run_hopper``, rung W1 of
-  chapter 11) wherever it supports the case, elsewhere the mma.sync ladder's fast step
+  sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper_launch.run_hopper``, rung
+  W1 of chapter 11) wherever it supports the case, elsewhere the mma.sync ladder's fast step
   (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
   backward is the mma.sync one either way: it needs only ``lse``, which both forwards write.
 
@@ -44,7 +46,7 @@ from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, 
 from ..constants import LOG2E
 from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
                       set_max_dynamic_smem)
-from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V3_ONLY_DIMS, V4_STEPS, VARIANTS,
+from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, VARIANTS, WIDE_DIMS,
                       BackwardConfig, ForwardChoice, check_forward_kernel, choose_forward, kernel_builds,
                       launch_config, padded_dim, pick_config)
 from .hopper_launch import run_hopper
@@ -101,7 +103,8 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
     backward. Returns the tensors contiguous and 16-byte aligned, ``causal`` as a bool, the
     scale as a float and the GPU's architecture. Head dims: the forward takes every multiple of 8
     up to 128 (padded, see ``configs.padded_dim``) and 256 for step 3 (``variant`` ``"v3"`` or
-    None, the fast forward, from sm_80); the backward 64 and 128."""
+    None, the fast forward, from sm_80); the backward the built dims 32, 64, 96, 128 and 256
+    (sm_80+)."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, dtypes=DTYPES,
                                 dtype_names="float16 or bfloat16 (the CUDA kernels' element types)",
                                 gqa=True)
@@ -111,13 +114,15 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
                          "(flashtut.triton_attention and tiled_attention take windows)")
     scale = check_scale(scale, D)
     backward = o is not None or lse is not None or do is not None
-    if backward and D not in HEAD_DIMS:
+    if backward and D not in HEAD_DIMS + WIDE_DIMS:
         raise ValueError(f"head dim D = {D} is not built for the CUDA backward; accepted: "
-                         f"{', '.join(map(str, HEAD_DIMS))} (cuda_attention pads other multiples of 8 up to 128)")
-    if not ((D % 8 == 0 and 8 <= D <= max(HEAD_DIMS)) or (D in V3_ONLY_DIMS and variant in (None, "v3"))):
+                         f"{', '.join(map(str, HEAD_DIMS + WIDE_DIMS))} (cuda_attention pads other "
+                         f"multiples of 8 up to 128)")
+    if not ((D % 8 == 0 and 8 <= D <= max(HEAD_DIMS)) or (D in WIDE_DIMS and variant in (None, "v3"))):
         raise ValueError(f"head dim D = {D} is not supported by the CUDA kernels"
                          f"{'' if variant is None else f' (variant {variant!r})'}; accepted: a multiple of 8 "
-                         f"from 8 to {max(HEAD_DIMS)}, or {', '.join(map(str, V3_ONLY_DIMS))} (forward, step v3)")
+                         f"from 8 to {max(HEAD_DIMS)}, or {', '.join(map(str, WIDE_DIMS))} (forward step v3 "
+                         f"and the backward, sm_80+)")
     if B * H > 65535:
         raise ValueError(f"B * H = {B * H} exceeds the 65535 blocks of grid.y; accepted: B * H <= 65535")
     if backward:
@@ -128,7 +133,7 @@ def prepare_inputs(q, k, v, causal=False, scale=None, *, o=None, lse=None, do=No
                 raise ValueError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
         check_lse(lse, B, H, Nq, q.device)
     arch = _check_gpu(q, what)
-    if D in V3_ONLY_DIMS and arch < 80:
+    if D in WIDE_DIMS and arch < 80:
         raise ValueError(f"head dim D = {D} needs sm_80 or newer for the CUDA kernels (this GPU is sm_{arch}); "
                          f"accepted here: a multiple of 8 from 8 to {max(HEAD_DIMS)}")
     tensors = (q, k, v, o, do) if backward else (q, k, v)
@@ -144,8 +149,8 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
                  warps: int | None = None, block_n: int | None = None, m_tiles: int | None = None):
     """Run ladder step ``variant`` (see ``flashtut.cuda.VARIANTS``); returns ``(o, lse)`` with
     ``lse`` the natural-log log-sum-exp, float32, shape ``(B, H, Nq)``. CUDA float16 tensors,
-    bfloat16 from sm_80, D any multiple of 8 up to 128 (zero-padded to 64 or 128 inside), or 256
-    for step v3. ``warps``, ``block_n`` and ``m_tiles`` override the fast kernel's tile sizes (see
+    bfloat16 from sm_80, D any multiple of 8 up to 128 (zero-padded inside to 32, 64, 96 or 128
+    for the fast steps v3 and v5, to 64 or 128 for the others), or 256 for step v3 (sm_80+). ``warps``, ``block_n`` and ``m_tiles`` override the fast kernel's tile sizes (see
     ``flashtut.cuda.configs.launch_config``), for experiments."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
@@ -154,7 +159,7 @@ def cuda_forward(q, k, v, causal: bool = False, scale: float | None = None, vari
         raise ValueError(f"variant {variant!r} takes k and v with q's heads and top-left causal only; "
                          f"accepted for grouped-query heads or causal='bottom-right': {REAL_MODEL_VARIANTS}")
     D = p.shape[-1]
-    pd = padded_dim(D)
+    pd = padded_dim(D, variant)
     o, lse = _forward(*(pad_head_dim(t, pd) for t in p.tensors), p.causal, p.scale, variant, warps,
                       block_n, m_tiles, kv_group=p.kv_group, diag_offset=p.diag_offset)
     return (o if pd == D else o[..., :D].contiguous()), lse
@@ -211,7 +216,8 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
     """``(dq, dk, dv)`` of ``o = softmax(q k^T * scale) v`` given the upstream gradient ``do``.
 
     ``q``: ``(B, H, Nq, D)``, ``k``, ``v``: ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0`` (``dk``, ``dv``
-    sum their group's gradients), CUDA, float16 or bfloat16 (bf16 from sm_80), D in {64, 128};
+    sum their group's gradients), CUDA, float16 or bfloat16 (bf16 from sm_80), D in {32, 64, 96,
+    128}, or 256 from sm_80;
     ``causal``: ``False``, ``True``/``"top-left"`` or ``"bottom-right"``; ``o`` and ``do`` like ``q``; ``lse``: the forward's natural-log
     log-sum-exp, ``(B, H, Nq)``. The probabilities are recomputed from ``q``, ``k`` and ``lse``;
     nothing of size ``Nq x Nk`` is stored. ``out``: optional preallocated ``(dq, dk, dv)``,
@@ -270,7 +276,7 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
         G, off = p.kv_group, p.diag_offset
         dk_h, dv_h = (dk, dv) if G == 1 else \
             (torch.empty((B, H, Nk, D), dtype=q.dtype, device=q.device) for _ in range(2))
-        launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H), (threads,),
+        launch(fns["dkdv"], (math.ceil(Nk / (16 * cfg.warps)), B * H, 2 if cfg.split else 1), (threads,),
                (q, k, v, do, lse2, delta, dk_h, dv_h, Nq, Nk, scale, scale_log2, int(causal), dq_acc,
                 G, off), shared_mem=cfg.dkdv_smem)
         if G > 1:
@@ -339,7 +345,7 @@ class CudaAttention(torch.autograd.Function):
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
                    deterministic: bool = False, forward_kernel: str = "auto"):
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
-    128 (padded to 64 or 128 inside), or 256 (forward only, sm_80 and newer).
+    128 (padded to 32, 64, 96 or 128 inside), or 256 (sm_80 and newer).
 
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward, which
     adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of

@@ -12,7 +12,7 @@ architecture-specific features of one GPU generation (Hopper's ``wgmma`` and ``s
 Conventions the kernel files follow (forward and backward alike):
 
 * ``FT_BF16``: 0 for float16 (the default), 1 for bfloat16 (sm_80 and newer only);
-* ``HEAD_DIM``: the head dimension (64 or 128 at run time; the default is 64);
+* ``HEAD_DIM``: the head dimension (32, 64, 96, 128, or 256 from sm_80, at run time; the default is 64);
 * kernels are ``extern "C"`` and their names contain ``fwd`` or ``bwd`` (``peak`` for the
   instruction microbenchmarks of ``peak_mma.cu``);
 * no system headers (NVRTC has none): half/bfloat16 are handled as raw 16-bit patterns with
@@ -172,26 +172,34 @@ def device_arch(device=None) -> str:
     return f"{major}{minor}"
 
 
+def nvrtc_cubin(code: str, arch: str, defines: dict | None = None) -> bytes:
+    """Compile CUDA C ``code`` (``load_source``'s text) with CuPy's NVRTC and exactly
+    :func:`nvrtc_options` for ``arch``; returns the cubin. No cache: this is the cost a first call
+    pays (``flashtut.bench.compile_time`` times it)."""
+    from cupy.cuda import nvrtc
+
+    arch = normalize_arch(arch)
+    prog = nvrtc.createProgram(code, "flashtut.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, nvrtc_options(arch, defines))
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC could not compile for sm_{arch}:\n{nvrtc.getProgramLog(prog)}") from exc
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
 def _cubin(code: str, arch: str, defines: dict) -> Path:
     # CuPy's RawModule compiles for the device's own architecture only (-arch=sm_90, never
     # sm_90a); any other target is compiled here with CuPy's NVRTC, with the same options, into
     # a file named by a hash of the text and options, which RawModule then loads
-    from cupy.cuda import nvrtc
-
     options = nvrtc_options(arch, defines)
     digest = hashlib.sha256("\0".join([code, *options]).encode()).hexdigest()[:32]
     path = Path(tempfile.gettempdir()) / "flashtut-cubin" / f"sm_{arch}-{digest}.cubin"
     if path.is_file():
         return path
-    prog = nvrtc.createProgram(code, "flashtut.cu", (), ())
-    try:
-        try:
-            nvrtc.compileProgram(prog, options)
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"NVRTC could not compile for sm_{arch}:\n{nvrtc.getProgramLog(prog)}") from exc
-        binary = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    binary = nvrtc_cubin(code, arch, defines)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")   # another process may write the same file
     partial.write_bytes(binary)

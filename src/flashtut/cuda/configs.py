@@ -36,7 +36,8 @@ VARIANTS = {
 }
 
 #: the variant ``cuda_attention`` uses, per (padded) head dim, from sm_80 (measured on an H200,
-#: book/perflog_cuda.md, "Steps 4 to 7"); before sm_80 (a T4) step 3 everywhere
+#: book/perflog_cuda.md, "Steps 4 to 7"); before sm_80 (a T4) step 3 everywhere. D = 32 and 96
+#: are not measured yet and take step 3 with its default tiles
 FAST_VARIANTS = {64: "v3", 128: "v5", 256: "v3"}
 
 
@@ -48,18 +49,37 @@ def fast_variant(head_dim: int, arch: int) -> str:
 DTYPE_DEFINES = {torch.float16: {"FT_BF16": 0}, torch.bfloat16: {"FT_BF16": 1}}
 #: dtypes the kernels take
 DTYPES = tuple(DTYPE_DEFINES)
-#: head dims the kernels are built for; every other multiple of 8 up to 128 is zero-padded to
-#: the next of these (zero columns of Q and K add nothing to a score, zero columns of V give
-#: output columns that are cut off again), so it costs the larger dim's time
-HEAD_DIMS = (64, 128)
-#: built for step 3 only (the forward), from sm_80 (on a T4 the 256-wide accumulators spill and
-#: the tiles barely fit its 64 KB)
-V3_ONLY_DIMS = (256,)
+#: head dims the backward and the fast forward steps (:data:`FAST_STEPS`) are built for, on every
+#: GPU; every other multiple of 8 up to 128 is zero-padded to the next of these (zero columns of Q and K add nothing to a
+#: score, zero columns of V give output columns that are cut off again), so it costs the larger
+#: dim's time. Multiples of 32: the fast forward's swizzle (ft_swizzle.cuh) works on groups of 4
+#: or 8 16-byte chunks, and the atomic dQ on 32- or 64-column chunks
+HEAD_DIMS = (32, 64, 96, 128)
+#: built from sm_80 only, for step 3 of the forward and for the backward (whose dK/dV kernel then
+#: splits dK and dV over two blocks, bwd_dkdv.cu's DKDV_SPLIT): on a T4 the 256-wide tiles do not
+#: fit its 64 KB next to useful tile sizes, and its fp16-only tensor cores would spill
+WIDE_DIMS = (256,)
+#: the head dims the backward's measured alternatives (:func:`experiment_configs`) are built at
+EXPERIMENT_DIMS = (64, 128)
 
 
-def padded_dim(head_dim: int) -> int:
-    """The built head dim that ``head_dim`` runs at: 64 up to 64, 128 up to 128, else itself."""
-    return next((d for d in HEAD_DIMS if head_dim <= d), head_dim)
+#: the forward steps built at every one of :data:`HEAD_DIMS`: the ones ``cuda_attention`` runs
+FAST_STEPS = tuple(sorted({"v3", *FAST_VARIANTS.values()}))
+#: the other (teaching) steps of the ladder are built at 64 and 128 only, to keep the number of
+#: builds (and CI's compile test) down; D = 32 and 96 run there padded to 64 and 128
+LADDER_DIMS = (64, 128)
+
+
+def built_dims(variant: str | None = None) -> tuple:
+    """The head dims up to 128 that forward step ``variant`` (None: the backward, or
+    ``cuda_attention``) is built for."""
+    return HEAD_DIMS if variant is None or variant in FAST_STEPS else LADDER_DIMS
+
+
+def padded_dim(head_dim: int, variant: str | None = None) -> int:
+    """The built head dim that ``head_dim`` runs at: the next of :func:`built_dims` up to 128
+    (32, 64, 96 or 128 for the backward and the fast steps), else itself (256)."""
+    return next((d for d in built_dims(variant) if head_dim <= d), head_dim)
 
 
 def _smem_by_arch() -> tuple[dict, dict]:
@@ -192,7 +212,7 @@ def forward_builds(arch: int, smem_limit: int | None = None) -> list[LaunchConfi
     dtypes = [torch.float16] + ([torch.bfloat16] if arch >= 80 else [])
     return [launch_config(variant, dt, d, arch, limit)
             for variant in VARIANTS for dt in dtypes
-            for d in HEAD_DIMS + (V3_ONLY_DIMS if variant == "v3" and arch >= 80 else ())]
+            for d in built_dims(variant) + (WIDE_DIMS if variant == "v3" and arch >= 80 else ())]
 
 
 def register_budget(variant: str, head_dim: int, block_n: int = 64, m_tiles: int = 1) -> dict:
@@ -259,11 +279,19 @@ class BackwardConfig:
         return (self.head_dim + 8) * 2
 
     @property
+    def split(self) -> bool:         # dK and dV in separate blocks (grid z = 2): D = 256
+        return self.head_dim > max(HEAD_DIMS)
+
+    @property
+    def dq_cols(self) -> int:        # columns per pass of the atomic dQ product
+        return 64 if self.head_dim % 64 == 0 else 32
+
+    @property
     def dkdv_smem(self) -> int:
         keys = 16 * self.warps
         kv = 2 * keys * self.row_bytes
         ds = keys * (self.dkdv_block_m + 8) * 2 if self.dq_atomic else 0
-        dq_stage = self.warps * 16 * (64 + 8) * 4 if self.dq_atomic and self.dq_stage else 0
+        dq_stage = self.warps * 16 * (self.dq_cols + 8) * 4 if self.dq_atomic and self.dq_stage else 0
         stage = 2 * self.dkdv_block_m * self.row_bytes + 2 * self.dkdv_block_m * 4
         return kv + ds + dq_stage + self.stages * stage
 
@@ -278,8 +306,12 @@ class BackwardConfig:
 def atomic_candidates(head_dim: int) -> list[BackwardConfig]:
     """The atomic-dQ configurations in order of preference, as measured on an H200
     (book/perflog_cuda_bwd.md, "dQ by atomics, made cheap"): 128-key blocks of 8 warps with one
-    barrier per step; at D = 128 also dQ staged in shared memory and added 16 bytes at a time."""
+    barrier per step; at D = 128 also dQ staged in shared memory and added 16 bytes at a time.
+    D = 256: 64-key blocks (two 128-key tiles of K and V alone would take 270 KB), 64 queries per
+    step where shared memory allows (213 KB: an H100/H200), else 32 (141 KB: an A100)."""
     base = BackwardConfig(head_dim, 2, 64, 64, dq_atomic=True)
+    if head_dim > max(HEAD_DIMS):
+        return [base, replace(base, dkdv_block_m=32)]
     w8 = replace(base, warps=8, one_barrier=True)
     return ([replace(w8, dq_stage=True)] if head_dim >= 128 else []) + [w8, base]
 
@@ -291,7 +323,8 @@ def pick_config(head_dim: int, arch: int, smem_limit: int, deterministic: bool =
     From sm_80, unless ``deterministic``: dQ added with float32 atomics by the dK/dV kernel (five
     matrix products per tile pair instead of seven), the first of :func:`atomic_candidates` that
     fits. Otherwise (and on a T4): the separate dQ pass, deterministic, with the largest tiles that
-    fit: D = 128 needs 103 KB on an H200 (two blocks per SM), 51 KB on a T4 (64 KB max)."""
+    fit: D = 128 needs 103 KB on an H200 (two blocks per SM), 51 KB on a T4 (64 KB max); D = 256
+    (sm_80+) 204 KB on an H200, 136 KB on an A100 (single-buffered)."""
     if not deterministic and arch >= 80:
         for cfg in atomic_candidates(head_dim):
             if cfg.dkdv_smem <= smem_limit:
@@ -320,6 +353,8 @@ def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[st
         builds["dkdv"][2]["DKDV_ONE_BARRIER"] = 1
     if cfg.dq_stage:
         builds["dkdv"][2]["DKDV_DQ_STAGE"] = 1
+    if cfg.split:
+        builds["dkdv"][2]["DKDV_SPLIT"] = 1
     if cfg.dq_atomic:
         builds["dq_convert"] = ("bwd_dq_convert.cu", "attn_bwd_dq_convert", base)
     else:
@@ -331,23 +366,38 @@ def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[st
 
 def backward_builds(arch: int) -> list[tuple[str, dict]]:
     """Every (source, defines) the backward compiles on an sm_``arch`` GPU: the default and the
-    deterministic configuration, the atomic variant of the latter, and from sm_80 the measured
-    alternatives (:func:`experiment_configs`); the CI compile test builds exactly these."""
+    deterministic configuration, the atomic variant of the latter, and from sm_80 D = 256 and the
+    measured alternatives (:func:`experiment_configs`, at :data:`EXPERIMENT_DIMS`); the CI compile
+    test builds exactly these."""
     if arch not in SMEM_PER_BLOCK:
         raise ValueError(f"arch must be one of {sorted(SMEM_PER_BLOCK)}, got {arch!r}")
     out: list[tuple[str, dict]] = []
     limit = SMEM_PER_BLOCK[arch]
     for dtype in (DTYPES if arch >= 80 else (torch.float16,)):
-        for d in HEAD_DIMS:
+        for d in HEAD_DIMS + (WIDE_DIMS if arch >= 80 else ()):
             det = pick_config(d, arch, limit, deterministic=True)
-            variants = [det, replace(det, dq_atomic=True), pick_config(d, arch, limit)]
-            if arch >= 80:
+            variants = [det, pick_config(d, arch, limit)]
+            atomic_det = replace(det, dq_atomic=True)
+            if atomic_det.dkdv_smem <= limit:
+                variants.insert(1, atomic_det)
+            if arch >= 80 and d in EXPERIMENT_DIMS:
                 variants += [v for v in experiment_configs(d).values() if max(v.dkdv_smem, v.dq_smem) <= limit]
             for v in variants:
                 for source, _, defines in kernel_builds(v, dtype).values():
                     if (source, defines) not in out:
                         out.append((source, defines))
     return out
+
+
+def attention_builds(dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
+                     deterministic: bool = False) -> dict[str, tuple[str, str, dict]]:
+    """What the first ``cuda_attention`` forward and backward compile on an sm_``arch`` GPU with
+    ``smem_limit`` bytes per block, at (unpadded) ``head_dim``: step name -> (source, kernel,
+    defines); ``"forward"`` then the backward's steps (:func:`kernel_builds`)."""
+    d = padded_dim(head_dim)
+    fwd = launch_config(fast_variant(d, arch), dtype, d, arch, smem_limit)
+    return {"forward": (fwd.source, fwd.kernel, fwd.define_dict),
+            **kernel_builds(pick_config(d, arch, smem_limit, deterministic), dtype)}
 
 
 def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
@@ -380,6 +430,9 @@ HOPPER_VARIANTS = {
 #: W2's register split per thread after setmaxnreg: producer warpgroup, each consumer warpgroup
 #: (128 * 24 + 256 * 240 = 64512 of an SM's 65536 32-bit registers)
 W2_REGS = {"producer": 24, "consumer": 240}
+
+#: head dims the Hopper forward is built for (its tiles are 64-column swizzled blocks)
+HOPPER_HEAD_DIMS = (64, 128)
 
 #: the target wgmma needs: the "a" suffix names features of this chip that later ones may lack
 HOPPER_ARCH = "90a"
@@ -423,8 +476,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
         raise ValueError(f"dtype must be float16 or bfloat16, got {dtype}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HEAD_DIMS))}")
+    if head_dim not in HOPPER_HEAD_DIMS:
+        raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HOPPER_HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     if variant == "w2":
@@ -444,14 +497,14 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
 
 def hopper_builds() -> list[HopperConfig]:
     """Every build the Hopper forward makes at its defaults (the CPU tests compile exactly these)."""
-    return [hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HEAD_DIMS]
+    return [hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HOPPER_HEAD_DIMS]
 
 
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
-    "auto": "wgmma where it runs (sm_90, head dim padded to 64 or 128, an NVRTC that targets sm_90a), "
+    "auto": "wgmma where it runs (sm_90, a head dim that pads to 64 or 128, an NVRTC that targets sm_90a), "
             "mma.sync everywhere else",
     "mma": "the mma.sync ladder's fast step (fast_variant), on every GPU from sm_75",
     "wgmma": "the Hopper forward, rung W1 of chapter 11 (sm_90 only; an error anywhere else)",
@@ -496,9 +549,9 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
         why_not = (RuntimeError, f"wgmma exists on sm_90 GPUs only (H100, H200); this GPU is sm_{arch}")
     elif dtype not in DTYPE_DEFINES:
         why_not = (ValueError, f"the wgmma forward is built for float16 and bfloat16, got {dtype}")
-    elif head_dim not in HEAD_DIMS:
-        why_not = (ValueError, f"the wgmma forward is built for head dims up to {max(HEAD_DIMS)} (padded to "
-                               f"{' or '.join(map(str, HEAD_DIMS))}), got D = {head_dim}")
+    elif head_dim not in HOPPER_HEAD_DIMS:
+        why_not = (ValueError, f"the wgmma forward is built for head dims {' and '.join(map(str, HOPPER_HEAD_DIMS))} "
+                               f"(the mma.sync path pads this one to D = {head_dim})")
     elif nvrtc_version is None or tuple(nvrtc_version) < HOPPER_NVRTC:
         why_not = (RuntimeError, f"NVRTC {nvrtc_version or 'of unknown version'} cannot target sm_90a (wgmma) "
                                  f"before {HOPPER_NVRTC[0]}.{HOPPER_NVRTC[1]}; install a CuPy for CUDA 12 or 13 "

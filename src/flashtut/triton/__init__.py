@@ -8,8 +8,9 @@ needs triton only when a kernel is called.
 from __future__ import annotations
 
 from .attention import (KERNEL_DTYPES, MAX_HEAD_DIM, TritonAttention, best_configs, interpreting,
-                        triton_attention, triton_backward, triton_forward, use_configs)
+                        triton_attention, triton_backward, triton_forward, use_configs,
+                        use_fused_backward)
 from .configs import TileConfig
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
-           "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM"]
+           "best_configs", "use_configs", "use_fused_backward", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM"]

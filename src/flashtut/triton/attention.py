@@ -28,7 +28,7 @@ import os
 import torch
 
 from ..checks import (check_bool, check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor,
-                      check_varlen, raise_if_overflowed)
+                      check_varlen, raise_if_overflowed, scores_can_overflow)
 from ..constants import LOG2E
 from ..reference import naive_varlen_attention
 from . import configs
@@ -131,11 +131,17 @@ def _dot_precision(dtype: torch.dtype) -> str:
 _TUNED: dict = {}
 
 
-def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
+#: what each kernel's autotuner keys on besides the tensors' dtypes (which Triton adds itself)
+_TUNE_KEYS = {"fwd": ["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"]}
+_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32"]
+_TUNE_KEYS["dkdv"] = _TUNE_KEYS["dq"] + ["FUSED_DQ", "GROUPED", "WIDE_ROWS"]
+
+
+def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int, window: bool = False):
     """The autotuner for ``kernel`` on this GPU generation, dtype class and head-dim class.
-    Its key adds the length class, ``CAUSAL`` and (Triton adds it itself) the tensors' dtypes."""
+    Its key adds the length class, the mask and the backward's variants (``_TUNE_KEYS``)."""
     gen = configs.generation(capability)
-    space = configs.search_space(kernel, capability, fp32, block_d)
+    space = configs.search_space(kernel, capability, fp32, block_d, window)
     key = (kernel, gen, fp32, tuple(space))   # one autotuner per distinct search space
     if key not in _TUNED:
         candidates = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
@@ -144,7 +150,10 @@ def _tuned(kernel: str, jit_fn, capability, fp32: bool, block_d: int):
         def bench(fn, quantiles):  # shorter than the default 25 ms + 100 ms per config
             return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
 
-        _TUNED[key] = triton.autotune(configs=candidates, key=["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"],
+        # the fused dK/dV kernel adds into DQ: every timed run must start from zeros (without
+        # FUSED_DQ the caller passes dk there, which the kernel overwrites anyway)
+        reset = ["DQ"] if kernel == "dkdv" else None
+        _TUNED[key] = triton.autotune(configs=candidates, key=_TUNE_KEYS[kernel], reset_to_zero=reset,
                                       do_bench=bench)(jit_fn)
     return _TUNED[key]
 
@@ -173,7 +182,7 @@ def use_configs(**pinned):
         _FORCED.update(saved)
 
 
-def _fixed_config(kernel: str, dtype, device, block_d: int):
+def _fixed_config(kernel: str, dtype, device, block_d: int, window: bool = False):
     """The configuration to launch without a sweep, or None to autotune."""
     if kernel in _FORCED:
         return _FORCED[kernel]
@@ -181,7 +190,7 @@ def _fixed_config(kernel: str, dtype, device, block_d: int):
         return configs.INTERPRETER[kernel]
     if os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1") == "0":   # e.g. quick GPU tests
         cap = torch.cuda.get_device_capability(device)
-        return configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
+        return configs.search_space(kernel, cap, dtype == torch.float32, block_d, window)[0]
     return None
 
 
@@ -189,7 +198,7 @@ def _launch(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict
     """Launch ``jit_fn`` with a grid of ``(cdiv(grid_rows, BLOCK), bh)`` programs, where BLOCK
     is the configuration's BLOCK_M (query-blocked kernels) or BLOCK_N (``dkdv``)."""
     tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
-    c = _fixed_config(kernel, dtype, device, meta["BLOCK_D"])
+    c = _fixed_config(kernel, dtype, device, meta["BLOCK_D"], meta["WINDOW"])
     if c is not None:
         grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
         launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
@@ -199,7 +208,7 @@ def _launch(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict
             jit_fn[grid](*args, **launch)
         return
     capability = torch.cuda.get_device_capability(device)
-    tuned = _tuned(kernel, jit_fn, capability, dtype == torch.float32, meta["BLOCK_D"])
+    tuned = _tuned(kernel, jit_fn, capability, dtype == torch.float32, meta["BLOCK_D"], meta["WINDOW"])
 
     def grid(m):
         return (triton.cdiv(grid_rows, m[tile_key]), bh)
@@ -270,36 +279,118 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
     return o, lse
 
 
+_FUSED_DQ: list = []       # a stack of use_fused_backward() settings; empty: configs decides
+
+
+@contextlib.contextmanager
+def use_fused_backward(enabled: bool = True):
+    """Run the backward as one fused kernel (``enabled=True``: the dK/dV program also adds ``dQ``
+    with float32 atomics, five tile products per tile pair instead of seven, not bit-for-bit
+    deterministic) or as the two deterministic kernels (``False``), instead of the measured
+    default (:func:`flashtut.triton.configs.fused_backward_default`)."""
+    _FUSED_DQ.append(check_bool("enabled", enabled))
+    try:
+        yield
+    finally:
+        _FUSED_DQ.pop()
+
+
+def _fused_dq(q: torch.Tensor, mask, ds_fp32: bool) -> bool:
+    if _FUSED_DQ:
+        return _FUSED_DQ[-1]
+    if ds_fp32 or not q.is_cuda or interpreting():
+        return False
+    return configs.fused_backward_default(torch.cuda.get_device_capability(q.device), q.dtype == torch.float32,
+                                          mask[0] is not None, mask[1] is not None)
+
+
+#: row offsets (elements) from which the dK/dV kernel's query loop switches to 64-bit addressing
+_WIDE_ROWS_FROM = 2 ** 31
+
+
+class _BackwardPlan:
+    """The launches of one backward, prepared once: ``preprocess()`` (Delta), ``dkdv()`` and
+    ``dq()`` (or, fused, ``dkdv()`` alone and ``finish()``), then ``grads()``. Split out so that
+    a benchmark can time each kernel on its own."""
+
+    def __init__(self, q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None,
+                 ds_fp32: bool = False, fused_dq: bool | None = None):
+        L = self.L = layout or _Layout(q, k)
+        q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
+        self.q, self.scale = q, scale
+        self.fused = _fused_dq(q, mask, ds_fp32) if fused_dq is None else fused_dq
+        lse = lse.to(torch.float32).contiguous()
+        block_d = _block_d(L.D)
+        self.delta = torch.empty(L.lse_shape, dtype=torch.float32, device=q.device)
+        # Delta is row by row: a packed (total, H, D) tensor is read as one (1, H, total, D) sequence
+        self.o4, self.do4 = (t.permute(1, 0, 2)[None] if L.varlen else t for t in (o, do))
+        self.pre_block = 16 if interpreting() else 128
+        self.block_d = block_d
+        self.dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        if self.fused:      # float32 sums, zeroed; cast to q's dtype (and scaled) by finish()
+            self.dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            self.dq = None
+        else:
+            self.dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+            self.dq_acc = self.dk                    # an unused argument: never read or written
+        bucket = configs.length_bucket(max(L.Nq, L.Nk))
+        self.meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
+                         DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32)
+        # the dK/dV kernel addresses query rows (of one sequence) in 32 bits unless row * stride,
+        # padded by the largest tile, can reach 2**31
+        row_stride = max(_strides(t)[2] for t in (q, do, self.dq_acc))
+        self.dkdv_meta = dict(self.meta, FUSED_DQ=self.fused, GROUPED=L.group > 1,
+                              WIDE_ROWS=(L.Nq + 256) * row_stride >= _WIDE_ROWS_FROM)
+        common = [*L.lse_strides, L.group, L.Nq, L.Nk, L.D, scale, scale * LOG2E, mask[1] or 0, bucket]
+        self.dkdv_args = [q, k, v, do, self.dk, self.dv, self.dq_acc, lse, self.delta, L.cu_q, L.cu_k,
+                          *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(self.dk),
+                          *_strides(self.dv), *_strides(self.dq_acc), *common[:2], L.Hkv, *common[2:]]
+        if not self.fused:
+            self.dq_args = [q, k, v, do, self.dq, lse, self.delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k),
+                            *_strides(v), *_strides(do), *_strides(self.dq), *common[:2], L.H, *common[2:]]
+
+    def _ctx(self):
+        return torch.cuda.device(self.q.device) if self.q.is_cuda else contextlib.nullcontext()
+
+    def preprocess(self):
+        o4, do4, L = self.o4, self.do4, self.L
+        grid = (triton.cdiv(o4.shape[2], self.pre_block), o4.shape[0] * L.H)
+        with self._ctx():
+            backward.bwd_preprocess_kernel[grid](o4, do4, self.delta, *_strides(o4), *_strides(do4), L.H,
+                                                 o4.shape[2], L.D, BLOCK_M=self.pre_block, BLOCK_D=self.block_d)
+
+    def dkdv(self):
+        if self.fused:
+            self.dq_acc.zero_()
+        _launch("dkdv", backward.bwd_dkdv_kernel, self.L.Nk, self.L.B * self.L.Hkv, self.dkdv_args,
+                self.dkdv_meta, self.q.dtype, self.q.device)
+
+    def dq_kernel(self):
+        if not self.fused:
+            _launch("dq", backward.bwd_dq_kernel, self.L.Nq, self.L.B * self.L.H, self.dq_args, self.meta,
+                    self.q.dtype, self.q.device)
+
+    def finish(self):
+        if self.fused:
+            self.dq = (self.dq_acc * self.scale).to(self.q.dtype)
+
+    def run(self):
+        self.preprocess()
+        self.dkdv()
+        self.dq_kernel()
+        self.finish()
+        return self.dq, self.dk, self.dv
+
+
 def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None,
               ds_fp32: bool = False):
-    L = layout or _Layout(q, k)
-    q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
-    lse = lse.to(torch.float32).contiguous()
-    block_d = _block_d(L.D)
-    delta = torch.empty(L.lse_shape, dtype=torch.float32, device=q.device)
-    # Delta is row by row: a packed (total, H, D) tensor is read as one (1, H, total, D) sequence
-    o4, do4 = (t.permute(1, 0, 2)[None] if L.varlen else t for t in (o, do))
-    pre_block = 16 if interpreting() else 128
-    grid = (triton.cdiv(o4.shape[2], pre_block), o4.shape[0] * L.H)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        backward.bwd_preprocess_kernel[grid](o4, do4, delta, *_strides(o4), *_strides(do4), L.H,
-                                               o4.shape[2], L.D, BLOCK_M=pre_block, BLOCK_D=block_d)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    bucket = configs.length_bucket(max(L.Nq, L.Nk))
-    meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
-                DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32)
-    common = [*L.lse_strides, L.group, L.Nq, L.Nk, L.D, scale, scale * LOG2E, mask[1] or 0, bucket]
-    _launch("dkdv", backward.bwd_dkdv_kernel, L.Nk, L.B * L.Hkv,
-            [q, k, v, do, dk, dv, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
-             *_strides(do), *_strides(dk), *_strides(dv), *common[:2], L.Hkv, *common[2:]],
-            meta, q.dtype, q.device)
-    _launch("dq", backward.bwd_dq_kernel, L.Nq, L.B * L.H,
-            [q, k, v, do, dq, lse, delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v),
-             *_strides(do), *_strides(dq), *common[:2], L.H, *common[2:]], meta, q.dtype, q.device)
-    raise_if_overflowed(torch.stack([g.abs().amax().float() for g in (dq, dk, dv)]),
-                        q.dtype, scale, L.D, "gradients")
+    dq, dk, dv = _BackwardPlan(q, k, v, o, lse, do, mask, scale, layout, ds_fp32).run()
+    # only dtypes whose scores can overflow are read again (three reductions and a host sync cost
+    # 0.1-0.25 ms, 3-7 % of a windowed backward at N = 16384); one max-norm pass per gradient
+    if scores_can_overflow(q.dtype, scale, q.shape[-1]):
+        raise_if_overflowed(torch.stack([torch.linalg.vector_norm(g, float("inf")).float() for g in (dq, dk, dv)]),
+                            q.dtype, scale, q.shape[-1], "gradients")
     return dq, dk, dv
 
 
@@ -452,5 +543,5 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
-           "best_configs", "use_configs", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
+           "best_configs", "use_configs", "use_fused_backward", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
            "varlen_attention", "varlen_triton"]

@@ -18,7 +18,10 @@ costs, not for speed.
 
 Splitting ``dQ`` out costs a second recomputation of ``Q K^T`` and ``dO V^T`` (seven tile
 products per tile pair instead of five) but every program owns the rows it writes, so there
-are no atomic additions and the result is deterministic.
+are no atomic additions and the result is deterministic. The five-product alternative is there
+too (``FUSED_DQ``: the dK/dV program adds ``dS K`` into a float32 ``dQ`` with atomics, as
+FlashAttention-2's CUDA backward does); on the H200 it measured slower (windowed backward at
+N = 16384: 4.1-4.2 ms against 3.4-3.5 ms split), so the split kernels are the default.
 
 The kernels take the transposed view in the dK/dV kernel (``S^T = K Q^T``), so that ``P^T``
 comes out of the product directly and needs no transpose before ``P^T dO``.
@@ -95,17 +98,28 @@ def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.cons
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_don,
-                     offs_n, offs_m0, offs_d, start, end, n_q, n_k, head_dim, qk_scale, off, window,
-                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qn, stride_don,
+                     stride_dqn, offs_n, offs_m0, offs_d, start, end, n_q, n_k, head_dim, qk_scale, off,
+                     window, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                      WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                     DS_FP32: tl.constexpr):
+                     DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr, WIDE_ROWS: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
-    # the first tile's row offset in 64 bits (row * stride can pass 2**31), then pointer steps
-    q_ptrs = q_base + start.to(tl.int64) * stride_qn + offs_m0[:, None] * stride_qn + offs_d[None, :]
-    do_ptrs = do_base + start.to(tl.int64) * stride_don + offs_m0[:, None] * stride_don + offs_d[None, :]
+    if WIDE_ROWS:
+        # row * stride can pass 2**31: the first tile's offset in 64 bits, then pointer steps
+        q_ptrs = q_base + start.to(tl.int64) * stride_qn + offs_m0[:, None] * stride_qn + offs_d[None, :]
+        do_ptrs = do_base + start.to(tl.int64) * stride_don + offs_m0[:, None] * stride_don + offs_d[None, :]
+        if FUSED_DQ:
+            dq_ptrs = dq_base + start.to(tl.int64) * stride_dqn + offs_m0[:, None] * stride_dqn + offs_d[None, :]
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m0
+        if not WIDE_ROWS:
+            # 32-bit offsets from the row numbers, recomputed each tile: pointer tensors carried
+            # from tile to tile stay live across the software pipeline and made this kernel spill
+            # registers (ptxas -v, sm_90a: 132 bytes at 32x128 with 8 warps, 0 without them)
+            q_ptrs = q_base + rows[:, None] * stride_qn + offs_d[None, :]
+            do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
+            if FUSED_DQ:
+                dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :]
         if MASKED:
             row_ok = rows < n_q
             q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
@@ -133,30 +147,53 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         ds_t = p_t * (dp_t - delta[None, :])
         if DS_FP32:                         # chapter 07: what rounding dS to 16 bits costs
             dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
+            if FUSED_DQ:
+                dq_part = tl.dot(tl.trans(ds_t), k.to(tl.float32), input_precision="ieee")
         else:
-            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
-        q_ptrs += BLOCK_M * stride_qn
-        do_ptrs += BLOCK_M * stride_don
+            ds_lo = ds_t.to(q.dtype)
+            dk = tl.dot(ds_lo, q, dk, input_precision=DOT_PREC)
+            if FUSED_DQ:
+                dq_part = tl.dot(tl.trans(ds_lo), k, input_precision=DOT_PREC)
+        if FUSED_DQ:
+            # other key blocks add to the same rows at the same time: float32 atomics (unscaled;
+            # the caller multiplies by ``scale`` once when it casts dQ back)
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq_part, mask=(rows < n_q)[:, None] & d_ok, sem="relaxed")
+            elif PAD_D:
+                tl.atomic_add(dq_ptrs, dq_part, mask=d_ok, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq_part, sem="relaxed")
+        if WIDE_ROWS:
+            q_ptrs += BLOCK_M * stride_qn
+            do_ptrs += BLOCK_M * stride_don
+            if FUSED_DQ:
+                dq_ptrs += BLOCK_M * stride_dqn
     return dk, dv
 
 
 # lengths are not specialised on: one compilation serves every sequence length
 @triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
-def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
+def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
                     stride_qb, stride_qh, stride_qn,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
                     stride_dob, stride_doh, stride_don,
                     stride_dkb, stride_dkh, stride_dkn,
                     stride_dvb, stride_dvh, stride_dvn,
+                    stride_dqb, stride_dqh, stride_dqn,
                     stride_lb, stride_lh,
                     n_kv_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
                     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
                     VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DS_FP32: tl.constexpr = False):
+                    DS_FP32: tl.constexpr = False, FUSED_DQ: tl.constexpr = False,
+                    GROUPED: tl.constexpr = True, WIDE_ROWS: tl.constexpr = True):
     """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys once,
-    summed over the ``group`` query heads that share its key/value head."""
+    summed over the ``group`` query heads that share its key/value head. With ``FUSED_DQ`` it
+    also adds its share of ``dQ / scale`` into the float32 ``DQ`` (zeroed by the caller) with
+    atomics, and no ``bwd_dq_kernel`` is needed. ``GROUPED=False`` (one query head per key/value
+    head) drops the loop over the group, whose loop-carried state cost registers; ``WIDE_ROWS``
+    keeps the query rows' offsets in 64 bits (needed once ``n_q * stride`` passes 2**31)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -180,24 +217,27 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU_Q, CU_K,
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lo, a, b_end, hi = query_range(start_n, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
-    for g in range(0, group):               # the query heads that read this key/value head
+    # one query head per key/value head: a loop of one trip known when compiling, which the
+    # compiler removes (a loop over a runtime count kept state live and cost registers)
+    for g in range(0, group if GROUPED else 1):     # the query heads that read this key/value head
         h = h_kv * group + g
         q_base = Q + b * stride_qb + h * stride_qh + q_start * stride_qn
         do_base = DO + b * stride_dob + h * stride_doh + q_start * stride_don
         lse_base = LSE + b * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                  stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                                  lo, a, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                  stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                                  a, b_end, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                  stride_qn, stride_don, offs_n, offs_m0, offs_d,
-                                  b_end, hi, n_q, n_k, head_dim, qk_scale, off, window,
-                                  BLOCK_M, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
+        dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                                  b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
 
     dk = dk * scale
     tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn + offs_d[None, :],

@@ -61,16 +61,27 @@ FWD = {
 # dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
 BWD_DKDV = {
     ("hopper", "small"): _cfgs([(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3)]),
-    ("hopper", "large"): _cfgs([(32, 128, 8, 3), (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)]),
+    ("hopper", "large"): _cfgs([(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 3)]),
     ("ampere", "small"): _cfgs([(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
     ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
 }
 # dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
 BWD_DQ = {
     ("hopper", "small"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]),
-    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]),
+    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 8, 3)]),
     ("ampere", "small"): _cfgs([(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]),
     ("ampere", "large"): _cfgs([(64, 64, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1)]),
+}
+# The first entry of a list is what runs with autotuning off. A sliding window gives every dK/dV
+# program the same short query range, and its best tile differs from the causal one. Measured on
+# the H200 (fp16, D = 128, N = 16384, window 4096, python -m flashtut.bench window-backward, two runs), the
+# dK/dV kernel alone: 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3
+# (the old first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms, 32x128 5.64).
+# dQ: 128x64/w8 with 3 or 4 stages traded places between the runs (1.20-1.32 ms): no override.
+# These runs predate the removal of the dK/dV kernel's register spills (flashtut.triton.backward,
+# GROUPED and WIDE_ROWS), which spilled more at 64x128 than at 32x128: to be measured again.
+WINDOW_FIRST = {
+    ("dkdv", "hopper", "large"): TileConfig(64, 128, 8, 2),
 }
 # exact fp32 dot products: small tiles, whatever the generation
 FP32 = {
@@ -92,16 +103,29 @@ def generation(capability: tuple[int, int]) -> str:
     return "hopper" if capability[0] >= 9 else "ampere"
 
 
-def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: int) -> list[TileConfig]:
+def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: int,
+                 window: bool = False) -> list[TileConfig]:
     """The configurations the autotuner times for ``kernel`` (``"fwd"``, ``"dkdv"``, ``"dq"``),
-    first the one used when autotuning is off. Head dims of 32 or less time only two: their
-    tiles are cheap and those sizes are not where the time goes."""
+    first the one used when autotuning is off (``window``: the sliding window's first choice,
+    ``WINDOW_FIRST``, moved to the front). Head dims of 32 or less time only two: their tiles
+    are cheap and those sizes are not where the time goes."""
     if fp32:
         return list(FP32[kernel])
-    space = list(_TABLES[kernel][generation(capability), "small" if block_d <= 64 else "large"])
+    gen, size = generation(capability), "small" if block_d <= 64 else "large"
+    space = list(_TABLES[kernel][gen, size])
+    first = WINDOW_FIRST.get((kernel, gen, size)) if window else None
+    if first is not None:
+        space = [first] + [c for c in space if c != first]
     if block_d <= 32:
         space = space[:2]
     return space
+
+
+def fused_backward_default(capability: tuple[int, int], fp32: bool, causal: bool, window: bool) -> bool:
+    """Whether the backward runs fused (dQ added with float32 atomics by the dK/dV program) by
+    default. Measured on the H200 (``tools/gpu_triton_window.sh``): the deterministic two-kernel
+    backward is kept everywhere until a measurement shows the fused one ahead."""
+    return False
 
 
 def length_bucket(n: int) -> int:

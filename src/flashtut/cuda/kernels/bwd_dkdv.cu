@@ -22,6 +22,11 @@
 // kv_group shares of each K/V head in float32 (accumulate, then reduce). Looping over the group
 // inside the block would avoid the (B, H, Nk, D) buffers, but at D = 128 this kernel uses 254 of
 // the 255 registers a thread can have, and the loop's extra live values made it spill.
+// D = 256 (DKDV_SPLIT): dK and dV of 16 keys x 256 columns in float32 would take 256 registers
+// per thread on their own. The grid gets a z dimension of 2 instead: z = 0 blocks accumulate dV
+// (S^T, then dV += P^T dO: two products), z = 1 blocks dK (S^T, dP^T, dK += dS^T Q: three, and
+// the atomic dQ if built with it), each in one 128-register accumulator. Five products per tile
+// pair instead of four, in exchange for no spill; both halves run side by side on the GPU.
 #include "bwd_common.cuh"
 
 #ifndef DKDV_WARPS
@@ -39,6 +44,9 @@
 #ifndef DKDV_ONE_BARRIER
 #define DKDV_ONE_BARRIER 0 // 1 (two stages): the next stage is copied after the step's first barrier,
 #endif                     // which then also protects its buffer: no barrier at the end of a step
+#ifndef DKDV_SPLIT
+#define DKDV_SPLIT (HEAD_DIM > 128)  // 1: dV in blocks with blockIdx.z == 0, dK in those with 1
+#endif
 #ifndef DKDV_DQ_STAGE
 #define DKDV_DQ_STAGE 0    // 1 (atomic dQ): each warp stages its dQ tile in shared memory and adds
 #endif                     // it with 16-byte red.global.add.v4.f32 (sm_90) instead of 8-byte ones
@@ -71,9 +79,13 @@
 #else
 #define DKDV_DS_BYTES 0
 #endif
-// dQ staging (DKDV_DQ_STAGE): per warp 16 rows x 64 float32 columns, rows padded by 8 floats so
-// the accumulator's 8-byte writes (a half-warp covers 4 rows x 4 pairs) hit 32 different banks
-#define DKDV_LDS_DQ (64 + 8)
+// the atomic dQ product works on DKDV_DQ_COLS columns at a time: 64 keep its accumulator at 32
+// registers; head dims that are an odd multiple of 32 (32, 96) take 32-column chunks
+#define DKDV_DQ_COLS (HEAD_DIM % 64 == 0 ? 64 : 32)
+// dQ staging (DKDV_DQ_STAGE): per warp 16 rows x DKDV_DQ_COLS float32 columns, rows padded by 8
+// floats so the accumulator's 8-byte writes (a half-warp covers 4 rows x 4 pairs) hit 32
+// different banks
+#define DKDV_LDS_DQ (DKDV_DQ_COLS + 8)
 #if DKDV_DQ_ATOMIC && DKDV_DQ_STAGE
 #define DKDV_DQ_STAGE_BYTES (DKDV_WARPS * 16 * DKDV_LDS_DQ * 4)
 #else
@@ -86,8 +98,8 @@
 #if DKDV_STAGES != 1 && DKDV_STAGES != 2
 #error "DKDV_STAGES must be 1 or 2"
 #endif
-#if DKDV_DQ_ATOMIC && HEAD_DIM % 64 != 0
-#error "the atomic-dQ variant works on 64-column chunks of the head dim"
+#if DKDV_DQ_ATOMIC && HEAD_DIM % 32 != 0
+#error "the atomic-dQ variant works on 32- or 64-column chunks of the head dim"
 #endif
 #if DKDV_ONE_BARRIER && DKDV_STAGES != 2
 #error "DKDV_ONE_BARRIER needs two stages"
@@ -168,7 +180,16 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     if (n_steps > 0) load_stage(0, first_q);
     cp_async_commit();
 
+    // which outputs this block accumulates: both, or (DKDV_SPLIT) dV when blockIdx.z == 0 and dK
+    // when it is 1; a block-uniform branch, so the barriers inside it are reached by all threads
+#if DKDV_SPLIT
+    const bool want_dv = blockIdx.z == 0, want_dk = !want_dv;
+    float acc_dv[HEAD_DIM / 8][4];
+    float (&acc_dk)[HEAD_DIM / 8][4] = acc_dv;    // one accumulator holds whichever it is
+#else
+    constexpr bool want_dv = true, want_dk = true;
     float acc_dk[HEAD_DIM / 8][4], acc_dv[HEAD_DIM / 8][4];
+#endif
 #pragma unroll
     for (int t = 0; t < HEAD_DIM / 8; ++t)
 #pragma unroll
@@ -229,23 +250,25 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
         }
 
         float ds[DKDV_MT][4];
-        mma_abt<DKDV_MT>(ds, s_vw, s_do, lane);               // dP^T = V_w dO^T
+        if (want_dk) {
+            mma_abt<DKDV_MT>(ds, s_vw, s_do, lane);           // dP^T = V_w dO^T
 #pragma unroll
-        for (int t = 0; t < DKDV_MT; ++t) {
-            const int qc = t * 8 + 2 * (lane % 4);
-            const float d0 = s_delta[qc], d1 = s_delta[qc + 1];
-            ds[t][0] = p[t][0] * (ds[t][0] - d0);
-            ds[t][1] = p[t][1] * (ds[t][1] - d1);
-            ds[t][2] = p[t][2] * (ds[t][2] - d0);
-            ds[t][3] = p[t][3] * (ds[t][3] - d1);
+            for (int t = 0; t < DKDV_MT; ++t) {
+                const int qc = t * 8 + 2 * (lane % 4);
+                const float d0 = s_delta[qc], d1 = s_delta[qc + 1];
+                ds[t][0] = p[t][0] * (ds[t][0] - d0);
+                ds[t][1] = p[t][1] * (ds[t][1] - d1);
+                ds[t][2] = p[t][2] * (ds[t][2] - d0);
+                ds[t][3] = p[t][3] * (ds[t][3] - d1);
+            }
         }
 
         u32 pa[DKDV_MT / 2][4], dsa[DKDV_MT / 2][4];
-        acc_to_a<DKDV_MT>(pa, p);
-        acc_to_a<DKDV_MT>(dsa, ds);
+        if (want_dv) acc_to_a<DKDV_MT>(pa, p);
+        if (want_dk) acc_to_a<DKDV_MT>(dsa, ds);
 #if DKDV_DQ_ATOMIC
         ft_raw* t_ds = t_v + DKDV_BLOCK_N * BWD_LDS;
-        {   // this warp's 16 rows of dS^T -> shared (the A fragments are already packed pairs)
+        if (want_dk) {   // this warp's 16 rows of dS^T -> shared (the A fragments are already packed pairs)
             ft_raw* row_a = t_ds + (16 * warp + lane / 4) * DKDV_LDS_DS + 2 * (lane % 4);
             ft_raw* row_b = row_a + 8 * DKDV_LDS_DS;
 #pragma unroll
@@ -257,62 +280,66 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
             }
         }
 #endif
-        mma_ab<DKDV_MT / 2>(acc_dv, pa, s_do, lane);          // dV += P^T dO
-        mma_ab<DKDV_MT / 2>(acc_dk, dsa, s_q, lane);          // dK += dS^T Q
+        if (want_dv) mma_ab<DKDV_MT / 2>(acc_dv, pa, s_do, lane);   // dV += P^T dO
+        if (want_dk) mma_ab<DKDV_MT / 2>(acc_dk, dsa, s_q, lane);   // dK += dS^T Q
 #if DKDV_DQ_ATOMIC
-        __syncthreads();   // the whole dS^T tile is in shared memory
-        // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; A = dS, stored
-        // key-major as dS^T, so it is read with the transposing ldmatrix; 64 columns at a time
-        // keep the extra accumulator at 32 registers
-        const u32 s_ds = smem_addr(t_ds), s_kb = smem_addr(t_k);
-        const u32 ds_lane = (u32)((((lane % 8) + 8 * (lane / 16)) * DKDV_LDS_DS + 8 * ((lane / 8) % 2)) * 2);
-        for (int mt = warp; mt < DKDV_BLOCK_M / 16; mt += DKDV_WARPS) {
-            const int qa = q0 + 16 * mt + lane / 4, qb = qa + 8;
+        if (want_dk) {   // block-uniform (DKDV_SPLIT: blockIdx.z), so every thread meets the barrier
+            __syncthreads();   // the whole dS^T tile is in shared memory
+            // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; A = dS, stored
+            // key-major as dS^T, so it is read with the transposing ldmatrix; 64 columns at a time
+            // keep the extra accumulator at 32 registers (DKDV_DQ_COLS)
+            const u32 s_ds = smem_addr(t_ds), s_kb = smem_addr(t_k);
+            const u32 ds_lane = (u32)((((lane % 8) + 8 * (lane / 16)) * DKDV_LDS_DS + 8 * ((lane / 8) % 2)) * 2);
+            for (int mt = warp; mt < DKDV_BLOCK_M / 16; mt += DKDV_WARPS) {
+                const int qa = q0 + 16 * mt + lane / 4, qb = qa + 8;
 #pragma unroll
-            for (int c0 = 0; c0 < HEAD_DIM; c0 += 64) {
-                float acc[8][4];
+                for (int c0 = 0; c0 < HEAD_DIM; c0 += DKDV_DQ_COLS) {
+                    float acc[DKDV_DQ_COLS / 8][4];
 #pragma unroll
-                for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 #pragma unroll
-                for (int kt = 0; kt < DKDV_BLOCK_N / 16; ++kt) {
-                    u32 a[4];
-                    ldmatrix_x4_trans(a, s_ds + ds_lane + (u32)((kt * 16 * DKDV_LDS_DS + mt * 16) * 2));
+                    for (int kt = 0; kt < DKDV_BLOCK_N / 16; ++kt) {
+                        u32 a[4];
+                        ldmatrix_x4_trans(a, s_ds + ds_lane + (u32)((kt * 16 * DKDV_LDS_DS + mt * 16) * 2));
 #pragma unroll
-                    for (int dn = 0; dn < 4; ++dn) {
-                        u32 b[4];
-                        ldmatrix_x4_trans(b, s_kb + lane_off_a(lane) +
-                                             (u32)((kt * 16 * BWD_LDS + c0 + dn * 16) * 2));
-                        mma_16x8x16(acc[2 * dn], a, b[0], b[1]);
-                        mma_16x8x16(acc[2 * dn + 1], a, b[2], b[3]);
+                        for (int dn = 0; dn < DKDV_DQ_COLS / 16; ++dn) {
+                            u32 b[4];
+                            ldmatrix_x4_trans(b, s_kb + lane_off_a(lane) +
+                                                 (u32)((kt * 16 * BWD_LDS + c0 + dn * 16) * 2));
+                            mma_16x8x16(acc[2 * dn], a, b[0], b[1]);
+                            mma_16x8x16(acc[2 * dn + 1], a, b[2], b[3]);
+                        }
                     }
-                }
 #if DKDV_DQ_STAGE
-                // accumulator -> this warp's staging tile -> 16-byte reductions, 4 per row per lane
-                float* st = reinterpret_cast<float*>(t_ds + DKDV_BLOCK_N * DKDV_LDS_DS) + warp * 16 * DKDV_LDS_DQ;
+                    // accumulator -> this warp's staging tile -> 16-byte reductions, 4 per row per lane
+                    float* st = reinterpret_cast<float*>(t_ds + DKDV_BLOCK_N * DKDV_LDS_DS) + warp * 16 * DKDV_LDS_DQ;
 #pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    const int col = t * 8 + 2 * (lane % 4);
-                    *reinterpret_cast<float2*>(st + (lane / 4) * DKDV_LDS_DQ + col) = make_float2(acc[t][0], acc[t][1]);
-                    *reinterpret_cast<float2*>(st + (lane / 4 + 8) * DKDV_LDS_DQ + col) = make_float2(acc[t][2], acc[t][3]);
-                }
-                __syncwarp();
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) {
+                        const int col = t * 8 + 2 * (lane % 4);
+                        *reinterpret_cast<float2*>(st + (lane / 4) * DKDV_LDS_DQ + col) = make_float2(acc[t][0], acc[t][1]);
+                        *reinterpret_cast<float2*>(st + (lane / 4 + 8) * DKDV_LDS_DQ + col) = make_float2(acc[t][2], acc[t][3]);
+                    }
+                    __syncwarp();
+                    // 16 rows of DKDV_DQ_COLS / 4 float4 each: `per_row` lanes share a row
+                    constexpr int per_row = DKDV_DQ_COLS / 4, rows_per = 32 / per_row;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {   // 16 rows x 16 float4: rows lane/16 + 2i, float4 lane%16
-                    const int row = lane / 16 + 2 * i, col = 4 * (lane % 16);
-                    const int qr = q0 + 16 * mt + row;
-                    if (qr < n_q)
-                        red_add4(dq_accum + (long long)qr * HEAD_DIM + c0 + col,
-                                 *reinterpret_cast<const float4*>(st + row * DKDV_LDS_DQ + col));
-                }
-                __syncwarp();   // the staging tile is read before the next chunk overwrites it
+                    for (int i = 0; i < 16 / rows_per; ++i) {
+                        const int row = lane / per_row + rows_per * i, col = 4 * (lane % per_row);
+                        const int qr = q0 + 16 * mt + row;
+                        if (qr < n_q)
+                            red_add4(dq_accum + (long long)qr * HEAD_DIM + c0 + col,
+                                     *reinterpret_cast<const float4*>(st + row * DKDV_LDS_DQ + col));
+                    }
+                    __syncwarp();   // the staging tile is read before the next chunk overwrites it
 #else
 #pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    const int col = c0 + t * 8 + 2 * (lane % 4);
-                    if (qa < n_q) red_add2(dq_accum + (long long)qa * HEAD_DIM + col, acc[t][0], acc[t][1]);
-                    if (qb < n_q) red_add2(dq_accum + (long long)qb * HEAD_DIM + col, acc[t][2], acc[t][3]);
-                }
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) {
+                        const int col = c0 + t * 8 + 2 * (lane % 4);
+                        if (qa < n_q) red_add2(dq_accum + (long long)qa * HEAD_DIM + col, acc[t][0], acc[t][1]);
+                        if (qb < n_q) red_add2(dq_accum + (long long)qb * HEAD_DIM + col, acc[t][2], acc[t][3]);
+                    }
 #endif
+                }
             }
         }
 #endif
@@ -321,6 +348,6 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
     }
 
     cp_async_wait<0>();   // a block with no visible query block still has its K/V copies in flight
-    store_strip(dv, acc_dv, k0 + 16 * warp, n_k, 1.0f, lane);
-    store_strip(dk, acc_dk, k0 + 16 * warp, n_k, scale, lane);
+    if (want_dv) store_strip(dv, acc_dv, k0 + 16 * warp, n_k, 1.0f, lane);
+    if (want_dk) store_strip(dk, acc_dk, k0 + 16 * warp, n_k, scale, lane);
 }
