@@ -495,6 +495,7 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
 # ------------------------------------------------------------------ GPU: rung W2 (TMA, mbarriers, setmaxnreg)
 
 W2_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
+_W2_HUNG: list = []   # a dtype whose child process timed out: the next one is skipped, not waited for
 
 
 def w2_check(dtype_name: str) -> None:
@@ -534,12 +535,15 @@ def w2_check(dtype_name: str) -> None:
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_w2_matches_the_reference_and_w1(dtype_name):
+    if _W2_HUNG:
+        pytest.skip(f"W2 did not finish for {_W2_HUNG[0]}: not started again")
     here = Path(__file__).resolve().parent
     code = f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; t.w2_check({dtype_name!r})"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"W2 did not finish in 180 s (a deadlock in its mbarrier ring?); output so far:\n{exc.stdout}")
+        _W2_HUNG.append(dtype_name)
+        pytest.fail(f"W2 did not finish in 90 s (a deadlock in its mbarrier ring?); output so far:\n{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     assert res.stdout.count("ok W2") >= len(GPU_CASES), res.stdout
