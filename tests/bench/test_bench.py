@@ -722,3 +722,10 @@ def test_instruction_ceilings_are_below_the_datasheet_and_wgmma_above_mma_sync_o
     if cap[0] == 9:
         wg = instruction_peak("cuda", "wgmma", dtype, warmup_ms=5, rep_ms=20)
         assert wg["status"] == "ok" and wg["tflops"] > mma["tflops"], (wg, mma)
+
+
+def test_every_command_accepts_no_progress_as_the_gpu_scripts_pass_it():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    for name, p in sub.choices.items():
+        assert "--no-progress" in p._option_string_actions, name

@@ -316,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=140.0,
                    help="stop the tile sweeps (past their first two tiles) after this long (s)")
     p.add_argument("--quick", action="store_true", help="sweep four tiles per kernel")
+    for name, p in sub.choices.items():     # the GPU scripts pass --no-progress to every command
+        if "--no-progress" not in p._option_string_actions:
+            p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                           help=f"accepted everywhere; `{name}` shows no progress bar anyway")
     return parser
 
 
