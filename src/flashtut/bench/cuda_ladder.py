@@ -417,18 +417,33 @@ def main():
         prov["seconds"] = round(time.time() - t0, 1)
         if a.out:
             save_results(a.out, "speed", out["rows"], prov)
+
+    if not a.bwd_only:
+        save(first_calls(log))
+    warm_cache()
+    if not a.bwd_only:
+        save(check(log))
+    save(check_bwd(log))
+    Ns = (4096,) if a.quick else (4096, 16384)
+    for D in (128, 64):
+        save(bench(log, Ns, (D,), not a.no_bwd, fwd=not a.bwd_only))
+    if a.loader_ab:
+        try:
+            save(loader_ab(log, a.loader_ab))
+        except Exception as exc:  # the other phases are saved already
+            print(f"loader A/B failed: {type(exc).__name__}: {exc}", flush=True)
     rows = [legacy_row(r) for r in out["rows"]]
     # the short table: forward TFLOP/s and ratio to SDPA flash
     fw = [r for r in rows if r.get("impl", "").startswith(("cuda-v", "sdpa-flash")) and "fwd_tflops" in r]
     print("D     N dtype    causal  flash " + " ".join(f"{s:>11s}" for s in STEPS))
-    keys = sorted({(r["D"], r["N"], r["dtype"], r["causal"]) for r in fw})
+    bw = [r for r in rows if "bwd_tflops" in r]
+    keys = sorted({(r["D"], r["N"], r["dtype"], r["causal"]) for r in fw + bw})
     for key in keys:
         pick = {r["impl"]: r["fwd_tflops"] for r in fw if (r["D"], r["N"], r["dtype"], r["causal"]) == key}
         fl = pick.get("sdpa-flash", float("nan"))
         cells = [f"{pick.get('cuda-' + s, float('nan')):6.1f}/{pick.get('cuda-' + s, float('nan')) / fl:4.2f}"
                  for s in STEPS]
         print(f"{key[0]:3d} {key[1]:5d} {key[2]:8s} {str(key[3]):6s} {fl:6.1f} " + " ".join(cells))
-    bw = [r for r in rows if "bwd_tflops" in r]
     for key in keys:
         pick = {r["impl"]: r["bwd_tflops"] for r in bw if (r["D"], r["N"], r["dtype"], r["causal"]) == key}
         if pick:
