@@ -163,3 +163,27 @@ def test_triton_cache_rows_read_each_cubin_and_its_metadata(tmp_path, fake_torch
     assert rows[0]["launch"] == {"num_warps": 8, "num_stages": 3, "shared": 1024}
     assert rows[0]["binary"] == "triton cache ABCDEF0123456789"
     assert sum(r["counts"]["HMMA"] for r in rows) >= 4
+
+
+def test_sass_and_setting_tables_summarise_a_results_file():
+    from flashtut.bench.report import sass_table, setting_table
+
+    counts = lambda hg, hm: {"HGMMA": hg, "HMMA": hm, "LDSM": 8, "LDGSTS": 48, "UTMALDG": 0, "USETMAXREG": 0}
+    rows = [dict(kind="sass", impl="sdpa-flash", setting="default", kernel="void ns::flash_fwd_kernel<A, 1>(P)",
+                 counts=counts(0, 256)),
+            dict(kind="sass", impl="sdpa-flash", setting="default", kernel="void ns::flash_fwd_kernel<B, 2>(P)",
+                 counts=counts(0, 1024)),
+            dict(kind="sass", impl="triton", setting="default", kernel="attn_fwd_kernel", counts=counts(24, 0)),
+            dict(kind="sass", impl="cuda", setting="default", kernel="?", counts={}, status="error", error="x"),
+            dict(kind="speed", impl="triton", setting="default", mode="fwd", N=4096, causal=False, tflops=476.0,
+                 speedup_vs_sdpa_flash=1.4),
+            dict(kind="speed", impl="triton[DISABLE_MMA_V3=1]", setting="DISABLE_MMA_V3=1", mode="fwd", N=4096,
+                 causal=False, tflops=273.0, speedup_vs_sdpa_flash=0.77),
+            dict(kind="speed", impl="sdpa-flash", setting="default", mode="fwd", N=4096, causal=False, tflops=340.0)]
+    table = sass_table(rows).splitlines()
+    assert len(table) == 4                              # header, rule, one line per (impl, setting, kernel)
+    assert "| ns::flash_fwd_kernel" in table[2] and "| 2 " in table[2] and "256-1024" in table[2]
+    assert "attn_fwd_kernel" in table[3] and "| 24 " in table[3]
+    ablation = setting_table(rows).splitlines()
+    assert "triton default" in ablation[0] and "DISABLE_MMA_V3=1" in ablation[0]
+    assert ablation[2].replace(" ", "") == "|fwd|4096|no|476(1.40)|273(0.77)|"

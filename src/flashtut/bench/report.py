@@ -159,3 +159,50 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
             + [e["mode"], e["dtype"], str(e["D"]), str(e["N"]), _fmt(e["causal"]), f"{e['baseline_tflops']:.1f}"]
             + [_fmt(e["ratios"].get(i), ".2f") for i in impls] for e in table]
     return format_table(header, body, markdown)
+
+
+#: the instructions that tell which tensor-core path a kernel takes (and how it feeds it)
+SASS_COLUMNS = ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "USETMAXREG")
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def sass_table(rows: list[dict], markdown: bool = True) -> str:
+    """The ``sass`` rows of a results file (``flashtut.bench.sass``) as one line per implementation,
+    setting and kernel name: how many compiled versions were read and the count of each of
+    :data:`SASS_COLUMNS` in them (a range where the versions differ)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("kind") == "sass" and r.get("counts"):
+            name = r["kernel"].split("<")[0].split("(")[0].replace("void ", "")
+            groups[(r["impl"], r.get("setting", "default"), name)].append(r["counts"])
+    body = [[impl, setting, name, str(len(c))] + [_span([x.get(op, 0) for x in c]) for op in SASS_COLUMNS]
+            for (impl, setting, name), c in sorted(groups.items())]
+    return format_table(["impl", "setting", "kernel", "versions", *SASS_COLUMNS], body, markdown, left=(0, 1, 2))
+
+
+def setting_table(rows: list[dict], impl: str = "triton", markdown: bool = True) -> str:
+    """``impl``'s speed in each setting a results file holds (``flashtut.bench.sass``: Triton's
+    defaults against ``DISABLE_MMA_V3=1``), with SDPA flash timed in the same process as the
+    reference: one line per mode, N and mask."""
+    cells: dict[tuple, dict] = defaultdict(dict)
+    settings = []
+    for r in rows:
+        if r.get("kind") != "speed" or not r.get("tflops") or not r["impl"].startswith(impl):
+            continue
+        setting = r.get("setting", "default")
+        if setting not in settings:
+            settings.append(setting)
+        cells[(r["mode"], r["N"], r["causal"])][setting] = (r["tflops"], r.get("speedup_vs_sdpa_flash"))
+    head = ["mode", "N", "causal"] + [f"{impl} {s} TFLOP/s (x SDPA flash)" for s in settings]
+    body = []
+    for key in sorted(cells, key=lambda k: (k[0] != "fwd", k[1], k[2])):
+        row = [key[0], str(key[1]), "yes" if key[2] else "no"]
+        for s in settings:
+            t = cells[key].get(s)
+            row.append("-" if t is None else f"{t[0]:.0f} ({t[1]:.2f})" if t[1] else f"{t[0]:.0f}")
+        body.append(row)
+    return format_table(head, body, markdown)
