@@ -704,6 +704,20 @@ def test_instruction_peak_checks_its_arguments_and_says_why_it_cannot_run_on_the
     assert row["status"] == "unavailable" and "CUDA GPU" in row["reason"] and row["tflops"] is None
 
 
+def test_instruction_rows_pass_the_results_check_and_malformed_ones_are_named():
+    from flashtut.bench.results import check_row
+    from flashtut.bench.roofline import instruction_peak
+
+    row = instruction_peak("cpu", "mma.sync", "bfloat16")
+    assert check_row(row) is None
+    ok = dict(row, status="ok", tflops=648.5, ms=2.2)
+    assert check_row(ok) is None
+    assert "instruction" in check_row(dict(ok, instruction=None))
+    assert "dtype" in check_row(dict(ok, dtype=None))
+    assert "measured rate" in check_row(dict(ok, tflops=None))
+    assert "'instruction'" in check_row(dict(ok, what="hmma"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_instruction_ceilings_are_below_the_datasheet_and_wgmma_above_mma_sync_on_hopper(dtype):

@@ -21,6 +21,9 @@ KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass")
 COMPILE_WHATS = ("nvrtc", "first-call")
 #: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
 MODEL_SECTIONS = ("loss", "generation", "packed", "scaling")
+#: what a ``roofline`` row measured (``flashtut.bench.roofline``): copy bandwidth, a library matrix
+#: product, or one tensor-core instruction issued back to back (``instruction_peak``)
+ROOFLINE_WHATS = ("copy", "matmul", "instruction")
 
 
 def _clean(x):
@@ -87,10 +90,12 @@ def check_row(row, kind: str | None = None) -> str | None:
         if status == "ok" and row.get("tflops") is None:
             return "tflops: missing in a row whose status is 'ok'"
     if kind == "roofline":
-        if row.get("what") not in ("copy", "matmul"):
-            return f"what: got {row.get('what')!r}; accepted: 'copy' or 'matmul'"
-        if row["what"] == "matmul" and not isinstance(row.get("dtype"), str):
+        if row.get("what") not in ROOFLINE_WHATS:
+            return f"what: got {row.get('what')!r}; accepted: {', '.join(map(repr, ROOFLINE_WHATS))}"
+        if row["what"] != "copy" and not isinstance(row.get("dtype"), str):
             return f"dtype: got {row.get('dtype')!r}; accepted: a matmul dtype name"
+        if row["what"] == "instruction" and not isinstance(row.get("instruction"), str):
+            return f"instruction: got {row.get('instruction')!r}; accepted: an instruction name such as 'wgmma'"
         if status == "ok" and row.get("gb_per_s" if row["what"] == "copy" else "tflops") is None:
             return "a row whose status is 'ok' has no measured rate"
     if kind == "host":
