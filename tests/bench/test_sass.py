@@ -7,6 +7,7 @@ nvcc and a cuobjdump (the one in Triton's wheel will do) but no GPU.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -163,6 +164,25 @@ def test_triton_cache_rows_read_each_cubin_and_its_metadata(tmp_path, fake_torch
     assert rows[0]["launch"] == {"num_warps": 8, "num_stages": 3, "shared": 1024}
     assert rows[0]["binary"] == "triton cache ABCDEF0123456789"
     assert sum(r["counts"]["HMMA"] for r in rows) >= 4
+
+
+@needs_tools
+def test_dump_sass_tries_each_cuobjdump_until_one_reads_the_binary(tmp_path):
+    cubin = tmp_path / "k.cubin"
+    res = subprocess.run([NVCC, "-cubin", "-gencode=arch=compute_90,code=sm_90", "-o", str(cubin), "-x", "cu", "-"],
+                         input=LIBRARY_SOURCE, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    old = tmp_path / "old_cuobjdump"     # a toolkit's cuobjdump older than the NVRTC that built the cubin
+    old.write_text("#!/bin/sh\necho \"cuobjdump info    : File does not contain device code\" >&2\nexit 255\n")
+    old.chmod(0o755)
+    text = sass.dump_sass(cubin, [str(old), CUOBJDUMP])
+    assert "flash_fwd_kernel" in text and "HMMA" in text
+    with pytest.raises(RuntimeError, match="does not contain device code"):
+        sass.dump_sass(cubin, [str(old)])
+    with pytest.raises(RuntimeError, match="cuobjdump not found"):
+        sass.dump_sass(cubin, [])
+    assert CUOBJDUMP in sass.cuobjdump_candidates()
+    assert len(set(map(os.path.realpath, sass.cuobjdump_candidates()))) == len(sass.cuobjdump_candidates())
 
 
 def test_sass_and_setting_tables_summarise_a_results_file():

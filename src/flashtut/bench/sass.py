@@ -71,18 +71,24 @@ def count_row(lines) -> dict:
             "instructions": sum(n for op, n in hist.items() if op != "NOP")}
 
 
-def find_cuobjdump() -> str | None:
-    """``cuobjdump`` on the PATH, next to ``nvcc``, or the copy in Triton's wheel; None if none."""
-    if path := shutil.which("cuobjdump"):
-        return path
-    if (nvcc := shutil.which("nvcc")) and (path := Path(nvcc).resolve().parent / "cuobjdump").is_file():
-        return str(path)
+def cuobjdump_candidates() -> list[str]:
+    """Every ``cuobjdump`` found: on the PATH, next to ``nvcc``, the copy in Triton's wheel (each once)."""
+    found = [shutil.which("cuobjdump")]
+    if nvcc := shutil.which("nvcc"):
+        found.append(str(Path(nvcc).resolve().parent / "cuobjdump"))
     spec = importlib.util.find_spec("triton")   # found without importing triton
     for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root) / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if path.is_file():
-            return str(path)
-    return None
+        found.append(str(Path(root) / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    unique = {}
+    for path in found:
+        if path and Path(path).is_file():
+            unique.setdefault(Path(path).resolve(), path)
+    return list(unique.values())
+
+
+def find_cuobjdump() -> str | None:
+    """The first of :func:`cuobjdump_candidates`, or None if there is none."""
+    return next(iter(cuobjdump_candidates()), None)
 
 
 def _run(cmd: list[str], timeout_s: float) -> str:
@@ -92,14 +98,26 @@ def _run(cmd: list[str], timeout_s: float) -> str:
     return res.stdout
 
 
-def dump_sass(binary, cuobjdump: str, functions=(), arch: str | None = None, timeout_s: float = 120) -> str:
-    """``cuobjdump --dump-sass`` of a cubin or a library, only ``functions`` (mangled names) if given."""
-    cmd = [cuobjdump, "--dump-sass"]
+def dump_sass(binary, cuobjdump, functions=(), arch: str | None = None, timeout_s: float = 120) -> str:
+    """``cuobjdump --dump-sass`` of a cubin or a library, only ``functions`` (mangled names) if given.
+    ``cuobjdump`` is one path or several, tried in turn: a cubin from a newer NVRTC than the toolkit's
+    own (CuPy's wheel against a CUDA 13.0 toolkit, say) is "no device code" to the older cuobjdump,
+    while the newer one in Triton's wheel reads it."""
+    tools = [cuobjdump] if isinstance(cuobjdump, (str, Path)) else list(cuobjdump)
+    if not tools:
+        raise RuntimeError("cuobjdump not found: install the CUDA toolkit or triton (its wheel carries one)")
+    cmd = ["--dump-sass"]
     if arch:
         cmd += ["--gpu-architecture", arch]
     if functions:
         cmd += ["--function", ",".join(functions)]
-    return _run(cmd + [str(binary)], timeout_s)
+    failures = []
+    for tool in tools:
+        try:
+            return _run([str(tool), *cmd, str(binary)], timeout_s)
+        except RuntimeError as exc:
+            failures.append(str(exc))
+    raise RuntimeError("; ".join(failures))
 
 
 # ------------------------------------------------------------------------------- Triton
@@ -145,9 +163,7 @@ def cuda_kernel_rows(arch: int = 90, head_dim: int = 128) -> list[dict]:
     from ..cuda import configs
     from ..cuda.compile import build_cubin
 
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        raise RuntimeError("cuobjdump not found: install the CUDA toolkit or triton (its wheel carries one)")
+    cuobjdump = cuobjdump_candidates()
     w1 = configs.hopper_config("w1", torch.float16, head_dim)
     mma_variant = configs.fast_variant(head_dim, arch)
     mma = configs.launch_config(mma_variant, torch.float16, head_dim, arch, configs.SMEM_PER_BLOCK[arch])
@@ -268,6 +284,6 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-__all__ = ["KEY_OPCODES", "split_functions", "opcode_histogram", "count_row", "find_cuobjdump", "dump_sass",
+__all__ = ["KEY_OPCODES", "split_functions", "opcode_histogram", "count_row", "cuobjdump_candidates", "find_cuobjdump", "dump_sass",
            "triton_cache_rows", "cuda_kernel_rows", "torch_cuda_library", "flash_kernel_names",
            "sdpa_flash_rows", "tag_speed_rows", "error_row", "summary"]
