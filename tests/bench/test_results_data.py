@@ -71,6 +71,19 @@ def test_every_committed_file_loads_with_provenance():
         assert any(k in prov[0] for k in ("what", "command", "call", "provisional")), path.name
 
 
+def test_one_file_loses_no_row_to_the_merge():
+    """Within one file every row is its own measurement: the merge key must tell apart rows that
+    differ only in an instruction (mma.sync vs wgmma), K/V heads, a window or a packed layout."""
+    import json
+
+    for path in sorted(DATA.glob("*.json")):
+        raw = json.loads(path.read_text())["rows"]
+        rows, _ = results_data.load_results(path.name)
+        assert len(rows) == len(raw), f"{path.name}: {len(raw)} rows on disk, {len(rows)} loaded"
+    peaks, _ = results_data.load_results("h200_instruction_peaks.json")
+    assert {r["instruction"] for r in peaks} == {"mma.sync", "wgmma"}
+
+
 def test_data_dir_argument_and_environment_variable(tmp_path, monkeypatch):
     _speed_file(tmp_path / "bench_x.json", "2026-01-01T00:00:00+00:00")
     rows, prov = results_data.load_results("bench_x.json", data_dir=tmp_path)

@@ -161,7 +161,7 @@ def measurement_key(row: dict) -> tuple:
     if row.get("kind") not in KINDS:
         return ("unmerged", id(row))
     if row.get("kind") == "roofline":
-        return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
+        return ("roofline", row.get("device"), row.get("what"), row.get("instruction"), row.get("dtype"))
     if row.get("kind") == "host":
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
     if row.get("kind") == "sass":
@@ -172,9 +172,11 @@ def measurement_key(row: dict) -> tuple:
     if row.get("kind") == "model":
         return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
                 row.get("layout"), row.get("context"), row.get("prompt"))
+    # the real-model options (grouped K/V heads, a window, a packed or padded batch) are part of what
+    # was measured: without them a GQA row and a full-heads row of one shape would replace each other
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
-            row.get("D"), bool(row.get("causal")))
+            row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"))
 
 
 def merge_latest(tagged_docs) -> list[dict]:
