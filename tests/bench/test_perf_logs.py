@@ -23,3 +23,15 @@ def test_final_measurement_tables_match_the_data(page, kwargs):
     assert len(table_lines) > 10
     for line in table_lines:
         assert line in text, f"{page}: generated row missing or changed:\n{line}"
+
+
+def test_hopper_ladder_table_matches_the_data():
+    from flashtut.bench.report import format_ratio_table, ratio_table
+
+    text = (BOOK / "perflog_hopper.md").read_text()
+    rows, _ = load_results("hopper_h200.json")
+    keep = [r for r in rows if r["impl"] in ("sdpa-flash", "sdpa-cudnn", "cuda-mma", "hopper-w1", "hopper-w2")]
+    table_lines = [l for l in format_ratio_table(ratio_table(keep)).splitlines() if l.startswith("|")]
+    assert len(table_lines) == 2 + 16
+    for line in table_lines:
+        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
