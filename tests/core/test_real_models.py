@@ -721,3 +721,19 @@ def test_gpu_default_backward_is_deterministic_with_a_window():
     first = tk.triton_backward(q, k, v, o, lse, do, causal=True, window=300)
     again = tk.triton_backward(q, k, v, o, lse, do, causal=True, window=300)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_real_models_summary_table_reads_the_committed_run():
+    from flashtut.bench.real_models import summary_table
+    from flashtut.results_data import load_results
+
+    rows, _ = load_results("real_models_h200.json")
+    table = summary_table(rows).splitlines()
+    ours = [r for r in rows if not r["impl"].startswith("sdpa")]
+    assert len(table) == 2 + len(ours)
+    window_bwd = next(r for r in ours if r["group"] == "window" and r["mode"] == "bwd")
+    sdpa_bwd = next(r for r in rows if r["group"] == "window" and r["mode"] == "bwd" and r["impl"] == "sdpa-flash")
+    line = next(l for l in table if l.startswith("| window") and "| bwd |" in l)
+    assert line.endswith(f"| {window_bwd['tflops'] / sdpa_bwd['tflops']:.2f} |")
+    failed = [dict(ours[0], status="oom", reason="out of memory")] + rows
+    assert "| oom |" in summary_table(failed)

@@ -236,6 +236,12 @@ def _varlen_rows(case, device, dtype, gen, sdpa_name, sdpa, warmup_ms, rep_ms, s
     return rows
 
 
+def _baseline(rows: list[dict], r: dict) -> dict | None:
+    """The SDPA row ``r`` is compared with: same group, pass and causal setting."""
+    return next((b for b in rows if b["group"] == r["group"] and b["mode"] == r["mode"] and b["status"] == "ok"
+                 and b["impl"].startswith("sdpa") and b["causal"] == r["causal"]), None)
+
+
 def summary(rows: list[dict]) -> list[str]:
     """Lines of the comparison: per group and mode, each row's TFLOP/s on visible keys and its
     ratio to the SDPA row of the same group, mode (and, for the dense groups, causal setting)."""
@@ -245,13 +251,33 @@ def summary(rows: list[dict]) -> list[str]:
             out.append(f"{r['group']:7s} {r['impl']:10s} {r['layout']:7s} {r['mode']} causal={r['causal']} "
                        f"window={r['window']}: {r['status']} ({r['reason']})")
             continue
-        base = [b for b in rows if b["group"] == r["group"] and b["mode"] == r["mode"] and b["status"] == "ok"
-                and b["impl"].startswith("sdpa") and b["causal"] == r["causal"]]
-        ratio = f"{r['tflops'] / base[0]['tflops']:.2f}x sdpa" if base else ""
+        base = _baseline(rows, r)
+        ratio = f"{r['tflops'] / base['tflops']:.2f}x sdpa" if base else ""
         out.append(f"{r['group']:7s} {r['impl']:10s} {r['layout']:7s} {r['mode']} causal={r['causal']!s:5s} "
                    f"window={r['window']!s:5s} H={r['H']}/{r['Hkv']}: {r['ms']:.3f} ms, "
                    f"{r['tflops']:.1f} TFLOP/s (visible keys) {ratio}")
     return out
 
 
-__all__ = ["run_real_models", "summary"]
+def summary_table(rows: list[dict]) -> str:
+    """The comparison as a Markdown table: one line per measured row that is not SDPA itself, with
+    the SDPA row it is compared with (TFLOP/s on visible keys, and time for packed batches)."""
+    head = ["case", "pass", "heads (q/kv)", "ours", "ms", "TFLOP/s", "SDPA flash ms", "SDPA TFLOP/s", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["impl"].startswith("sdpa"):
+            continue
+        case = {"gqa": "grouped heads" + (", causal" if r["causal"] else ""),
+                "window": f"window {r['window']}, causal", "varlen": f"{r['layout']} batch, causal"}[r["group"]]
+        base = _baseline(rows, r)
+        if r["status"] != "ok" or base is None:
+            lines.append(f"| {case} | {r['mode']} | {r['H']}/{r['Hkv']} | {r['impl']} | "
+                         f"{r['status']} | | | | |")
+            continue
+        lines.append(f"| {case} | {r['mode']} | {r['H']}/{r['Hkv']} | {r['impl']} | {r['ms']:.2f} | "
+                     f"{r['tflops']:.0f} | {base['ms']:.2f} | {base['tflops']:.0f} | "
+                     f"{r['tflops'] / base['tflops']:.2f} |")
+    return "\n".join(lines)
+
+
+__all__ = ["run_real_models", "summary", "summary_table"]
