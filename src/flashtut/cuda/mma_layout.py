@@ -35,11 +35,13 @@ def _lane(lane: int) -> tuple[int, int]:
 
 
 def a_element(lane: int, reg: int, half: int) -> tuple[int, int]:
-    """(row, col) in the 16 x 16 A tile of value ``half`` (0: low 16 bits) of register ``reg``
-    (0..3) of ``lane``: a0 row g, a1 row g + 8, a2 and a3 the same rows 8 columns on."""
+    """(row, col) in the 16 x 16 A tile of value ``half`` (0: low 16 bits)
+    of register ``reg`` (0..3) of ``lane``: a0 row g, a1 row g + 8, a2 and
+    a3 the same rows 8 columns on."""
     g, t = _lane(lane)
     if reg not in range(4) or half not in (0, 1):
-        raise ValueError(f"reg must be in 0..3 and half 0 or 1, got {reg!r}, {half!r}")
+        raise ValueError(f"reg must be in 0..3 and half 0 or 1, "
+                         f"got {reg!r}, {half!r}")
     return g + 8 * (reg % 2), 2 * t + half + 8 * (reg // 2)
 
 
@@ -121,18 +123,22 @@ _A_OWNER = _owners(_A)
 _B_OWNER = _owners(_B)
 
 
-def mma_m16n8k16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``D = A B + C`` on fragments (``(32, 4, 2)``, ``(32, 2, 2)``, ``(32, 4)``), one output
-    value at a time: lane L's value i is row r of A times column n of B, each element fetched
-    from the lane that holds it, plus L's own c value. The products accumulate in float32."""
-    _shape("a", a, (WARP, 4, 2)), _shape("b", b, (WARP, 2, 2)), _shape("c", c, (WARP, 4))
+def mma_m16n8k16(a: torch.Tensor, b: torch.Tensor,
+                 c: torch.Tensor) -> torch.Tensor:
+    """``D = A B + C`` on fragments (``(32, 4, 2)``, ``(32, 2, 2)``,
+    ``(32, 4)``), one output value at a time: lane L's value i is row r of
+    A times column n of B, each element fetched from the lane that holds
+    it, plus L's own c value. The products accumulate in float32."""
+    _shape("a", a, (WARP, 4, 2)), _shape("b", b, (WARP, 2, 2))
+    _shape("c", c, (WARP, 4))
     d = c.to(torch.float32).clone()
     for lane in range(WARP):
         for i in range(4):
             r, n = c_element(lane, i)
-            row = torch.stack([a[_A_OWNER[r, kk]] for kk in range(K)]).float()
-            col = torch.stack([b[_B_OWNER[kk, n]] for kk in range(K)]).float()
-            d[lane, i] += (row * col).sum()
+            # _A_OWNER[r, k]: (lane, register, half) that holds A[r][k]
+            row = torch.stack([a[_A_OWNER[r, kk]] for kk in range(K)])
+            col = torch.stack([b[_B_OWNER[kk, n]] for kk in range(K)])
+            d[lane, i] += (row.float() * col.float()).sum()
     return d
 
 
@@ -182,19 +188,24 @@ def b_addresses(lane: int) -> tuple[int, int]:
     return lane % 8 + (lane // 16) * 8, ((lane // 8) & 1) * 8
 
 
-def ldmatrix_x4(smem: torch.Tensor, addresses, trans: bool = False) -> torch.Tensor:
-    """``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`` on a 2-D tile of 16-bit values:
-    lane i gives ``addresses[i]`` = (row, col), the start of row i % 8 of matrix i // 8 (8
-    consecutive elements); register m of lane L receives row L // 4, columns 2 (L % 4) and
-    2 (L % 4) + 1 of matrix m, or with ``trans`` the same of the transposed matrix.
+def ldmatrix_x4(smem: torch.Tensor, addresses,
+                trans: bool = False) -> torch.Tensor:
+    """``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`` on a 2-D tile
+    of 16-bit values: lane i gives ``addresses[i]`` = (row, col), the start
+    of row i % 8 of matrix i // 8 (8 consecutive elements); register m of
+    lane L receives row L // 4, columns 2 (L % 4) and 2 (L % 4) + 1 of
+    matrix m, or with ``trans`` the same of the transposed matrix.
     Returns ``(32, 4, 2)``."""
     if not isinstance(smem, torch.Tensor) or smem.dim() != 2:
-        raise ValueError("smem must be a 2-D torch.Tensor (rows of 16-bit values)")
+        raise ValueError("smem must be a 2-D torch.Tensor "
+                         "(rows of 16-bit values)")
     addresses = list(addresses)
     if len(addresses) != WARP:
-        raise ValueError(f"addresses must give one (row, col) per lane, got {len(addresses)}")
-    mats = torch.stack([torch.stack([smem[r, c:c + 8] for r, c in addresses[8 * m:8 * m + 8]])
-                        for m in range(4)])                      # (4, 8, 8)
+        raise ValueError(f"addresses must give one (row, col) per lane, "
+                         f"got {len(addresses)}")
+    rows = [[smem[r, c:c + 8] for r, c in addresses[8 * m:8 * m + 8]]
+            for m in range(4)]
+    mats = torch.stack([torch.stack(m) for m in rows])      # (4, 8, 8)
     if trans:
         mats = mats.transpose(1, 2)
     out = torch.empty(WARP, 4, 2, dtype=smem.dtype)
