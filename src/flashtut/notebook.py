@@ -1,6 +1,7 @@
 """Small helpers the chapters call: pick the device, show library source, note what needs a GPU."""
 from __future__ import annotations
 
+import html
 import inspect
 from pathlib import Path
 
@@ -17,8 +18,8 @@ def pick_device(verbose: bool = True) -> torch.device:
     else:
         dev = torch.device("cpu")
         if verbose:
-            print("No CUDA GPU found: running on the CPU at small sizes. "
-                  "GPU-only cells say so and show the committed H200 results instead.")
+            print("No CUDA GPU found: running on the CPU at small sizes. GPU-only cells\n"
+                  "say so and show the committed H200 results instead.")
     return dev
 
 
@@ -54,6 +55,16 @@ def show_file(path, language: str | None = None, start: int | None = None, end: 
     if language is None:
         language = {".cu": "cuda", ".cuh": "cuda", ".py": "python"}.get(p.suffix, "text")
     return Code(text, language=language)
+
+
+def collapsed(obj, summary: str):
+    """Display ``obj`` (for example what ``show_file`` returns) folded under a one-line
+    ``summary`` that opens on a click: an HTML ``<details>`` element, which the book and Colab
+    both render (a long kernel listing then does not push the text apart)."""
+    from IPython.display import HTML
+
+    body = obj._repr_html_() if hasattr(obj, "_repr_html_") else f"<pre>{html.escape(str(obj))}</pre>"
+    return HTML(f"<details>\n<summary>{html.escape(summary)}</summary>\n\n{body}\n</details>")
 
 
 def show_table(header, body):

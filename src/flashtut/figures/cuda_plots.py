@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from ..cuda import mma_layout
 from .style import INK, PALETTE, subplots
 
 
@@ -28,36 +29,32 @@ def mma_fragment_layout():
     """Which lane holds which element of the A (16x16), B (16x8) and C (16x8) fragments of
     ``mma.sync.m16n8k16``; labels are lane (T) and register (a/b/c index)."""
     fig, axes = subplots(1, 3, figsize=(11, 4.4), gridspec_kw={"width_ratios": [16, 8, 8]})
-    # A: a0 = A[g][2t..2t+1], a1 = A[g+8][..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+    # the fragment tables are flashtut.cuda.mma_layout's (the PTX ISA's)
     colors = [[None] * 16 for _ in range(16)]
     labels = [[""] * 16 for _ in range(16)]
     for lane in range(32):
-        g, t = lane // 4, lane % 4
-        for reg, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+        for reg in range(4):
             for e in range(2):
-                r, c = g + dr, 2 * t + dc + e
+                r, c = mma_layout.a_element(lane, reg, e)
                 colors[r][c] = _lane_color(lane)
                 labels[r][c] = f"T{lane}\na{reg}"
     _grid(axes[0], 16, 16, colors, labels, fontsize=4.2)
     axes[0].set_title("A = Q or P (16 rows x 16 k)")
-    # B (k x n): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
     colors = [[None] * 8 for _ in range(16)]
     labels = [[""] * 8 for _ in range(16)]
     for lane in range(32):
-        g, t = lane // 4, lane % 4
-        for reg, dk in enumerate([0, 8]):
+        for reg in range(2):
             for e in range(2):
-                colors[2 * t + dk + e][g] = _lane_color(lane)
-                labels[2 * t + dk + e][g] = f"T{lane}\nb{reg}"
+                kk, n = mma_layout.b_element(lane, reg, e)
+                colors[kk][n] = _lane_color(lane)
+                labels[kk][n] = f"T{lane}\nb{reg}"
     _grid(axes[1], 16, 8, colors, labels, fontsize=4.2)
     axes[1].set_title("B = K^T or V (16 k x 8 n)")
-    # C: c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
     colors = [[None] * 8 for _ in range(16)]
     labels = [[""] * 8 for _ in range(16)]
     for lane in range(32):
-        g, t = lane // 4, lane % 4
         for i in range(4):
-            r, c = g + 8 * (i // 2), 2 * t + i % 2
+            r, c = mma_layout.c_element(lane, i)
             colors[r][c] = _lane_color(lane)
             labels[r][c] = f"T{lane}\nc{i}"
     _grid(axes[2], 16, 8, colors, labels, fontsize=4.2)
