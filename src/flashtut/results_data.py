@@ -449,9 +449,10 @@ def describe(prov: dict, width: int = 90) -> str:
     vtext = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in
                       ("torch", "cuda", "cudnn", "triton", "cupy", "python", "flashtut"))
     git = prov.get("git") or {}
-    lines = [f"{prov.get('file', '?')} ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows): {device}"]
     wrap = lambda text: textwrap.fill(text, width, subsequent_indent="    ",  # noqa: E731
                                       break_long_words=False, break_on_hyphens=False)
+    lines = [wrap(f"{prov.get('file', '?')} ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows): "
+                  f"{device}")]
     if prov.get("provisional"):
         lines.append(wrap("  PROVISIONAL: reference figures, not a measurement of this project; "
                           + (prov.get("note") or "to be replaced by a measured run")))

@@ -203,7 +203,8 @@ def test_describe_wraps_every_line_and_breaks_a_command_only_at_spaces():
     # a notebook prints this under a table: a line wider than ~90 characters scrolls sideways
     command = ("python -m flashtut.bench memory --preset protocol --impl naive,sdpa-flash,triton,cuda"
                " --no-progress --out /root/out/memory_h200.json")
-    prov = {"file": "memory_h200.json", "kind": "memory", "rows": 32, "device": "NVIDIA H200",
+    prov = {"file": "bench_h200_protocol_d128_float16.json", "kind": "speed", "rows": 240,
+            "device": {"name": "NVIDIA H200", "compute_capability": "9.0"},
             "versions": {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900",
                          "triton": "3.6.0", "cupy": "14.2.0 (cupy-cuda13x)", "flashtut": "0.1.0"},
             "date": "2026-11-29T11:14:08+00:00", "command": command}
