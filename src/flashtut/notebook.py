@@ -18,8 +18,9 @@ def pick_device(verbose: bool = True) -> torch.device:
     else:
         dev = torch.device("cpu")
         if verbose:
-            print("No CUDA GPU found: running on the CPU at small sizes. GPU-only cells\n"
-                  "say so and show the committed H200 results instead.")
+            # two lines: one would be wider than a code box on the page
+            print("No CUDA GPU found: running on the CPU at small sizes.")
+            print("GPU-only cells say so and show the committed H200 results instead.")
     return dev
 
 

@@ -434,9 +434,10 @@ def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise",
     return _results.merge_latest(tagged), provenance
 
 
-def describe(prov: dict, width: int = 100) -> str:
+def describe(prov: dict, width: int = 90) -> str:
     """A few lines a reader can check a number against: file, device, versions, date, command
-    (long descriptions wrapped at ``width`` characters)."""
+    (every line wrapped at ``width`` characters, so that a notebook's output box does not scroll
+    sideways; a command breaks only at spaces)."""
     dev = prov.get("device")
     if isinstance(dev, dict):
         device = dev.get("name") or "?"
@@ -448,19 +449,21 @@ def describe(prov: dict, width: int = 100) -> str:
     vtext = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in
                       ("torch", "cuda", "cudnn", "triton", "cupy", "python", "flashtut"))
     git = prov.get("git") or {}
-    lines = [f"{prov.get('file', '?')} ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows): {device}"]
-    wrap = lambda text: textwrap.fill(text, width, subsequent_indent="    ")  # noqa: E731
+    wrap = lambda text: textwrap.fill(text, width, subsequent_indent="    ",  # noqa: E731
+                                      break_long_words=False, break_on_hyphens=False)
+    lines = [wrap(f"{prov.get('file', '?')} ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows): "
+                  f"{device}")]
     if prov.get("provisional"):
         lines.append(wrap("  PROVISIONAL: reference figures, not a measurement of this project; "
                           + (prov.get("note") or "to be replaced by a measured run")))
     if prov.get("what"):
         lines.append(wrap(f"  what: {prov['what']}"))
     if vtext:
-        lines.append(f"  versions: {vtext}")
+        lines.append(wrap(f"  versions: {vtext}"))
     if prov.get("date"):
         lines.append(f"  measured: {prov['date']}")
     if prov.get("command") or prov.get("call"):
-        lines.append(f"  command: {prov.get('command') or prov.get('call')}")
+        lines.append(wrap(f"  command: {prov.get('command') or prov.get('call')}"))
     if git.get("commit"):
         lines.append(f"  git commit: {git['commit'][:12]}" + (" (with uncommitted changes)" if git.get("dirty") else ""))
     return "\n".join(lines)

@@ -212,6 +212,23 @@ def test_describe_prints_the_provenance(tmp_path):
         assert part in text, part
 
 
+def test_describe_wraps_every_line_and_breaks_a_command_only_at_spaces():
+    # a notebook prints this under a table: a line wider than ~90 characters scrolls sideways
+    command = ("python -m flashtut.bench memory --preset protocol --impl naive,sdpa-flash,triton,cuda"
+               " --no-progress --out /root/out/memory_h200.json")
+    prov = {"file": "bench_h200_protocol_d128_float16.json", "kind": "speed", "rows": 240,
+            "device": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+            "versions": {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900",
+                         "triton": "3.6.0", "cupy": "14.2.0 (cupy-cuda13x)", "flashtut": "0.1.0"},
+            "date": "2026-11-29T11:14:08+00:00", "command": command}
+    text = results_data.describe(prov)
+    assert max(len(line) for line in text.splitlines()) <= 90, text
+    assert " ".join(text.split()).count(command) == 1, text
+    assert "cupy 14.2.0 (cupy-cuda13x)" in " ".join(text.split())
+    narrow = results_data.describe(prov, width=60)
+    assert max(len(line) for line in narrow.splitlines()) <= 60, narrow
+
+
 def test_readme_lists_every_file_and_its_command():
     readme = (DATA / "README.md").read_text()
     for pattern, (_, command) in results_data.PRODUCERS.items():
