@@ -199,6 +199,16 @@ def test_describe_prints_the_provenance(tmp_path):
         assert part in text, part
 
 
+def test_instruction_ceilings_of_one_dtype_are_not_merged(tmp_path):
+    # mma.sync and wgmma share what='instruction' and the dtype; both rows must survive loading
+    rows = [{"kind": "roofline", "what": "instruction", "instruction": name, "dtype": "float16",
+             "tflops": t, "ms": 1.0, "flops": t * 1e9, "status": "ok"}
+            for name, t in (("mma.sync", 600.0), ("wgmma", 800.0))]
+    bench.save_results(tmp_path / "peaks.json", "roofline", rows, bench.provenance("cpu", call="test"))
+    loaded, _ = results_data.load_results("peaks.json", data_dir=tmp_path)
+    assert sorted(r["instruction"] for r in loaded) == ["mma.sync", "wgmma"]
+
+
 def test_readme_lists_every_file_and_its_command():
     readme = (DATA / "README.md").read_text()
     for pattern, (_, command) in results_data.PRODUCERS.items():

@@ -161,7 +161,8 @@ def measurement_key(row: dict) -> tuple:
     if row.get("kind") not in KINDS:
         return ("unmerged", id(row))
     if row.get("kind") == "roofline":
-        return ("roofline", row.get("device"), row.get("what"), row.get("dtype"))
+        # an instruction ceiling is one per instruction and dtype: mma.sync and wgmma are two rows
+        return ("roofline", row.get("device"), row.get("what"), row.get("instruction"), row.get("dtype"))
     if row.get("kind") == "host":
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
     if row.get("kind") == "sass":
