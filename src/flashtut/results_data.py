@@ -466,6 +466,29 @@ def describe(prov: dict, width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The provenance of several files as ``(header, body)`` of a table, one row per file: what
+    :func:`describe` says, in cells that a narrow screen can wrap (``flashtut.notebook.show_table``
+    renders it), instead of one long printed line per field."""
+    header = ["file", "device", "measured (UTC)", "software", "command"]
+    body = []
+    for prov in provs:
+        dev = prov.get("device")
+        device = (dev.get("name") or "?") if isinstance(dev, dict) else (dev or "not recorded")
+        versions = prov.get("versions") or {}
+        software = ", ".join(f"{k} {v}" for k, v in versions.items()
+                             if v and k in ("torch", "cuda", "triton", "cupy"))
+        command = prov.get("command") or prov.get("call") or ""
+        what = [f"`{prov.get('file', '?')}` ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows)"]
+        if prov.get("provisional"):
+            what.append("provisional: reference figures, not a measurement of this project")
+        if prov.get("what"):
+            what.append(str(prov["what"]))
+        body.append(["; ".join(what), device, str(prov.get("date") or "?")[:16].replace("T", " "),
+                     software or "-", f"`{command}`" if command else "-"])
+    return header, body
+
+
 # --- chapter 01's roofline ---------------------------------------------------------------------
 
 def data_dir() -> Path:
