@@ -128,7 +128,7 @@ PRODUCERS = {
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
     "sass_evidence_h200.json": ("instruction counts (SASS) of our Triton forward and backward with and without "
                                 "DISABLE_MMA_V3=1, of W1, the mma.sync CUDA forward and SDPA flash, with Triton's "
-                                "speed against SDPA flash under both settings (chapter 11, issues 12 and 14)",
+                                "speed against SDPA flash under both settings (chapter 09; issues 12 and 14)",
                                 "OUT=<folder> bash tools/gpu_sass_evidence.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
