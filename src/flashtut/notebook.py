@@ -33,17 +33,31 @@ def source_of(obj) -> str:
     return inspect.getsource(obj)
 
 
-def show_source(obj, language: str = "python"):
+def _collapse(code, summary: str | None):
+    """``code`` as it is, or folded into an HTML ``<details>`` under ``summary``: a long listing
+    stays one click away, in the book and in Colab alike (a MyST dropdown shows raw in Colab)."""
+    if summary is None:
+        return code
+    from html import escape
+
+    from IPython.display import HTML
+
+    return HTML(f"<details><summary>{escape(summary)}</summary>\n{code._repr_html_()}\n</details>")
+
+
+def show_source(obj, language: str = "python", collapsed: str | None = None):
     """Display the library's own source of ``obj`` (a function, class or module) highlighted, so
-    the page shows the code that runs rather than a copy that could drift."""
+    the page shows the code that runs rather than a copy that could drift; with ``collapsed``, folded
+    under that summary line."""
     from IPython.display import Code
 
-    return Code(source_of(obj), language=language)
+    return _collapse(Code(source_of(obj), language=language), collapsed)
 
 
-def show_file(path, language: str | None = None, start: int | None = None, end: int | None = None):
+def show_file(path, language: str | None = None, start: int | None = None, end: int | None = None,
+              collapsed: str | None = None):
     """Display a file shipped in the package (for example a ``.cu`` kernel), optionally lines
-    ``start``..``end`` (1-based, inclusive)."""
+    ``start``..``end`` (1-based, inclusive); with ``collapsed``, folded under that summary line."""
     from IPython.display import Code
 
     p = Path(path)
@@ -55,7 +69,7 @@ def show_file(path, language: str | None = None, start: int | None = None, end: 
         text = "\n".join(lines[(start or 1) - 1:end])
     if language is None:
         language = {".cu": "cuda", ".cuh": "cuda", ".py": "python"}.get(p.suffix, "text")
-    return Code(text, language=language)
+    return _collapse(Code(text, language=language), collapsed)
 
 
 def collapsed(obj, summary: str):
@@ -77,3 +91,11 @@ def show_table(header, body):
 
     cells = [[str(c).replace("|", "\\|") for c in row] for row in body]
     return Markdown(format_table([str(h) for h in header], cells, markdown=True))
+
+
+def show_provenance(provs):
+    """Display the provenance of loaded results files (``results_data.load_results``) as one
+    Markdown table, a row per file."""
+    from .results_data import provenance_rows
+
+    return show_table(*provenance_rows(provs))

@@ -128,7 +128,7 @@ PRODUCERS = {
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
     "sass_evidence_h200.json": ("instruction counts (SASS) of our Triton forward and backward with and without "
                                 "DISABLE_MMA_V3=1, of W1, the mma.sync CUDA forward and SDPA flash, with Triton's "
-                                "speed against SDPA flash under both settings (chapter 11, issues 12 and 14)",
+                                "speed against SDPA flash under both settings (chapter 09; issues 12 and 14)",
                                 "OUT=<folder> bash tools/gpu_sass_evidence.sh"),
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
@@ -467,6 +467,29 @@ def describe(prov: dict, width: int = 90) -> str:
     if git.get("commit"):
         lines.append(f"  git commit: {git['commit'][:12]}" + (" (with uncommitted changes)" if git.get("dirty") else ""))
     return "\n".join(lines)
+
+
+def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The provenance of several files as ``(header, body)`` of a table, one row per file: what
+    :func:`describe` says, in cells that a narrow screen can wrap (``flashtut.notebook.show_table``
+    renders it), instead of one long printed line per field."""
+    header = ["file", "device", "measured (UTC)", "software", "command"]
+    body = []
+    for prov in provs:
+        dev = prov.get("device")
+        device = (dev.get("name") or "?") if isinstance(dev, dict) else (dev or "not recorded")
+        versions = prov.get("versions") or {}
+        software = ", ".join(f"{k} {v}" for k, v in versions.items()
+                             if v and k in ("torch", "cuda", "triton", "cupy"))
+        command = prov.get("command") or prov.get("call") or ""
+        what = [f"`{prov.get('file', '?')}` ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows)"]
+        if prov.get("provisional"):
+            what.append("provisional: reference figures, not a measurement of this project")
+        if prov.get("what"):
+            what.append(str(prov["what"]))
+        body.append(["; ".join(what), device, str(prov.get("date") or "?")[:16].replace("T", " "),
+                     software or "-", f"`{command}`" if command else "-"])
+    return header, body
 
 
 # --- chapter 01's roofline ---------------------------------------------------------------------

@@ -229,6 +229,31 @@ def test_describe_wraps_every_line_and_breaks_a_command_only_at_spaces():
     assert max(len(line) for line in narrow.splitlines()) <= 60, narrow
 
 
+def test_provenance_rows_give_one_table_row_per_file(tmp_path):
+    from flashtut.notebook import show_provenance
+
+    _speed_file(tmp_path / "bench_a.json", "2026-03-04T05:06:07+00:00", command="first | exact command")
+    _speed_file(tmp_path / "bench_b.json", "2026-03-05T05:06:07+00:00", command="second command")
+    _, prov = results_data.load_results("bench_*.json", data_dir=tmp_path)
+    header, body = results_data.provenance_rows(prov)
+    assert len(body) == 2 and all(len(row) == len(header) for row in body)
+    first = dict(zip(header, body[0]))
+    assert "bench_a.json" in first["file"] and first["measured (UTC)"].startswith("2026-03-04 05:06")
+    assert first["command"] == "`first | exact command`" and f"torch {torch.__version__}" in first["software"]
+    md = show_provenance(prov).data.splitlines()
+    assert len(md) == 4 and "first \\| exact command" in md[2]        # the pipe cannot split the row
+
+
+def test_instruction_ceilings_of_one_dtype_are_not_merged(tmp_path):
+    # mma.sync and wgmma share what='instruction' and the dtype; both rows must survive loading
+    rows = [{"kind": "roofline", "what": "instruction", "instruction": name, "dtype": "float16",
+             "tflops": t, "ms": 1.0, "flops": t * 1e9, "status": "ok"}
+            for name, t in (("mma.sync", 600.0), ("wgmma", 800.0))]
+    bench.save_results(tmp_path / "peaks.json", "roofline", rows, bench.provenance("cpu", call="test"))
+    loaded, _ = results_data.load_results("peaks.json", data_dir=tmp_path)
+    assert sorted(r["instruction"] for r in loaded) == ["mma.sync", "wgmma"]
+
+
 def test_readme_lists_every_file_and_its_command():
     readme = (DATA / "README.md").read_text()
     for pattern, (_, command) in results_data.PRODUCERS.items():

@@ -66,3 +66,30 @@ def test_diagram_figures_return_figures():
         fig = make()
         assert isinstance(fig, Figure)
         plt.close(fig)
+
+
+def test_show_file_and_source_fold_under_a_summary():
+    from flashtut.notebook import show_file, show_source
+    from flashtut.softmax import safe_softmax
+
+    plain = show_file("cuda/kernels/fwd_w2_tma.cu")
+    folded = show_file("cuda/kernels/fwd_w2_tma.cu", collapsed="W2 <kernel>")
+    html = folded.data
+    # a <details> block with the summary escaped, holding the same highlighted listing
+    assert html.startswith("<details><summary>W2 &lt;kernel&gt;</summary>") and html.endswith("</details>")
+    assert plain._repr_html_() in html and "cp.async.bulk.tensor" in html
+    assert "</details>" in show_source(safe_softmax, collapsed="source").data
+    assert "<details>" not in show_source(safe_softmax)._repr_html_()  # unfolded without it
+
+
+def test_ladder_figure_draws_the_hopper_rungs():
+    rows = [{"kind": "speed", "impl": impl, "mode": "fwd", "dtype": "float16", "D": 128, "N": 4096,
+             "B": 4, "H": 16, "causal": c, "tflops": t + 10 * c, "status": "ok"}
+            for impl, t in (("sdpa-flash", 300.0), ("hopper-w1", 310.0), ("hopper-w2", 450.0),
+                            ("cuda-mma", 290.0)) for c in (False, True)]
+    fig = bench_plot.ladder_figure(rows, causal=(False, True), steps="hopper-", others=("sdpa-flash",))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["sdpa-flash", "hopper-w1", "hopper-w2"]          # cuda-mma not asked for
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"cuda-v\*"):                 # the default: chapter 8's steps
+        bench_plot.ladder_figure(rows)

@@ -161,6 +161,7 @@ def measurement_key(row: dict) -> tuple:
     if row.get("kind") not in KINDS:
         return ("unmerged", id(row))
     if row.get("kind") == "roofline":
+        # an instruction ceiling is one per instruction and dtype: mma.sync and wgmma are two rows
         return ("roofline", row.get("device"), row.get("what"), row.get("instruction"), row.get("dtype"))
     if row.get("kind") == "host":
         return ("host", row.get("device"), row.get("entry"), row.get("version"))

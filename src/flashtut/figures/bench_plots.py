@@ -117,19 +117,20 @@ def memory_figure(rows, mode: str = "fwd", title: str | None = None):
 
 def ladder_figure(rows, mode: str = "fwd", dtype: str | None = None, D: int | None = None,
                   N: int | None = None, causal=False, others=("naive", "sdpa-flash", "cuda"),
-                  title: str | None = None):
-    """Bars of TFLOP/s for each CUDA ladder step (and ``others`` for comparison) on one case:
+                  title: str | None = None, steps: str = "cuda-v"):
+    """Bars of TFLOP/s for each step of a ladder (and ``others`` for comparison) on one case:
     by default the largest N with the most ladder results, float16 if present, D=128 if present.
     ``causal`` is one mask (``False``, ``True``) or several (``(False, True)``: one bar each,
-    side by side)."""
+    side by side). ``steps`` is the prefix of the steps' names: ``"cuda-v"`` for chapter 8's
+    ladder, ``"hopper-"`` for chapter 11's rungs."""
     masks = tuple(causal) if isinstance(causal, (tuple, list)) else (causal,)
     if not masks or any(not isinstance(c, bool) for c in masks):
         raise ValueError(f"causal: got {causal!r}; accepted: True, False or a tuple of them")
     speed = [r for r in _rows(rows, "speed") if r.get("mode") == mode and r.get("tflops")
              and r.get("status", "ok") == "ok" and bool(r.get("causal")) in masks]
-    ladder = [r for r in speed if r["impl"].startswith("cuda-v")]
+    ladder = [r for r in speed if r["impl"].startswith(steps)]
     if not ladder:
-        raise ValueError(f"no successful {mode} rows of the CUDA ladder (cuda-v*) to plot")
+        raise ValueError(f"no successful {mode} rows of the ladder ({steps}*) to plot")
     if dtype is None:
         dts = {r["dtype"] for r in ladder}
         dtype = "float16" if "float16" in dts else sorted(dts)[0]
@@ -140,7 +141,7 @@ def ladder_figure(rows, mode: str = "fwd", dtype: str | None = None, D: int | No
         ns = [r["N"] for r in ladder if r["dtype"] == dtype and r["D"] == D]
         N = max(ns, key=lambda n: (ns.count(n), n))
     case = [r for r in speed if r["dtype"] == dtype and r["D"] == D and r["N"] == N]
-    names = [n for n in impl_order(r["impl"] for r in case) if n.startswith("cuda-v") or n in others]
+    names = [n for n in impl_order(r["impl"] for r in case) if n.startswith(steps) or n in others]
     height = 0.8 / len(masks)
     fig, ax = subplots(figsize=(6.4, (0.3 + 0.25 * len(masks)) * len(names) + 1.4))
     ypos = list(range(len(names)))[::-1]
