@@ -173,3 +173,27 @@ def test_chapter_09_instruction_ceilings():
     speed, _ = results_data.load_results("bench_h200*.json")
     top = max(r["tflops"] for r in speed if r["impl"] in ("sdpa-flash", "cuda") and r.get("tflops"))
     assert top < min(ceiling[("mma.sync", d)] for d in ("float16", "bfloat16"))
+
+
+# --- chapter 12's reading of the real-model kernel run -------------------------------------------
+
+@needs_data
+def test_chapter_12_quotes_the_real_model_run():
+    import json
+
+    from flashtut.bench.real_models import summary_rows
+
+    nb = json.loads((ROOT / "notebooks" / "12_real_model.ipynb").read_text())
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    rows, _ = results_data.load_results("real_models_h200.json")
+    header, body = summary_rows(rows)
+    ratio = {(b[0], b[1]): float(b[-1]) for b in body}
+    gqa = [v for (case, _), v in ratio.items() if case.startswith("grouped")]
+    window = [v for (case, _), v in ratio.items() if case.startswith("window")]
+    assert "grouped heads 1.2 to 1.5 times" in text and 1.15 <= min(gqa) and max(gqa) < 1.55
+    assert 1.05 <= min(window) and max(window) < 1.45
+    ms = {(r["layout"], r["mode"]): r["ms"] for r in rows if r["group"] == "varlen" and r["impl"] == "triton"}
+    quoted = (f"takes {ms['packed', 'fwd']:.2f} ms forward and {ms['packed', 'bwd']:.2f} ms backward where the "
+              f"padded one takes {ms['padded', 'fwd']:.2f} ms and {ms['padded', 'bwd']:.2f} ms")
+    assert quoted in text, quoted
+    assert f"D = 128, {rows[0]['dtype']}, forward" in text

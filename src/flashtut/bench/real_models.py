@@ -259,25 +259,26 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
-def summary_table(rows: list[dict]) -> str:
-    """The comparison as a Markdown table: one line per measured row that is not SDPA itself, with
-    the SDPA row it is compared with (TFLOP/s on visible keys, and time for packed batches)."""
-    head = ["case", "pass", "heads (q/kv)", "ours", "ms", "TFLOP/s", "SDPA flash ms", "SDPA TFLOP/s", "ratio"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+def summary_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The comparison as ``(header, body)`` for a table (``flashtut.notebook.show_table``): one line
+    per measured row that is not SDPA itself, beside the SDPA row it is compared with (TFLOP/s on
+    visible keys; for packed and padded batches the FLOPs are the same, so the ratio is of time)."""
+    header = ["case", "pass", "heads (q/kv)", "ours", "ms", "TFLOP/s", "SDPA flash ms", "SDPA TFLOP/s",
+              "ratio"]
+    body = []
     for r in rows:
         if r["impl"].startswith("sdpa"):
             continue
         case = {"gqa": "grouped heads" + (", causal" if r["causal"] else ""),
                 "window": f"window {r['window']}, causal", "varlen": f"{r['layout']} batch, causal"}[r["group"]]
         base = _baseline(rows, r)
+        first = [case, r["mode"], f"{r['H']}/{r['Hkv']}", r["impl"]]
         if r["status"] != "ok" or base is None:
-            lines.append(f"| {case} | {r['mode']} | {r['H']}/{r['Hkv']} | {r['impl']} | "
-                         f"{r['status']} | | | | |")
+            body.append(first + [r["status"], "-", "-", "-", "-"])
             continue
-        lines.append(f"| {case} | {r['mode']} | {r['H']}/{r['Hkv']} | {r['impl']} | {r['ms']:.2f} | "
-                     f"{r['tflops']:.0f} | {base['ms']:.2f} | {base['tflops']:.0f} | "
-                     f"{r['tflops'] / base['tflops']:.2f} |")
-    return "\n".join(lines)
+        body.append(first + [f"{r['ms']:.2f}", f"{r['tflops']:.0f}", f"{base['ms']:.2f}",
+                             f"{base['tflops']:.0f}", f"{r['tflops'] / base['tflops']:.2f}"])
+    return header, body
 
 
-__all__ = ["run_real_models", "summary", "summary_table"]
+__all__ = ["run_real_models", "summary", "summary_rows"]
