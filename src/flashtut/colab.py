@@ -71,7 +71,10 @@ def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -
         "try:\n"
         "    import flashtut.notebook\n"
         "except ImportError:\n"
-        f'    %pip install -q "flashtut @ git+{url}@{branch}"\n'
+        # the URL on a line of its own, so that the cell fits the book's code box; IPython joins
+        # a magic's backslash-continued lines before it runs
+        "    %pip install -q \\\n"
+        f'        "flashtut @ git+{url}@{branch}"\n'
         "    import flashtut.notebook\n"
         "device = flashtut.notebook.pick_device()"
     )

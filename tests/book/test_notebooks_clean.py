@@ -82,8 +82,8 @@ SHORT_LINE_CHAPTERS = ["01_memory_hierarchy", "02_naive_attention", "03_safe_sof
 
 def long_code_lines(nb, limit: int = MAX_CODE_LINE) -> list[str]:
     """``cell i, line j (n chars): text`` for every code line longer than ``limit``, except the
-    lines of the Colab set-up cell (written by ``flashtut.colab``; its ``%pip install`` line holds
-    the whole repository URL)."""
+    lines of the Colab set-up cell (written by ``flashtut.colab``; the line of its ``%pip install``
+    that holds the whole repository URL is as long as the URL makes it)."""
     setup = set(colab.setup_cell(*colab.read_repository(ROOT / "_config.yml")).splitlines())
     found = []
     for i, cell in enumerate(nb.cells):
