@@ -343,6 +343,8 @@ LAYOUT = """
   const imgs = [...main.querySelectorAll("div.cell_output img, figure img")];
   return {
     scrolling: wide.length,
+    // the reader's own code cells: each line fits the column (chapters keep them within 80)
+    inputs: wide.filter((el) => el.closest(".cell_input")).map((el) => (el.textContent || "").slice(0, 80)),
     clipped: wide.filter((el) => el.tagName === "TABLE" && !scrollable(el)).map((el) => el.outerHTML.slice(0, 120)),
     dimmed: imgs.filter((el) => getComputedStyle(el).filter !== "none").length,
     images: imgs.length,
@@ -475,4 +477,6 @@ def test_chapters_read_in_both_themes_and_on_a_phone(browser, server, book, caps
                             f"{lay['scrolling']} boxes scroll sideways")
     assert lay["theme"] == ("dark" if dark else "light")
     assert not lay["clipped"], f"tables cut off with no way to scroll on {name}: {lay['clipped']}"
+    if width >= 1280:
+        assert not lay["inputs"], f"code cells that scroll sideways on {name}: {lay['inputs']}"
     assert lay["dimmed"] == 0, f"{lay['dimmed']} figures are dimmed by the theme's filter on {name}"
