@@ -77,35 +77,40 @@ def _check_state(name_o: str, o, name_lse: str, lse) -> None:
 def merge_attention_states(o_a, lse_a, o_b, lse_b):
     """Merge two partial attention states computed over disjoint sets of keys.
 
-    A state is ``(o, lse)``: the output normalised over its own keys, shape ``(..., D)``, and
-    the natural-log log-sum-exp of its scores, shape ``(...)``. Its softmax state in the
-    sense of chapter 04 is ``(m, d) = (lse, 1)``, since ``exp(lse) * 1`` is its normaliser;
-    :func:`flashtut.merge_softmax_states` combines the two normalisers, and each output is
-    reweighted by the share of the total that its keys hold, ``exp(lse_x - lse)``.
+    A state is ``(o, lse)``: the output normalised over its own keys, shape
+    ``(..., D)``, and the natural-log log-sum-exp of its scores, shape ``(...)``. Its
+    softmax state in the sense of chapter 04 is ``(m, d) = (lse, 1)``, since
+    ``exp(lse) * 1`` is its normaliser; :func:`flashtut.merge_softmax_states` combines
+    the two normalisers, and each output is reweighted by the share of the total that
+    its keys hold, ``exp(lse_x - lse)``.
 
-    Associative and commutative (to rounding), like the softmax merge, so the partial states
-    of any number of splits can be combined in any grouping. The empty state
+    Associative and commutative (to rounding), like the softmax merge, so the partial
+    states of any number of splits can be combined in any grouping. The empty state
     ``(0, -inf)`` is neutral; merging two empty states gives an empty state, not NaN.
 
-    Returns ``(o, lse)``: ``o`` in the dtype of ``o_a``; ``lse`` in float32, or float64 when
-    any input is float64. Raises ``TypeError`` for a non-tensor and ``ValueError`` for
-    mismatched shapes, devices or dtypes.
+    Returns ``(o, lse)``: ``o`` in the dtype of ``o_a``; ``lse`` in float32, or float64
+    when any input is float64. Raises ``TypeError`` for a non-tensor and ``ValueError``
+    for mismatched shapes, devices or dtypes.
     """
     _check_state("o_a", o_a, "lse_a", lse_a)
     _check_state("o_b", o_b, "lse_b", lse_b)
     if tuple(o_a.shape) != tuple(o_b.shape):
-        raise ValueError(f"o_a and o_b must have one shape, got {tuple(o_a.shape)} and {tuple(o_b.shape)}")
+        raise ValueError(f"o_a and o_b must have one shape, "
+                         f"got {tuple(o_a.shape)} and {tuple(o_b.shape)}")
     if o_a.device != o_b.device:
-        raise ValueError(f"o_a and o_b must be on one device, got {o_a.device} and {o_b.device}")
+        raise ValueError(f"o_a and o_b must be on one device, "
+                         f"got {o_a.device} and {o_b.device}")
     if o_a.dtype != o_b.dtype:
-        raise ValueError(f"o_a and o_b must share one dtype, got {o_a.dtype} and {o_b.dtype}")
+        raise ValueError(f"o_a and o_b must share one dtype, "
+                         f"got {o_a.dtype} and {o_b.dtype}")
     wide = torch.float64 in (o_a.dtype, lse_a.dtype, lse_b.dtype)
     acc_t = torch.float64 if wide else torch.float32
     la, lb = lse_a.to(acc_t), lse_b.to(acc_t)
     one = torch.ones_like(la)
     m, d = merge_softmax_states(la, one, lb, one)
-    lse = m + torch.log(d)                      # both empty: -inf + log(0) = -inf, not NaN
-    # an empty merged state has lse = -inf; subtracting 0 there keeps both weights at exp(-inf) = 0
+    lse = m + torch.log(d)  # both empty: -inf + log(0) = -inf, not NaN
+    # an empty merged state has lse = -inf; subtracting 0 there keeps both weights at
+    # exp(-inf) = 0
     lse_safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     w_a = torch.exp(la - lse_safe)[..., None]
     w_b = torch.exp(lb - lse_safe)[..., None]
@@ -113,17 +118,21 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     return o.to(o_a.dtype), lse
 
 
-def _split_state(q, k_chunk, v_chunk, k_start: int, alignment, off: int, window, scale: float):
-    """Partial state of all query rows against one chunk of keys starting at ``k_start``.
+def _split_state(q, k_chunk, v_chunk, k_start: int, alignment, off: int, window,
+                 scale: float):
+    """Partial state of all query rows against one chunk of keys starting at
+    ``k_start``.
 
-    Inputs arrive already in the accumulation dtype, so the partial output is not rounded
-    to float16/bfloat16 before the merge (a kernel keeps these partials in float32 too).
-    Query ``i`` sees global key ``j <= i + off``, which is chunk key ``j - k_start <= i + off -
-    k_start``: the chunk runs the tiled loops with its diagonal shifted by ``-k_start``.
+    Inputs arrive already in the accumulation dtype, so the partial output is not
+    rounded to float16/bfloat16 before the merge (a kernel keeps these partials in
+    float32 too). Query ``i`` sees global key ``j <= i + off``, which is chunk key
+    ``j - k_start <= i + off - k_start``: the chunk runs the tiled loops with its
+    diagonal shifted by ``-k_start``.
     """
     if alignment is None:
         return tiled_attention(q, k_chunk, v_chunk, scale=scale, return_lse=True)
-    return attention_loops(q, k_chunk, v_chunk, alignment, off - k_start, window, scale, 64, 64)
+    return attention_loops(q, k_chunk, v_chunk, alignment, off - k_start, window, scale,
+                           64, 64)
 
 
 def _chunk_visible(k0: int, k1: int, n_q: int, alignment, off: int, window) -> bool:
@@ -137,25 +146,28 @@ def _chunk_visible(k0: int, k1: int, n_q: int, alignment, off: int, window) -> b
     return window is None or k1 - 1 > off - window   # the first row's window reaches it
 
 
-def split_kv_attention(q, k, v, num_splits: int, causal=False, scale: float | None = None,
-                       return_lse: bool = False, window: int | None = None):
-    """Attention computed as ``num_splits`` independent key chunks whose states are merged.
+def split_kv_attention(q, k, v, num_splits: int, causal=False,
+                       scale: float | None = None, return_lse: bool = False,
+                       window: int | None = None):
+    """Attention computed as ``num_splits`` independent key chunks whose states are
+    merged.
 
-    Layout, ``scale``, ``causal`` and ``window`` as in the API: ``k``/``v`` are the key/value
-    cache and may have fewer heads than ``q`` (grouped-query); ``causal="bottom-right"`` places
-    the ``Nq`` queries at the end of the cache (query ``i`` sees keys ``j <= i + Nk - Nq``), so
-    decoding one new token is ``Nq = 1`` and a prefill of several tokens is ``Nq > 1`` against
-    the same cache. The result equals :func:`flashtut.tiled_attention` to rounding. On a GPU
-    each chunk would be its own thread block, which is what lets a decoding step with one
-    query row per sequence spread over all the SMs instead of ``B * H`` of them; see the
-    module docstring. ``num_splits`` may exceed ``Nk``: it is clamped to ``Nk`` (a chunk with
-    no key would contribute only the neutral state), so the cost never grows with it. A chunk
-    that no row may see (right of every diagonal, or behind every window) contributes the empty
+    Layout, ``scale``, ``causal`` and ``window`` as in the API: ``k``/``v`` are the
+    key/value cache and may have fewer heads than ``q`` (grouped-query);
+    ``causal="bottom-right"`` places the ``Nq`` queries at the end of the cache (query
+    ``i`` sees keys ``j <= i + Nk - Nq``), so decoding one new token is ``Nq = 1`` and a
+    prefill of several tokens is ``Nq > 1`` against the same cache. The result equals
+    :func:`flashtut.tiled_attention` to rounding. On a GPU each chunk would be its own
+    thread block, which is what lets a decoding step with one query row per sequence
+    spread over all the SMs instead of ``B * H`` of them; see the module docstring.
+    ``num_splits`` may exceed ``Nk``: it is clamped to ``Nk`` (a chunk with no key would
+    contribute only the neutral state), so the cost never grows with it. A chunk that no
+    row may see (right of every diagonal, or behind every window) contributes the empty
     state without being computed, not NaN.
 
-    Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``, with
-    ``lse`` of shape ``(B, H, Nq)`` in float32 (float64 for float64 inputs). A non-integer
-    or non-positive ``num_splits`` raises ``ValueError``.
+    Returns ``o`` (shape and dtype of ``q``) or ``(o, lse)`` when ``return_lse=True``,
+    with ``lse`` of shape ``(B, H, Nq)`` in float32 (float64 for float64 inputs). A
+    non-integer or non-positive ``num_splits`` raises ``ValueError``.
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     num_splits = min(check_block("num_splits", num_splits), Nk)
@@ -170,26 +182,29 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False, scale: float | No
         if not _chunk_visible(k0, k1, Nq, alignment, off, window):
             partials.append(empty_attention_state((B, H, Nq, D), q.device, acc_t))
         else:
-            partials.append(_split_state(qa, k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t),
+            partials.append(_split_state(qa, k[:, :, k0:k1].to(acc_t),
+                                         v[:, :, k0:k1].to(acc_t),
                                          k0, alignment, off, window, scale))
     o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
     o = o.to(q.dtype)
     return (o, lse) if return_lse else o
 
 
-def suggest_num_splits(batch: int, heads: int, n_queries: int, n_keys: int, num_sms: int,
-                       block_m: int = 64, min_keys_per_split: int = 256) -> int:
+def suggest_num_splits(batch: int, heads: int, n_queries: int, n_keys: int,
+                       num_sms: int, block_m: int = 64,
+                       min_keys_per_split: int = 256) -> int:
     """A simple rule for the number of key splits of one attention launch.
 
-    Without splitting there are ``batch * heads * ceil(n_queries / block_m)`` thread blocks.
-    Take the fewest splits that give every SM at least one block,
+    Without splitting there are ``batch * heads * ceil(n_queries / block_m)`` thread
+    blocks. Take the fewest splits that give every SM at least one block,
     ``ceil(num_sms / blocks)``, but never so many that a split holds fewer than
     ``min_keys_per_split`` keys (below that the merge and the launch cost more than the
-    split saves), and never fewer than one. Prefill (long ``n_queries``) already has enough
-    blocks and gets 1; decoding with few sequences gets several.
+    split saves), and never fewer than one. Prefill (long ``n_queries``) already has
+    enough blocks and gets 1; decoding with few sequences gets several.
 
-    Production heuristics refine this with the kernel's occupancy (blocks per SM) and the
-    fraction of the last wave that is busy; the rule here is the first-order version.
+    Production heuristics refine this with the kernel's occupancy (blocks per SM) and
+    the fraction of the last wave that is busy; the rule here is the first-order
+    version.
     """
     batch = check_block("batch", batch)
     heads = check_block("heads", heads)

@@ -115,15 +115,18 @@ def tiled_attention(q, k, v, causal=False, scale: float | None = None,
     return (o, lse) if return_lse else o
 
 
-def tiled_attention_backward(q, k, v, o, lse, do, causal=False, scale: float | None = None,
-                             block_m: int = 64, block_n: int = 64, window: int | None = None):
-    """FlashAttention-2 backward in PyTorch loops, no autograd. Returns ``(dq, dk, dv)``.
+def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
+                             scale: float | None = None, block_m: int = 64,
+                             block_n: int = 64, window: int | None = None):
+    """FlashAttention-2 backward in PyTorch loops, no autograd.
+    Returns ``(dq, dk, dv)``.
 
     ``P`` is recomputed tile by tile as ``exp(q k^T * scale - lse)``; with
-    ``Delta = rowsum(dO * O)``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - Delta)``,
-    ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. Outer loop over key blocks (their ``dK``
-    and ``dV`` stay in accumulators), inner loop over query blocks (``dQ`` is added to).
-    With grouped-query heads ``dk``/``dv`` have ``Hkv`` heads, each the sum over its group.
+    ``Delta = rowsum(dO * O)``: ``dV = P^T dO``, ``dP = dO V^T``,
+    ``dS = P * (dP - Delta)``, ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. Outer
+    loop over key blocks (their ``dK`` and ``dV`` stay in accumulators), inner loop over
+    query blocks (``dQ`` is added to). With grouped-query heads ``dk``/``dv`` have
+    ``Hkv`` heads, each the sum over its group.
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     check_like("o", o, q)
@@ -138,7 +141,8 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False, scale: float | N
     off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
     lse = lse.to(acc_t)
-    # a row that saw no key has lse = -inf; +inf there makes its recomputed P exp(s - inf) = 0
+    # a row that saw no key has lse = -inf; +inf there makes its recomputed P
+    # exp(s - inf) = 0
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)      # (B, H, Nq): rowsum(dO * O)
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
@@ -151,9 +155,11 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False, scale: float | N
         vj = _expand_heads(v[:, :, k0:k1], group).to(acc_t)
         dk_acc = torch.zeros((B, H, k1 - k0, D), dtype=acc_t, device=q.device)
         dv_acc = torch.zeros_like(dk_acc)
-        # query blocks wholly before the diagonal or past the window see none of these keys
+        # query blocks wholly before the diagonal or past the window see none of these
+        # keys
         lo, hi = _query_block_range(k0, k1, Nq, off, window, alignment)
-        for q0 in range((lo // block_m) * block_m, hi, block_m):   # inner loop: query blocks
+        # inner loop: query blocks
+        for q0 in range((lo // block_m) * block_m, hi, block_m):
             q1 = min(q0 + block_m, Nq)
             qi = q[:, :, q0:q1].to(acc_t)
             doi = do[:, :, q0:q1].to(acc_t)
@@ -161,7 +167,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False, scale: float | N
             hidden = _tile_mask(q0, q1, k0, k1, off, window, alignment, q.device)
             if hidden is not None:
                 s = s.masked_fill(hidden, float("-inf"))
-            p = torch.exp(s - lse[:, :, q0:q1, None])     # recomputed, exactly normalised
+            p = torch.exp(s - lse[:, :, q0:q1, None])  # recomputed, exactly normalised
             dv_acc += torch.matmul(p.transpose(-2, -1), doi)
             dp = torch.matmul(doi, vj.transpose(-2, -1))
             ds = p * (dp - delta[:, :, q0:q1, None])

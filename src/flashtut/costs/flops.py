@@ -15,7 +15,8 @@ MODES = ("fwd", "bwd")
 
 def attention_flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool = False,
                     mode: str = "fwd") -> float:
-    """FLOPs credited to one attention call of the given shape (``mode`` is ``fwd`` or ``bwd``)."""
+    """FLOPs credited to one attention call of the given shape (``mode`` is ``fwd`` or
+    ``bwd``)."""
     for name, value in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk), ("D", D)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

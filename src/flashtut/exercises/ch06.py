@@ -94,9 +94,9 @@ def check_dv_tile(fn, trials: int = 6, seed: int = 0) -> CheckResult:
 
 
 def solution_dv_tile(q, k_tile, do, lse, scale):
-    """Worked solution of exercise 6.2: recompute the tile's probabilities with the saved
-    log-sum-exp, which normalises them over all keys (a softmax over the tile alone would
-    normalise over the wrong set), then ``dV_tile = P_tile^T dO``."""
+    """Worked solution of exercise 6.2: recompute the tile's probabilities with the
+    saved log-sum-exp, which normalises them over all keys (a softmax over the tile
+    alone would normalise over the wrong set), then ``dV_tile = P_tile^T dO``."""
     p = torch.exp(q @ k_tile.transpose(-2, -1) * scale - lse[..., None])
     return p.transpose(-2, -1) @ do
 
@@ -134,8 +134,9 @@ def solution_attention_backward(q, k, v, do, causal=False, scale=None):
 # --- Exercise 6.4 (headline): the tiled backward --------------------------------------------------
 
 def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block_n=64):
-    """Worked solution of exercise 6.4, in plain tensors: ``(dq, dk, dv)``, scale ``1/sqrt(D)``.
-    ``flashtut.tiled_attention_backward`` is this loop plus its input checks."""
+    """Worked solution of exercise 6.4, in plain tensors: ``(dq, dk, dv)``, scale
+    ``1/sqrt(D)``. ``flashtut.tiled_attention_backward`` is this loop plus its input
+    checks."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = D ** -0.5
@@ -146,7 +147,8 @@ def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block
         k1 = min(k0 + block_n, Nk)
         kj, vj = k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t)
         dk_j, dv_j = torch.zeros_like(kj), torch.zeros_like(vj)
-        first = (k0 // block_m) * block_m if causal else 0  # earlier query blocks see none of it
+        # earlier query blocks see none of it
+        first = (k0 // block_m) * block_m if causal else 0
         for q0 in range(first, Nq, block_m):
             q1 = min(q0 + block_m, Nq)
             qi, doi = q[:, :, q0:q1].to(acc_t), do[:, :, q0:q1].to(acc_t)
@@ -155,7 +157,7 @@ def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block
                 rows = torch.arange(q0, q1, device=q.device)[:, None]
                 cols = torch.arange(k0, k1, device=q.device)[None, :]
                 s = s.masked_fill(cols > rows, float("-inf"))
-            p = torch.exp(s - lse[:, :, q0:q1, None])     # recomputed, already normalised
+            p = torch.exp(s - lse[:, :, q0:q1, None])  # recomputed, already normalised
             dv_j += p.transpose(-2, -1) @ doi
             ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
             dq[:, :, q0:q1] += ds @ kj * scale

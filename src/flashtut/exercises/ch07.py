@@ -56,8 +56,9 @@ def check_preprocess(fn, trials: int = 4, seed: int = 0) -> CheckResult:
 
 
 def solution_preprocess(o, do) -> torch.Tensor:
-    """The library's own preprocessing kernel (``flashtut.triton.backward.bwd_preprocess_kernel``),
-    launched on ``(B, H, N, D)`` tensors: one program per 16 rows, D padded to a power of two."""
+    """The library's own preprocessing kernel
+    (``flashtut.triton.backward.bwd_preprocess_kernel``), launched on ``(B, H, N, D)``
+    tensors: one program per 16 rows, D padded to a power of two."""
     from ..triton import backward
     from ..triton.attention import _require_runtime
     _require_runtime(o)
@@ -66,7 +67,8 @@ def solution_preprocess(o, do) -> torch.Tensor:
     delta = torch.empty(B, H, N, dtype=torch.float32, device=o.device)
     block_m, block_d = 16, max(16, triton.next_power_of_2(D))
     backward.bwd_preprocess_kernel[(triton.cdiv(N, block_m), B * H)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
         H, N, D, BLOCK_M=block_m, BLOCK_D=block_d)
     return delta
 
@@ -90,9 +92,11 @@ def reference_window_attention(q, k, v, window: int, scale: float | None = None)
     return (torch.softmax(s, dim=-1) @ v.double()).to(q.dtype)
 
 
-def reference_window_key_range(start_m: int, block_m: int, block_n: int, window: int, n_k: int):
-    """The tile-aligned key range ``[lo, hi)`` one query block must visit: from the tile holding
-    the first key its first row sees, to one past the last key its last row sees."""
+def reference_window_key_range(start_m: int, block_m: int, block_n: int, window: int,
+                               n_k: int):
+    """The tile-aligned key range ``[lo, hi)`` one query block must visit: from the tile
+    holding the first key its first row sees, to one past the last key its last row
+    sees."""
     lo = max(start_m - window + 1, 0) // block_n * block_n
     hi = min(start_m + block_m, n_k)
     return lo, max(hi, lo)
@@ -163,7 +167,8 @@ def window_attn_fwd(Q, K, V, O, n_q, n_k, window, head_dim, qk_scale,
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d[None, :] < head_dim
     q_ok = (offs_m[:, None] < n_q) & d_ok
-    q = tl.load(Q + bh * n_q * head_dim + offs_m[:, None] * head_dim + offs_d[None, :], mask=q_ok, other=0.0)
+    q = tl.load(Q + bh * n_q * head_dim + offs_m[:, None] * head_dim + offs_d[None, :],
+                mask=q_ok, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -172,14 +177,17 @@ def window_attn_fwd(Q, K, V, O, n_q, n_k, window, head_dim, qk_scale,
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kv_ok = (cols[:, None] < n_k) & d_ok
-        k = tl.load(K + bh * n_k * head_dim + cols[:, None] * head_dim + offs_d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(V + bh * n_k * head_dim + cols[:, None] * head_dim + offs_d[None, :], mask=kv_ok, other=0.0)
+        k = tl.load(K + bh * n_k * head_dim + cols[:, None] * head_dim
+                    + offs_d[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(V + bh * n_k * head_dim + cols[:, None] * head_dim
+                    + offs_d[None, :], mask=kv_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         keep = ((cols[None, :] < n_k) & (cols[None, :] <= offs_m[:, None])
                 & (cols[None, :] > offs_m[:, None] - window))
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        # a row may see no key in this tile and none before it: keep exp2 away from -inf - -inf
+        # a row may see no key in this tile and none before it: keep exp2 away from
+        # -inf - -inf
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s * qk_scale - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
@@ -187,7 +195,7 @@ def window_attn_fwd(Q, K, V, O, n_q, n_k, window, head_dim, qk_scale,
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                 # padded rows only: never stored
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # padded rows only: never stored
     o = acc / l_safe[:, None]
     tl.store(O + bh * n_q * head_dim + offs_m[:, None] * head_dim + offs_d[None, :],
              o.to(O.dtype.element_ty), mask=q_ok)

@@ -21,14 +21,15 @@ from .checker import CheckResult, call_scalar, check_callable, run_trials
 # --------------------------------------------------------------- 1. one thread of fwd_v1
 
 def solution_one_thread_row(q_row, k, v, scale: float, block_n: int = 32):
-    """What one thread of ``fwd_v1_rows.cu`` computes: the output row and natural-log lse of
-    one query row ``q_row`` (D,) against ``k``, ``v`` (N, D), tile by tile, base 2 inside."""
+    """What one thread of ``fwd_v1_rows.cu`` computes: the output row and natural-log
+    lse of one query row ``q_row`` (D,) against ``k``, ``v`` (N, D), tile by tile,
+    base 2 inside."""
     acc = torch.zeros_like(q_row)
     m, l = -math.inf, 0.0
     for n0 in range(0, k.shape[0], block_n):
         s = (k[n0:n0 + block_n] @ q_row) * (scale * LOG2E)   # scores in log2 units
         m_new = max(m, float(s.max()))
-        alpha = 2.0 ** (m - m_new)                          # rescale the past once per tile
+        alpha = 2.0 ** (m - m_new)  # rescale the past once per tile
         p = torch.pow(2.0, s - m_new)
         l = l * alpha + float(p.sum())
         acc = acc * alpha + p @ v[n0:n0 + block_n]
@@ -60,8 +61,9 @@ def check_one_thread_row(fn, trials: int = 8) -> CheckResult:
 # --------------------------------------------------------------- 2. mma fragment owner
 
 def solution_a_fragment_owner(row: int, col: int) -> tuple[int, int, int]:
-    """For element ``A[row][col]`` of the 16x16 A operand of ``mma.m16n8k16``: the lane that
-    holds it, which of its 4 registers, and which half (0 = low 16 bits) of that register."""
+    """For element ``A[row][col]`` of the 16x16 A operand of ``mma.m16n8k16``: the lane
+    that holds it, which of its 4 registers, and which half (0 = low 16 bits) of that
+    register."""
     g, t = row % 8, (col % 8) // 2
     reg = (row // 8) + 2 * (col // 8)
     return 4 * g + t, reg, col % 2

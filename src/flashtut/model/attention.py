@@ -123,34 +123,41 @@ def _old_api_causal(n_q: int, n_k: int, backend: str):
                        "backend 'sdpa', or one query at a time")
 
 
-def attend(q, k, v, backend, window: int | None = None, scale: float | None = None) -> torch.Tensor:
-    """Causal attention of ``q`` ``(B, H, Nq, D)`` over ``k``, ``v`` ``(B, Hkv, Nk, D)`` with
-    ``Nq <= Nk``: the queries are the last ``Nq`` positions (``causal="bottom-right"``, which is
-    ordinary causal attention when ``Nq == Nk``). Returns ``(B, H, Nq, D)``."""
+def attend(q, k, v, backend, window: int | None = None,
+           scale: float | None = None) -> torch.Tensor:
+    """Causal attention of ``q`` ``(B, H, Nq, D)`` over ``k``, ``v`` ``(B, Hkv, Nk, D)``
+    with ``Nq <= Nk``: the queries are the last ``Nq`` positions
+    (``causal="bottom-right"``, which is ordinary causal attention when ``Nq == Nk``).
+    Returns ``(B, H, Nq, D)``."""
     backend = check_backend(backend)
     H, n_q, n_k = q.shape[1], q.shape[2], k.shape[2]
     if callable(backend):
         if n_q != n_k:
-            raise ValueError(f"a custom attention function runs on whole sequences (Nq == Nk), "
-                             f"got Nq={n_q}, Nk={n_k}; generate with the KV cache through 'split-kv'")
+            raise ValueError("a custom attention function runs on whole sequences "
+                             f"(Nq == Nk), got Nq={n_q}, Nk={n_k}; generate with "
+                             "the KV cache through 'split-kv'")
         k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
         return backend(q, k, v) if window is None else backend(q, k, v, window=window)
     if backend == "sdpa":
-        # without a mask SDPA may take its flash kernel (the only fused one with enable_gqa)
+        # without a mask SDPA may take its flash kernel (the only fused one with
+        # enable_gqa)
         if window is None and n_q == n_k:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        if window is None and n_q == 1:         # one new token sees the whole cache
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                  enable_gqa=True)
+        if window is None and n_q == 1:  # one new token sees the whole cache
             return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
         mask = visible_keys(n_q, n_k, window, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
     fn = _FLASHTUT[backend]
     if REAL_MODEL_API:
         return fn(q, k, v, causal="bottom-right", scale=scale, window=window)
     if window is not None:
-        raise RuntimeError(f"this flashtut's {_FLASHTUT[backend].__name__} has no window= argument; "
-                           "use backend 'sdpa' for a sliding window")
+        raise RuntimeError(f"this flashtut's {_FLASHTUT[backend].__name__} has no "
+                           "window= argument; use backend 'sdpa' for a sliding window")
     causal = _old_api_causal(n_q, n_k, backend)
-    return fn(q, expand_kv_heads(k, H), expand_kv_heads(v, H), causal=causal, scale=scale)
+    return fn(q, expand_kv_heads(k, H), expand_kv_heads(v, H), causal=causal,
+              scale=scale)
 
 
 def packed_path(backend) -> str:
@@ -161,17 +168,20 @@ def packed_path(backend) -> str:
     return "per-sequence"
 
 
-def attend_packed(q, k, v, cu_seqlens: torch.Tensor, backend, window: int | None = None,
+def attend_packed(q, k, v, cu_seqlens: torch.Tensor, backend,
+                  window: int | None = None,
                   scale: float | None = None) -> torch.Tensor:
-    """Causal attention within each of the sequences packed into ``q`` ``(total, H, D)`` and
-    ``k``, ``v`` ``(total, Hkv, D)``: sequence ``b`` is rows ``cu_seqlens[b]:cu_seqlens[b + 1]``
-    (int32, starting at 0). Returns ``(total, H, D)``."""
+    """Causal attention within each of the sequences packed into ``q`` ``(total, H, D)``
+    and ``k``, ``v`` ``(total, Hkv, D)``: sequence ``b`` is rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, starting at 0). Returns
+    ``(total, H, D)``."""
     backend = check_backend(backend)
     if packed_path(backend) == "varlen_attention":
-        return _varlen_attention()(q, k, v, cu_seqlens, cu_seqlens, causal=True, scale=scale,
-                                   window=window, backend=backend)
+        return _varlen_attention()(q, k, v, cu_seqlens, cu_seqlens, causal=True,
+                                   scale=scale, window=window, backend=backend)
     bounds = cu_seqlens.tolist()
-    out = [attend(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None], v[s:e].transpose(0, 1)[None],
+    out = [attend(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None],
+                  v[s:e].transpose(0, 1)[None],
                   backend, window=window, scale=scale)[0].transpose(0, 1)
            for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
     return torch.cat(out, dim=0)
@@ -179,22 +189,29 @@ def attend_packed(q, k, v, cu_seqlens: torch.Tensor, backend, window: int | None
 
 def attend_split_kv(q, k, v, num_splits: int, window: int | None = None,
                     scale: float | None = None) -> torch.Tensor:
-    """The new queries ``q`` ``(B, H, Nq, D)`` against a KV cache ``k``, ``v`` ``(B, Hkv, Nk, D)``
-    that already holds them at its end, through :func:`flashtut.split_kv_attention`: ``num_splits``
-    chunks of keys, each attended independently, merged by their log-sum-exps."""
+    """The new queries ``q`` ``(B, H, Nq, D)`` against a KV cache ``k``, ``v``
+    ``(B, Hkv, Nk, D)`` that already holds them at its end, through
+    :func:`flashtut.split_kv_attention`: ``num_splits`` chunks of keys, each attended
+    independently, merged by their log-sum-exps."""
     H, n_q, n_k = q.shape[1], q.shape[2], k.shape[2]
     if window is not None:
-        # the keys a window hides are never read: keep the last window + Nq - 1 of the cache
+        # the keys a window hides are never read: keep the last window + Nq - 1 of the
+        # cache
         keep = min(n_k, window + n_q - 1)
         k, v, n_k = k[:, :, n_k - keep:], v[:, :, n_k - keep:], keep
     if REAL_MODEL_API:
-        # one query row over a trimmed cache needs no window; several rows each have their own
+        # one query row over a trimmed cache needs no window; several rows each have
+        # their own
         extra = {} if window is None or n_q == 1 else {"window": window}
-        return decode.split_kv_attention(q, k, v, num_splits, causal="bottom-right", scale=scale, **extra)
+        return decode.split_kv_attention(q, k, v, num_splits, causal="bottom-right",
+                                         scale=scale, **extra)
     if window is not None and n_q > 1:
-        raise RuntimeError("this flashtut's split_kv_attention has no window: decode one token at a time")
-    return decode.split_kv_attention(q, expand_kv_heads(k, H), expand_kv_heads(v, H), num_splits,
-                                     causal=_old_api_causal(n_q, n_k, "naive"), scale=scale)
+        raise RuntimeError("this flashtut's split_kv_attention has no window: decode "
+                           "one token at a time")
+    return decode.split_kv_attention(q, expand_kv_heads(k, H), expand_kv_heads(v, H),
+                                     num_splits,
+                                     causal=_old_api_causal(n_q, n_k, "naive"),
+                                     scale=scale)
 
 
 __all__ = ["BACKENDS", "REAL_MODEL_API", "attend", "attend_packed", "attend_split_kv", "backend_name",

@@ -45,14 +45,16 @@ def padded_batch(seqs):
 
 
 def packed_batch(seqs):
-    """``(x, y, cu_seqlens, positions)``: the sequences end to end in one row, ``x`` and ``y`` of
-    shape ``(1, total)``, ``cu_seqlens`` int32 ``[0, n_0, n_0 + n_1, ...]`` and each token's
-    position inside its own sequence (rotary positions restart at every sequence)."""
+    """``(x, y, cu_seqlens, positions)``: the sequences end to end in one row, ``x`` and
+    ``y`` of shape ``(1, total)``, ``cu_seqlens`` int32 ``[0, n_0, n_0 + n_1, ...]`` and
+    each token's position inside its own sequence (rotary positions restart at every
+    sequence)."""
     seqs = _check_sequences(seqs)
     lengths = [s.numel() - 1 for s in seqs]
     x = torch.cat([s[:-1] for s in seqs])[None]
     y = torch.cat([s[1:] for s in seqs])[None]
-    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                              dtype=torch.int32)
     positions = torch.cat([torch.arange(n) for n in lengths])
     return x, y, cu_seqlens, positions
 

@@ -10,26 +10,31 @@ from .training import autocast
 
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True,
-             decode: str = "split-kv", num_splits: int = 1, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``prompt`` ``(B, T0)`` followed by ``new_tokens`` greedily chosen tokens, ``(B, T0 + new_tokens)``.
+             decode: str = "split-kv", num_splits: int = 1,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``prompt`` ``(B, T0)`` followed by ``new_tokens`` greedily chosen tokens,
+    ``(B, T0 + new_tokens)``.
 
-    With ``use_cache`` the prompt runs once (the prefill) and fills a :class:`KVCache`; each new
-    token then runs alone and attends to the cache (``decode``: ``"split-kv"`` through
-    :func:`flashtut.split_kv_attention` with ``num_splits`` chunks, or ``"backend"``). Without it,
-    every step runs the model over the whole sequence so far and keeps only the last position.
-    Both choose the same tokens (to rounding of near-ties)."""
+    With ``use_cache`` the prompt runs once (the prefill) and fills a :class:`KVCache`;
+    each new token then runs alone and attends to the cache (``decode``: ``"split-kv"``
+    through :func:`flashtut.split_kv_attention` with ``num_splits`` chunks, or
+    ``"backend"``). Without it, every step runs the model over the whole sequence so far
+    and keeps only the last position. Both choose the same tokens (to rounding of
+    near-ties)."""
     new_tokens = check_block("new_tokens", new_tokens)
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt must be a (B, T0) tensor of token ids with T0 >= 1, got "
-                         f"{tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__}")
+        raise ValueError(
+            "prompt must be a (B, T0) tensor of token ids with T0 >= 1, got "
+            f"""{tuple(prompt.shape) if isinstance(prompt, torch.Tensor)
+                 else type(prompt).__name__}""")
     device = next(model.parameters()).device
     model.eval()
     seq = prompt.to(device)
     cache = None
     if use_cache:
         cache_dtype = dtype or next(model.parameters()).dtype
-        cache = KVCache(model.config, seq.shape[0], seq.shape[1] + new_tokens, device, cache_dtype,
-                        decode=decode, num_splits=num_splits)
+        cache = KVCache(model.config, seq.shape[0], seq.shape[1] + new_tokens, device,
+                        cache_dtype, decode=decode, num_splits=num_splits)
     step_input = seq
     for _ in range(new_tokens):
         with autocast(device, dtype):

@@ -120,7 +120,8 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention: ``n_head`` query heads, ``n_kv_head`` key/value heads."""
+    """Grouped-query self-attention: ``n_head`` query heads, ``n_kv_head`` key/value
+    heads."""
 
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
@@ -131,16 +132,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d, config.n_kv_head * D, bias=False)
         self.wo = nn.Linear(config.n_head * D, d, bias=False)
 
-    def forward(self, x, cos, sin, backend, cu_seqlens=None, cache: KVCache | None = None):
+    def forward(self, x, cos, sin, backend, cu_seqlens=None,
+                cache: KVCache | None = None):
         cfg = self.config
         B, T, _ = x.shape
         q = apply_rotary(self.wq(x).view(B, T, cfg.n_head, cfg.head_dim), cos, sin)
         k = apply_rotary(self.wk(x).view(B, T, cfg.n_kv_head, cfg.head_dim), cos, sin)
         v = self.wv(x).view(B, T, cfg.n_kv_head, cfg.head_dim)
-        if cu_seqlens is not None:             # packed: B == 1, the rows are the sequences end to end
-            o = attend_packed(q[0], k[0], v[0], cu_seqlens, backend, window=cfg.window)[None]
+        # packed: B == 1, the rows are the sequences end to end
+        if cu_seqlens is not None:
+            o = attend_packed(q[0], k[0], v[0], cu_seqlens, backend,
+                              window=cfg.window)[None]
         else:
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, heads, T, D)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, D)
             if cache is not None:
                 k, v = cache.append(self.layer, k, v)
             if cache is not None and cache.decode == "split-kv":
@@ -209,7 +213,8 @@ class GPT(nn.Module):
                 std = 0.02 / (math.sqrt(2 * self.config.n_layer) if name.endswith(("wo.weight", "down.weight")) else 1)
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, idx, targets=None, cu_seqlens=None, positions=None, cache: KVCache | None = None):
+    def forward(self, idx, targets=None, cu_seqlens=None, positions=None,
+                cache: KVCache | None = None):
         self.attention_backend = check_backend(self.attention_backend)
         B, T = idx.shape
         if positions is None:
@@ -221,10 +226,12 @@ class GPT(nn.Module):
             x = block(x, cos, sin, self.attention_backend, cu_seqlens, cache)
         if cache is not None:
             cache.length += T
-        logits = F.linear(self.norm(x), self.embed.weight)      # tied: the embedding matrix, transposed
+        # tied: the embedding matrix, transposed
+        logits = F.linear(self.norm(x), self.embed.weight)
         loss = None
         if targets is not None:
-            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))   # float32 at least
+            # float32 at least
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
             loss = F.cross_entropy(wide.view(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return logits, loss

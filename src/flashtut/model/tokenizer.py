@@ -6,8 +6,8 @@ import torch
 
 
 class ByteTokenizer:
-    """``encode(text)`` -> int64 tensor of the UTF-8 bytes; ``decode(ids)`` -> text (a multi-byte
-    character cut in two decodes as U+FFFD)."""
+    """``encode(text)`` -> int64 tensor of the UTF-8 bytes; ``decode(ids)`` -> text (a
+    multi-byte character cut in two decodes as U+FFFD)."""
 
     vocab_size = 256
 

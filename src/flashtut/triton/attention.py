@@ -269,13 +269,16 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(L.lse_shape, dtype=torch.float32, device=q.device)
     block_d = _block_d(L.D)
-    args = [q, k, v, o, lse, L.cu_q, L.cu_k, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            *L.lse_strides, L.H, L.group, L.Nq, L.Nk, L.D, scale * LOG2E, mask[1] or 0,
+    args = [q, k, v, o, lse, L.cu_q, L.cu_k,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(o), *L.lse_strides,
+            L.H, L.group, L.Nq, L.Nk, L.D, scale * LOG2E, mask[1] or 0,
             configs.length_bucket(max(L.Nq, L.Nk))]
-    meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
-                DOT_PREC=_dot_precision(q.dtype))
-    _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype, q.device)
-    raise_if_overflowed(o, q.dtype, scale, L.D)    # reads o only for dtypes whose scores can overflow
+    meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d,
+                PAD_D=block_d != L.D, DOT_PREC=_dot_precision(q.dtype))
+    _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype,
+            q.device)
+    # reads o only for dtypes whose scores can overflow
+    raise_if_overflowed(o, q.dtype, scale, L.D)
     return o, lse
 
 
@@ -413,7 +416,8 @@ def triton_backward(q, k, v, o, lse, do, causal=False, scale: float | None = Non
 
 
 class TritonAttention(torch.autograd.Function):
-    """``o = softmax(scale * q k^T [causal mask]) v``; saves ``q, k, v, o, lse`` only."""
+    """``o = softmax(scale * q k^T [causal mask]) v``; saves ``q, k, v, o, lse``
+    only."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale):

@@ -63,9 +63,10 @@ def bwd_preprocess_kernel(O, DO, DELTA,
     ok = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)
     o = tl.load(O + b * stride_ob + h * stride_oh + rows * stride_on + offs_d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don + offs_d[None, :],
-                 mask=ok, other=0.0).to(tl.float32)
-    tl.store(DELTA + bh.to(tl.int64) * n_q + offs_m, tl.sum(o * do, 1), mask=offs_m < n_q)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don
+                 + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh.to(tl.int64) * n_q + offs_m, tl.sum(o * do, 1),
+             mask=offs_m < n_q)
 
 
 @triton.jit
@@ -98,24 +99,32 @@ def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.cons
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qn, stride_don,
-                     stride_dqn, offs_n, offs_m0, offs_d, start, end, n_q, n_k, head_dim, qk_scale, off,
-                     window, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                     WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                     DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr, WIDE_ROWS: tl.constexpr):
+def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                     stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+                     start, end, n_q, n_k, head_dim, qk_scale, off, window,
+                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                     PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                     DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr,
+                     WIDE_ROWS: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     if WIDE_ROWS:
-        # row * stride can pass 2**31: the first tile's offset in 64 bits, then pointer steps
-        q_ptrs = q_base + start.to(tl.int64) * stride_qn + offs_m0[:, None] * stride_qn + offs_d[None, :]
-        do_ptrs = do_base + start.to(tl.int64) * stride_don + offs_m0[:, None] * stride_don + offs_d[None, :]
+        # row * stride can pass 2**31: the first tile's offset in 64 bits, then
+        # pointer steps
+        q_ptrs = (q_base + start.to(tl.int64) * stride_qn
+                  + offs_m0[:, None] * stride_qn + offs_d[None, :])
+        do_ptrs = (do_base + start.to(tl.int64) * stride_don
+                   + offs_m0[:, None] * stride_don + offs_d[None, :])
         if FUSED_DQ:
-            dq_ptrs = dq_base + start.to(tl.int64) * stride_dqn + offs_m0[:, None] * stride_dqn + offs_d[None, :]
+            dq_ptrs = (dq_base + start.to(tl.int64) * stride_dqn
+                       + offs_m0[:, None] * stride_dqn + offs_d[None, :])
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m0
         if not WIDE_ROWS:
-            # 32-bit offsets from the row numbers, recomputed each tile: pointer tensors carried
-            # from tile to tile stay live across the software pipeline and made this kernel spill
-            # registers (ptxas -v, sm_90a: 132 bytes at 32x128 with 8 warps, 0 without them)
+            # 32-bit offsets from the row numbers, recomputed each tile: pointer
+            # tensors carried from tile to tile stay live across the software
+            # pipeline and made this kernel spill registers (ptxas -v, sm_90a:
+            # 132 bytes at 32x128 with 8 warps, 0 without them)
             q_ptrs = q_base + rows[:, None] * stride_qn + offs_d[None, :]
             do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
             if FUSED_DQ:
@@ -125,7 +134,8 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
             q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             lse = tl.load(lse_base + rows, mask=row_ok, other=0.0)
-            # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
+            # a row that saw no key has lse = -inf: +inf makes its recomputed P
+            # exactly 0
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
@@ -137,28 +147,31 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
                 do = tl.load(do_ptrs)
             lse2 = tl.load(lse_base + rows) * LOG2E_C
             delta = tl.load(delta_base + rows)
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)              # (BLOCK_N, BLOCK_M)
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                 # P^T, already normalised
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # P^T, already normalised
         if MASKED:
-            keep = visible(rows[None, :], offs_n[:, None], n_k, off, window, CAUSAL, WINDOW)
+            keep = visible(rows[None, :], offs_n[:, None], n_k, off, window,
+                           CAUSAL, WINDOW)
             p_t = tl.where(keep & (rows[None, :] < n_q), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)           # (dO V^T)^T
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # (dO V^T)^T
         ds_t = p_t * (dp_t - delta[None, :])
-        if DS_FP32:                         # chapter 07: what rounding dS to 16 bits costs
+        if DS_FP32:  # chapter 07: what rounding dS to 16 bits costs
             dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
             if FUSED_DQ:
-                dq_part = tl.dot(tl.trans(ds_t), k.to(tl.float32), input_precision="ieee")
+                dq_part = tl.dot(tl.trans(ds_t), k.to(tl.float32),
+                                 input_precision="ieee")
         else:
             ds_lo = ds_t.to(q.dtype)
             dk = tl.dot(ds_lo, q, dk, input_precision=DOT_PREC)
             if FUSED_DQ:
                 dq_part = tl.dot(tl.trans(ds_lo), k, input_precision=DOT_PREC)
         if FUSED_DQ:
-            # other key blocks add to the same rows at the same time: float32 atomics (unscaled;
-            # the caller multiplies by ``scale`` once when it casts dQ back)
+            # other key blocks add to the same rows at the same time: float32 atomics
+            # (unscaled; the caller multiplies by ``scale`` once when it casts dQ back)
             if MASKED:
-                tl.atomic_add(dq_ptrs, dq_part, mask=(rows < n_q)[:, None] & d_ok, sem="relaxed")
+                tl.atomic_add(dq_ptrs, dq_part, mask=(rows < n_q)[:, None] & d_ok,
+                              sem="relaxed")
             elif PAD_D:
                 tl.atomic_add(dq_ptrs, dq_part, mask=d_ok, sem="relaxed")
             else:
@@ -182,18 +195,21 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
                     stride_dvb, stride_dvh, stride_dvn,
                     stride_dqb, stride_dqh, stride_dqn,
                     stride_lb, stride_lh,
-                    n_kv_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
-                    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
-                    VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    n_kv_heads, group, n_q, n_k, head_dim,
+                    scale, qk_scale, window, N_BUCKET,
+                    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                    WINDOW: tl.constexpr, VARLEN: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     DS_FP32: tl.constexpr = False, FUSED_DQ: tl.constexpr = False,
                     GROUPED: tl.constexpr = True, WIDE_ROWS: tl.constexpr = True):
-    """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys once,
-    summed over the ``group`` query heads that share its key/value head. With ``FUSED_DQ`` it
-    also adds its share of ``dQ / scale`` into the float32 ``DQ`` (zeroed by the caller) with
-    atomics, and no ``bwd_dq_kernel`` is needed. ``GROUPED=False`` (one query head per key/value
-    head) drops the loop over the group, whose loop-carried state cost registers; ``WIDE_ROWS``
-    keeps the query rows' offsets in 64 bits (needed once ``n_q * stride`` passes 2**31)."""
+    """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys
+    once, summed over the ``group`` query heads that share its key/value head. With
+    ``FUSED_DQ`` it also adds its share of ``dQ / scale`` into the float32 ``DQ``
+    (zeroed by the caller) with atomics, and no ``bwd_dq_kernel`` is needed.
+    ``GROUPED=False`` (one query head per key/value head) drops the loop over the group,
+    whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
+    in 64 bits (needed once ``n_q * stride`` passes 2**31)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -209,41 +225,47 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     kv_ok = (offs_n[:, None] < n_k) & (offs_d[None, :] < head_dim)
-    k = tl.load(K + b * stride_kb + h_kv * stride_kh + rows_n * stride_kn + offs_d[None, :],
-                mask=kv_ok, other=0.0)
-    v = tl.load(V + b * stride_vb + h_kv * stride_vh + rows_n * stride_vn + offs_d[None, :],
-                mask=kv_ok, other=0.0)
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + rows_n * stride_kn
+                + offs_d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + rows_n * stride_vn
+                + offs_d[None, :], mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    lo, a, b_end, hi = query_range(start_n, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    lo, a, b_end, hi = query_range(start_n, n_q, n_k, off, window,
+                                   CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
 
-    # one query head per key/value head: a loop of one trip known when compiling, which the
-    # compiler removes (a loop over a runtime count kept state live and cost registers)
-    for g in range(0, group if GROUPED else 1):     # the query heads that read this key/value head
+    # one query head per key/value head: a loop of one trip known when compiling,
+    # which the compiler removes (a loop over a runtime count kept state live and
+    # cost registers)
+    # the query heads that read this key/value head
+    for g in range(0, group if GROUPED else 1):
         h = h_kv * group + g
         q_base = Q + b * stride_qb + h * stride_qh + q_start * stride_qn
         do_base = DO + b * stride_dob + h * stride_doh + q_start * stride_don
         lse_base = LSE + b * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
         dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                                  lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                                  a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
-                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
-        dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                  stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
-                                  b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-                                  CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
 
     dk = dk * scale
-    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + rows_n * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_ok)
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn
+             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + rows_n * stride_dvn
+             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
@@ -292,15 +314,18 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
                   stride_dob, stride_doh, stride_don,
                   stride_dqb, stride_dqh, stride_dqn,
                   stride_lb, stride_lh,
-                  n_heads, group, n_q, n_k, head_dim, scale, qk_scale, window, N_BUCKET,
-                  CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
-                  VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  n_heads, group, n_q, n_k, head_dim,
+                  scale, qk_scale, window, N_BUCKET,
+                  CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                  WINDOW: tl.constexpr, VARLEN: tl.constexpr,
+                  BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DS_FP32: tl.constexpr = False):
-    """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows once."""
+    """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows
+    once."""
     pid_m = tl.program_id(0)
     if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m                      # heaviest blocks first
+        pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest blocks first
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -319,8 +344,8 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
     q_ok = row_ok[:, None] & (offs_d[None, :] < head_dim)
     q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qn + offs_d[None, :],
                 mask=q_ok, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don + offs_d[None, :],
-                 mask=q_ok, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_don
+                 + offs_d[None, :], mask=q_ok, other=0.0)
     l_base = b * stride_lb + h * stride_lh + q_start
     lse = tl.load(LSE + l_base + offs_m, mask=row_ok, other=0.0)
     # a row that saw no key has lse = -inf: +inf makes its recomputed P exactly 0
@@ -330,17 +355,21 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
     v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window,
+                                 CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     if WINDOW:
-        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                          offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
-                          BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
-    dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                      offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
-                      BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
-    dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                      offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
-                      BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
+        dq = _dq_key_loop(
+            dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+            offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
+            BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
+    dq = _dq_key_loop(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
+        BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
+    dq = _dq_key_loop(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
+        BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_ok)

@@ -1,19 +1,21 @@
 """Launch configurations for the Triton attention kernels: the autotuning search space.
 
-A configuration fixes the tile shape (``BLOCK_M`` query rows x ``BLOCK_N`` key rows), the
-number of warps that share a program and the depth of the software pipeline (``num_stages``:
-how many K/V tiles are in flight in shared memory while the current one is multiplied).
-The search space is small on purpose: every entry costs a compilation (seconds) and a
-timing run per new autotuning key, and the good corners are known from the hardware:
+A configuration fixes the tile shape (``BLOCK_M`` query rows x ``BLOCK_N`` key rows),
+the number of warps that share a program and the depth of the software pipeline
+(``num_stages``: how many K/V tiles are in flight in shared memory while the current one
+is multiplied). The search space is small on purpose: every entry costs a compilation
+(seconds) and a timing run per new autotuning key, and the good corners are known from
+the hardware:
 
 * Hopper (sm_90, 228 KB shared memory per SM, warpgroup MMA): ``BLOCK_M = 128`` rows per
   program, 4 or 8 warps (one or two warpgroups), 3-4 stages.
-* Ampere/Ada (sm_80..89, 100-164 KB shared memory): the same shapes with fewer stages, and a
-  smaller fallback that fits the 100 KB parts.
-* float32 inputs use exact fp32 dot products (no tensor cores), whose tiles take twice the
-  shared memory and registers: small tiles only.
-* The interpreter (CPU) gets one tiny fixed configuration, no sweep: it runs each program in
-  NumPy, so tiles of 16 keep the tests fast and still exercise partial tiles and multi-tile loops.
+* Ampere/Ada (sm_80..89, 100-164 KB shared memory): the same shapes with fewer stages,
+  and a smaller fallback that fits the 100 KB parts.
+* float32 inputs use exact fp32 dot products (no tensor cores), whose tiles take twice
+  the shared memory and registers: small tiles only.
+* The interpreter (CPU) gets one tiny fixed configuration, no sweep: it runs each
+  program in NumPy, so tiles of 16 keep the tests fast and still exercise partial tiles
+  and multi-tile loops.
 """
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ class TileConfig:
 
 
 def check_tile_config(name: str, cfg: TileConfig) -> TileConfig:
-    """Every shape the kernels can run: block sizes powers of two from 16 (``tl.arange`` needs a
-    power of two and ``tl.dot`` at least 16 rows), warps a power of two, one stage or more. Any
-    pair of block sizes gives right results (the loops of each kernel tile on one grid)."""
+    """Every shape the kernels can run: block sizes powers of two from 16 (``tl.arange``
+    needs a power of two and ``tl.dot`` at least 16 rows), warps a power of two, one
+    stage or more. Any pair of block sizes gives right results (the loops of each kernel
+    tile on one grid)."""
     for field in ("block_m", "block_n", "num_warps", "num_stages"):
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -39,9 +42,11 @@ def check_tile_config(name: str, cfg: TileConfig) -> TileConfig:
     for field in ("block_m", "block_n"):
         value = getattr(cfg, field)
         if value < 16 or value & (value - 1):
-            raise ValueError(f"{name}.{field} must be a power of two >= 16, got {value}")
+            raise ValueError(f"{name}.{field} must be a power of two >= 16, "
+                             f"got {value}")
     if cfg.num_warps & (cfg.num_warps - 1):
-        raise ValueError(f"{name}.num_warps must be a power of two, got {cfg.num_warps}")
+        raise ValueError(f"{name}.num_warps must be a power of two, "
+                         f"got {cfg.num_warps}")
     return cfg
 
 
@@ -49,37 +54,54 @@ def _cfgs(rows):
     return [TileConfig(*r) for r in rows]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim class
-# ("small": D <= 64, "large": D = 128). Entries that spill registers (ptxas -v, sm_90a/sm_80,
-# triton 3.7) were left out: a spilled accumulator costs more than any tile shape gains.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim
+# class ("small": D <= 64, "large": D = 128). Entries that spill registers (ptxas -v,
+# sm_90a/sm_80, triton 3.7) were left out: a spilled accumulator costs more than any
+# tile shape gains.
 FWD = {
-    ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4)]),
-    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]),
-    ("ampere", "small"): _cfgs([(128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
-    ("ampere", "large"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]),
+    ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3),
+                                (128, 64, 8, 3), (128, 64, 8, 4)]),
+    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 128, 8, 3),
+                                (128, 64, 8, 4), (128, 128, 8, 2)]),
+    ("ampere", "small"): _cfgs([(128, 64, 4, 3), (128, 32, 4, 3),
+                                (64, 64, 4, 3), (64, 32, 4, 2)]),
+    ("ampere", "large"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3),
+                                (64, 64, 4, 3), (64, 32, 4, 2)]),
 }
 # dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
 BWD_DKDV = {
-    ("hopper", "small"): _cfgs([(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3)]),
-    ("hopper", "large"): _cfgs([(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 3)]),
-    ("ampere", "small"): _cfgs([(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
-    ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1)]),
+    ("hopper", "small"): _cfgs([(64, 128, 8, 3), (32, 128, 8, 3),
+                                (64, 64, 4, 3), (32, 64, 4, 3)]),
+    ("hopper", "large"): _cfgs([(64, 128, 8, 3), (64, 128, 8, 2),
+                                (32, 128, 8, 3), (32, 64, 4, 3)]),
+    ("ampere", "small"): _cfgs([(32, 128, 8, 2), (64, 64, 4, 2),
+                                (32, 64, 4, 2), (32, 32, 4, 1)]),
+    ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2),
+                                (32, 64, 4, 2), (32, 32, 4, 1)]),
 }
 # dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
 BWD_DQ = {
-    ("hopper", "small"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]),
-    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 8, 3)]),
-    ("ampere", "small"): _cfgs([(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]),
-    ("ampere", "large"): _cfgs([(64, 64, 4, 2), (128, 32, 8, 2), (32, 32, 4, 1)]),
+    ("hopper", "small"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3),
+                                (64, 64, 4, 3)]),
+    ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 64, 8, 4),
+                                (64, 64, 4, 3), (128, 32, 8, 3)]),
+    ("ampere", "small"): _cfgs([(64, 64, 4, 2), (128, 32, 4, 2),
+                                (64, 32, 4, 2), (32, 32, 4, 1)]),
+    ("ampere", "large"): _cfgs([(64, 64, 4, 2), (128, 32, 8, 2),
+                                (32, 32, 4, 1)]),
 }
-# The first entry of a list is what runs with autotuning off. A sliding window gives every dK/dV
-# program the same short query range, and its best tile differs from the causal one. Measured on
-# the H200 (fp16, D = 128, N = 16384, window 4096, python -m flashtut.bench window-backward, two runs), the
-# dK/dV kernel alone: 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3
-# (the old first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms, 32x128 5.64).
-# dQ: 128x64/w8 with 3 or 4 stages traded places between the runs (1.20-1.32 ms): no override.
-# These runs predate the removal of the dK/dV kernel's register spills (flashtut.triton.backward,
-# GROUPED and WIDE_ROWS), which spilled more at 64x128 than at 32x128: to be measured again.
+# The first entry of a list is what runs with autotuning off. A sliding window gives
+# every dK/dV program the same short query range, and its best tile differs from the
+# causal one. Measured on the H200 (fp16, D = 128, N = 16384, window 4096,
+# python -m flashtut.bench window-backward, two runs), the dK/dV kernel alone:
+# 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3 (the old
+# first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms,
+# 32x128 5.64).
+# dQ: 128x64/w8 with 3 or 4 stages traded places between the runs (1.20-1.32 ms):
+# no override.
+# These runs predate the removal of the dK/dV kernel's register spills
+# (flashtut.triton.backward, GROUPED and WIDE_ROWS), which spilled more at 64x128 than
+# at 32x128: to be measured again.
 WINDOW_FIRST = {
     ("dkdv", "hopper", "large"): TileConfig(64, 128, 8, 2),
 }
@@ -105,10 +127,11 @@ def generation(capability: tuple[int, int]) -> str:
 
 def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: int,
                  window: bool = False) -> list[TileConfig]:
-    """The configurations the autotuner times for ``kernel`` (``"fwd"``, ``"dkdv"``, ``"dq"``),
-    first the one used when autotuning is off (``window``: the sliding window's first choice,
-    ``WINDOW_FIRST``, moved to the front). Head dims of 32 or less time only two: their tiles
-    are cheap and those sizes are not where the time goes."""
+    """The configurations the autotuner times for ``kernel`` (``"fwd"``, ``"dkdv"``,
+    ``"dq"``), first the one used when autotuning is off (``window``: the sliding
+    window's first choice, ``WINDOW_FIRST``, moved to the front). Head dims of 32 or
+    less time only two: their tiles are cheap and those sizes are not where the time
+    goes."""
     if fp32:
         return list(FP32[kernel])
     gen, size = generation(capability), "small" if block_d <= 64 else "large"
@@ -121,16 +144,18 @@ def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: 
     return space
 
 
-def fused_backward_default(capability: tuple[int, int], fp32: bool, causal: bool, window: bool) -> bool:
-    """Whether the backward runs fused (dQ added with float32 atomics by the dK/dV program) by
-    default. Measured on the H200 (``tools/gpu_triton_window.sh``): the deterministic two-kernel
-    backward is kept everywhere until a measurement shows the fused one ahead."""
+def fused_backward_default(capability: tuple[int, int], fp32: bool, causal: bool,
+                           window: bool) -> bool:
+    """Whether the backward runs fused (dQ added with float32 atomics by the dK/dV
+    program) by default. Measured on the H200 (``tools/gpu_triton_window.sh``): the
+    deterministic two-kernel backward is kept everywhere until a measurement shows the
+    fused one ahead."""
     return False
 
 
 def length_bucket(n: int) -> int:
-    """Autotuning key for a sequence length: the next power of two (at least 128), so a sweep
-    runs once per size class rather than once per exact length."""
+    """Autotuning key for a sequence length: the next power of two (at least 128), so a
+    sweep runs once per size class rather than once per exact length."""
     b = 128
     while b < n:
         b *= 2

@@ -87,13 +87,17 @@ def visible(rows, cols, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.const
 
 @triton.jit
 def _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                  offs_m, offs_n, offs_d, start, end, n_k, head_dim, qk_scale, off, window,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                  offs_m, offs_n, offs_d, start, end, n_k, head_dim, qk_scale,
+                  off, window, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                  PAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
-    # the first tile's row offset in 64 bits (row * stride can pass 2**31), then pointer steps
-    k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n[:, None] * stride_kn + offs_d[None, :]
-    v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :]
+    # the first tile's row offset in 64 bits (row * stride can pass 2**31), then
+    # pointer steps
+    k_ptrs = (k_base + start.to(tl.int64) * stride_kn
+              + offs_n[:, None] * stride_kn + offs_d[None, :])
+    v_ptrs = (v_base + start.to(tl.int64) * stride_vn
+              + offs_n[:, None] * stride_vn + offs_d[None, :])
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
@@ -106,18 +110,21 @@ def _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)        # (BLOCK_M, BLOCK_N), raw q.k
+        # (BLOCK_M, BLOCK_N), raw q.k
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if MASKED:
-            s = tl.where(visible(offs_m[:, None], cols[None, :], n_k, off, window, CAUSAL, WINDOW),
+            s = tl.where(visible(offs_m[:, None], cols[None, :], n_k, off, window,
+                                 CAUSAL, WINDOW),
                          s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            # a row that has seen no key yet keeps m = -inf; exp2(-inf - -inf) would be NaN
+            # a row that has seen no key yet keeps m = -inf; exp2(-inf - -inf) would
+            # be NaN
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_use = m_new
         p = tl.math.exp2(s * qk_scale - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)                          # rescales what was summed under m_i
+        alpha = tl.math.exp2(m_i - m_use)  # rescales what was summed under m_i
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
@@ -136,9 +143,10 @@ def attn_fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
                     stride_ob, stride_oh, stride_on,
                     stride_lb, stride_lh,
                     n_heads, group, n_q, n_k, head_dim, qk_scale, window, N_BUCKET,
-                    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOW: tl.constexpr,
-                    VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                    WINDOW: tl.constexpr, VARLEN: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Grid: ``(cdiv(max n_q, BLOCK_M), B * H)``. ``LSE`` row ``i`` of (b, h) is at
     ``b * stride_lb + h * stride_lh + first row + i``, float32, natural log."""
     pid_m = tl.program_id(0)
@@ -152,15 +160,15 @@ def attn_fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     k_start, n_k = seq_bounds(CU_K, b, n_k, VARLEN)
     b = b.to(tl.int64)
     h = h.to(tl.int64)
-    h_kv = h // group                                   # grouped-query: heads share K and V
+    h_kv = h // group  # grouped-query: heads share K and V
     off = n_k - n_q if BOTTOM_RIGHT else 0
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = (Q + b * stride_qb + h * stride_qh + (q_start + offs_m[:, None]) * stride_qn
-              + offs_d[None, :])
+    q_ptrs = (Q + b * stride_qb + h * stride_qh
+              + (q_start + offs_m[:, None]) * stride_qn + offs_d[None, :])
     q_ok = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)
     q = tl.load(q_ptrs, mask=q_ok, other=0.0)
     k_base = K + b * stride_kb + h_kv * stride_kh + k_start * stride_kn
@@ -170,25 +178,30 @@ def attn_fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window,
+                                 CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     if WINDOW:
-        acc, l_i, m_i = _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                      offs_m, offs_n, offs_d, lo, a, n_k, head_dim, qk_scale,
-                                      off, window, BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
-    acc, l_i, m_i = _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                  offs_m, offs_n, offs_d, a, b_end, n_k, head_dim, qk_scale,
-                                  off, window, BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
-    acc, l_i, m_i = _fwd_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                                  offs_m, offs_n, offs_d, b_end, hi, n_k, head_dim, qk_scale,
-                                  off, window, BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+        acc, l_i, m_i = _fwd_key_loop(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+            offs_m, offs_n, offs_d, lo, a, n_k, head_dim, qk_scale,
+            off, window, BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+    acc, l_i, m_i = _fwd_key_loop(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n, offs_d, a, b_end, n_k, head_dim, qk_scale,
+        off, window, BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC)
+    acc, l_i, m_i = _fwd_key_loop(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n, offs_d, b_end, hi, n_k, head_dim, qk_scale,
+        off, window, BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC)
 
-    # a row that sees no key (bottom-right with Nq > Nk, or a window) has l = 0: o = 0, lse = -inf
+    # a row that sees no key (bottom-right with Nq > Nk, or a window) has l = 0:
+    # o = 0, lse = -inf
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
-    acc = acc / l_safe[:, None]                                     # normalise once, at the end
+    acc = acc / l_safe[:, None]  # normalise once, at the end
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2_C, float("-inf"))
     row_ok = offs_m < n_q
     tl.store(LSE + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=row_ok)
-    o_ptrs = (O + b * stride_ob + h * stride_oh + (q_start + offs_m[:, None]) * stride_on
-              + offs_d[None, :])
+    o_ptrs = (O + b * stride_ob + h * stride_oh
+              + (q_start + offs_m[:, None]) * stride_on + offs_d[None, :])
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=q_ok)
