@@ -23,10 +23,10 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool 
     near-ties)."""
     new_tokens = check_block("new_tokens", new_tokens)
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[1] < 1:
+        got = (tuple(prompt.shape) if isinstance(prompt, torch.Tensor)
+               else type(prompt).__name__)
         raise ValueError(
-            "prompt must be a (B, T0) tensor of token ids with T0 >= 1, got "
-            f"""{tuple(prompt.shape) if isinstance(prompt, torch.Tensor)
-                 else type(prompt).__name__}""")
+            f"prompt must be a (B, T0) tensor of token ids with T0 >= 1, got {got}")
     device = next(model.parameters()).device
     model.eval()
     seq = prompt.to(device)
