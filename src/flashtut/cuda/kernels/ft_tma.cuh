@@ -94,6 +94,41 @@ __device__ __forceinline__ unsigned char* smem_align1024(unsigned char* raw) {
     return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u);
 }
 
+// The block's query rows and the key tiles any of them may see: causal blocks run the heaviest (last)
+// query block first so that it does not finish last, and skip the tiles right of the block's diagonal.
+struct ft_tma_block {
+    int m0;        // first query row
+    int n_tiles;   // key tiles of BN keys that some row of the block sees
+};
+template <int BN>
+__device__ __forceinline__ ft_tma_block tma_block(int Nq, int Nk, int causal, int diag_offset) {
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = mb * FT_TMA_BLOCK_M;
+    int n_end = Nk;
+    if (causal) n_end = min(Nk, max(0, min(m0 + FT_TMA_BLOCK_M, Nq) + diag_offset));
+    return {m0, (n_end + BN - 1) / BN};
+}
+
+// A consumer thread's place: consumer warpgroup cw = wg - 1 (0 or 1: warpgroups 1 and 2) owns rows
+// wg_row0 .. wg_row0 + 63, its warp 16 of them from warp_row0, the thread rows r0 and r0 + 8 (the
+// accumulator layout of ft_wgmma.cuh); q_addr: the warpgroup's 64 rows of the Q tile.
+struct ft_consumer {
+    int cw, lane, t, wg_row0, warp_row0, r0;
+    unsigned q_addr;
+};
+__device__ __forceinline__ ft_consumer tma_consumer(int wg, int m0, unsigned q_s) {
+    ft_consumer c;
+    c.cw = wg - 1;
+    const int warp = (threadIdx.x % 128) / 32;
+    c.lane = threadIdx.x % 32;
+    c.t = c.lane % 4;
+    c.wg_row0 = m0 + c.cw * 64;
+    c.warp_row0 = c.wg_row0 + warp * 16;
+    c.r0 = c.warp_row0 + c.lane / 4;
+    c.q_addr = q_s + c.cw * 64 * 128;
+    return c;
+}
+
 // S (64 x BN) = Q K^T issued as HEAD_DIM / 16 wgmma of k = 16, both operands from shared memory: step ks
 // reads columns 16 ks.. of this warpgroup's 64 rows of Q (at q_addr) and of the BN rows of K, 64-column
 // block ks / 4, 32 bytes further along the swizzled rows per step (SBO 1024: the next 8-row group). Not

@@ -62,6 +62,22 @@ __device__ __forceinline__ void wg_softmax_exp(const float* s, float (&l)[2], co
     }
 }
 
+// The same in two parts, for rung W3, which may pack P only once the P V still reading the previous P
+// from those registers is done: the exponentials in float32 over S itself (and the sums), then the packing.
+template <int BN>
+__device__ __forceinline__ void wg_softmax_exp_inplace(float* s, float (&l)[2], const float (&neg_mscaled)[2],
+                                                       float scale_log2) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) l[(i / 2) % 2] += s[i] + s[i + 1];
+}
+template <int BN>
+__device__ __forceinline__ void wg_pack_p(const float* s, ft_raw2* pf) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) pf[i / 2] = ft_pack2(s[i], s[i + 1]);
+}
+
 // one whole step, for the rungs whose O accumulator is idle during the softmax (W1, W2)
 template <int BN>
 __device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float (&l)[2], float* acc,

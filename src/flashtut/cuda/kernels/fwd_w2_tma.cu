@@ -53,11 +53,8 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 
     const int wg = threadIdx.x / 128;
     const int bh = blockIdx.y;
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = mb * W2_BLOCK_M;
-    int n_end = Nk;
-    if (causal) n_end = min(Nk, max(0, min(m0 + W2_BLOCK_M, Nq) + diag_offset));
-    const int n_tiles = (n_end + W2_BLOCK_N - 1) / W2_BLOCK_N;
+    const ft_tma_block blk = tma_block<W2_BLOCK_N>(Nq, Nk, causal, diag_offset);
+    const int m0 = blk.m0, n_tiles = blk.n_tiles;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -93,13 +90,9 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     }
     setmaxnreg_inc<W2_CONSUMER_REGS>();
 
-    const int cw = wg - 1;                      // consumer warpgroup 0 or 1
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-    const int wg_row0 = m0 + cw * 64;
-    const int warp_row0 = wg_row0 + warp * 16;
-    const int r0 = warp_row0 + g;
-    const unsigned q_addr = q_s + cw * 64 * 128;
+    const ft_consumer me = tma_consumer(wg, m0, q_s);
+    const int lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
+    const unsigned q_addr = me.q_addr;
 
     float acc[HEAD_DIM / 2];
 #pragma unroll
