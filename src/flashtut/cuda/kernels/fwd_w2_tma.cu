@@ -18,7 +18,8 @@
 // Kept from W1: the two products with wgmma, the online softmax in registers, causal tile skipping with
 // the heaviest query blocks first, grouped heads, either causal alignment, o = 0 and lse = -inf for a
 // row that sees no key.
-#include "ft_tma.cuh"  // mbarriers, TMA copies, setmaxnreg, the two products on the TMA tiles
+// mbarriers, TMA copies, setmaxnreg, the two products on the TMA tiles (shared with W3)
+#include "ft_tma.cuh"
 
 #ifndef W2_BLOCK_N
 #define W2_BLOCK_N 128  // keys per K/V tile (64 or 128)
