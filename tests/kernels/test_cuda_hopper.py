@@ -599,3 +599,21 @@ def test_tma_rung_matches_the_reference_and_w1(variant, dtype_name):
                     f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     assert res.stdout.count(f"ok {variant.upper()}") >= len(GPU_CASES), res.stdout
+
+
+def test_w3_is_in_the_hopper_benchmark_and_never_the_default(monkeypatch):
+    """The next GPU session measures W3 (``hopper-w3`` in the ``hopper`` preset, launched as variant "w3");
+    until it has been measured, ``cuda_attention``'s forward on sm_90 stays W1."""
+    from flashtut.bench import registry, sweeps
+
+    impls = {i.name: i for i in registry.expand(sweeps.PRESETS["hopper"]["impls"])}
+    assert {"hopper-w2", "hopper-w3"} <= set(impls) and impls["hopper-w3"].group == "hopper"
+    calls = []
+    monkeypatch.setattr(hopper, "forward_hopper", lambda *a, **kw: calls.append(kw) or "o")
+    q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)
+    assert impls["hopper-w3"].forward(q, q, q, True, 0.125) == "o"
+    assert calls == [dict(causal=True, scale=0.125, variant="w3", block_n=128, pv_split=True)]
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in configs.HOPPER_HEAD_DIMS:
+            for kernel in ("auto", "wgmma"):
+                assert configs.choose_forward(kernel, 90, dtype, D, (12, 8)).variant == "w1"
