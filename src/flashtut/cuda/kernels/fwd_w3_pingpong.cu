@@ -3,7 +3,7 @@
 // W2's consumers run each tile as: S = Q K^T, wait, softmax, O += P V, wait. While a warpgroup does its
 // softmax (exp2, max, sum: the multi-function and FP32 units) its tensor-core work is stopped, and the
 // other consumer's wgmma run only when the two happen to fall out of step. W3 overlaps them on purpose,
-// in two ways (the FlashAttention-3 paper's largest step after warp specialisation):
+// in two ways (the overlap to which the FlashAttention-3 paper attributes its largest step):
 //  * intra-warpgroup pipelining: in one "slot" a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}
 //    (two wgmma groups), waits only for the first (wgmma.wait_group 1: all but the newest group done), and
 //    runs the softmax of S_j while its P V of the previous tile is still on the tensor cores; then it waits
@@ -18,14 +18,17 @@
 // two warpgroups issuing in one slot, no arrival on a named barrier counted in the wrong generation).
 //
 // Register budget per consumer thread (setmaxnreg gives the consumers 240; the 64 x N accumulators of a
-// warpgroup are spread over its 128 threads, N / 2 each), at D = 128 and 128-key tiles:
-//   S_j accumulator, float32                      64   (BN / 2)
-//   P_{j-1} as A fragments, read by the P V in flight  32   (BN / 4: two 16-bit values a register)
-//   O accumulator, float32                        64   (D / 2)
-//   m, l, alpha, -m * scale for 2 rows              8
-//   = 168, plus addresses, barrier parities, loop state and the exp2 temporaries (ptxas' share).
-// P_j is packed from S_j two floats into one register as S_j is consumed, so it adds no peak beyond S_j;
-// the "second S accumulator" of the pipelining is P_{j-1}, kept in 16 bits. At D = 64: 136.
+// warpgroup are spread over its 128 threads, N / 2 each), at D = 128 and 128-key tiles
+// (flashtut.cuda.hopper_layout.w3_register_budget):
+//   S_j accumulator, float32                                64   (BN / 2)
+//   P_{j-1} as A fragments, read by the P V still in flight   32   (BN / 4: two 16-bit values a register)
+//   O accumulator, float32                                  64   (D / 2)
+//   m, l, alpha, -m * scale for 2 rows                         8
+//   = 168, plus addresses, barrier parities, loop state and the exp2 temporaries (ptxas' share; the
+//   highest register in the SASS is R198 at D = 128, R162 at D = 64, both under 240, no spills).
+// The pipelining's "second S" is P_{j-1}, kept in 16 bits. P_j is computed in S_j's own registers
+// (exp2 in place, float32) and packed into pf only after the P V reading P_{j-1} is done, so it adds
+// nothing to the peak. At D = 64: 136.
 // Shared memory: Q (128 rows) and W3_STAGES stages of K and V as in W2, but K and V are released
 // separately (K_j once S_j is done, V_j a slot later once its P V is done): with one release for both,
 // a two-stage ring could refill the stage of tile j - 1 only after slot j, exposing the TMA latency to
@@ -55,6 +58,8 @@
 #define W3_BAR_TURN0 1
 #define W3_TURN_THREADS 256
 
+// The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
+// barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
 __device__ __forceinline__ void named_bar_sync(int id) {
 #if FT_SM90A
     asm volatile("bar.sync %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
