@@ -3,14 +3,17 @@
 # with torch, triton and cupy (no venv needed):
 #   tests      tests/kernels/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
 #              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
-#   sass       each W1 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, ptxas
+#   sass       each W1, W2 and W3 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, and for
+#              W2 and W3 UTMALDG / SYNCS / USETMAXREG / BAR and the wgmma waits (DEPBAR), ptxas
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
 #              cuDNN and the fast mma.sync CUDA kernel (cuda-mma) in one process (QUICK=1: N 4096, float16 only)
-#   ncu        Nsight Compute on W1, the fast mma.sync CUDA kernel and SDPA flash at N = 4096, D = 128: the
+#   ncu        Nsight Compute on W1, W3, the fast mma.sync CUDA kernel and SDPA flash at N = 4096, D = 128: the
 #              sections (speed of light, pipes, warp states, occupancy), then the tensor-pipe, wgmma
 #              and stall metrics by name
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
-#              (which launches every Hopper build on an sm_90 GPU)
+#              (which launches every Hopper build on an sm_90 GPU; W2 and W3 only when the tests stage passed,
+#              or when FLASHTUT_SANITIZE_W2=1 / FLASHTUT_SANITIZE_W3=1 are set: a rung that hangs would cost
+#              each tool its whole limit)
 # Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
 # run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
@@ -39,7 +42,10 @@ if want tests; then
     stage tests
     timeout "${T_TESTS:-240}" python3 -m pytest tests/kernels/test_cuda_hopper.py -q -rfE --tb=short -p no:cacheprovider \
         > "$OUT/tests.log" 2>&1
-    echo "pytest rc=$?" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
+    rc=$?
+    echo "pytest rc=$rc" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
+    # the TMA rungs finished their gpu tests (in child processes with timeouts): the sanitizer may run them
+    [ "$rc" = 0 ] && export FLASHTUT_SANITIZE_W2=1 FLASHTUT_SANITIZE_W3=1
 fi
 
 if want sass && command -v nvcc > /dev/null; then
@@ -54,6 +60,20 @@ if want sass && command -v nvcc > /dev/null; then
         echo "$name: HGMMA $(grep -c HGMMA "$OUT/$name.txt") HMMA $(grep -cw HMMA "$OUT/$name.txt")" \
              "WARPGROUP $(grep -c WARPGROUP "$OUT/$name.txt") | $(grep -E 'Used|warn' "$OUT/$name.ptxas" | tr '\n' ' ')" \
              | tee -a "$LOG"
+        rm -f "$OUT/$name.cubin"
+    done; done; done
+    # the TMA rungs at their defaults: W3 should show two copies of each product, one DEPBAR 0x1 (the
+    # pipelined wait), named barriers (BAR.SYNC / BAR.ARV with 0x100 threads) and no C75xx ptxas line
+    for SRC in fwd_w2_tma fwd_w3_pingpong; do for D in 64 128; do for BF in 0 1; do
+        name="sass_${SRC}_d${D}_bf${BF}"
+        timeout "${T_SASS:-60}" nvcc -std=c++17 -cubin -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
+            -DHEAD_DIM=$D -DFT_BF16=$BF -o "$OUT/$name.cubin" "src/flashtut/cuda/kernels/$SRC.cu" > "$OUT/$name.ptxas" 2>&1
+        "$CUO" --dump-sass "$OUT/$name.cubin" > "$OUT/$name.txt" 2>&1
+        echo "$name: HGMMA $(grep -c HGMMA "$OUT/$name.txt") UTMALDG $(grep -c UTMALDG "$OUT/$name.txt")" \
+             "SYNCS $(grep -c SYNCS "$OUT/$name.txt") USETMAXREG $(grep -c USETMAXREG "$OUT/$name.txt")" \
+             "BAR $(grep -cE 'BAR\.(SYNC|ARV)' "$OUT/$name.txt")" \
+             "DEPBAR $(grep -o 'DEPBAR.LE gsb0, 0x[0-9]' "$OUT/$name.txt" | sort | uniq -c | tr -s ' ' | tr '\n' ' ')" \
+             "| $(grep -E 'Used|warn|C75' "$OUT/$name.ptxas" | tr '\n' ' ')" | tee -a "$LOG"
         rm -f "$OUT/$name.cubin"
     done; done; done
 fi
@@ -76,10 +96,10 @@ fi
 
 if want ncu && command -v ncu > /dev/null; then
     stage ncu
-    PROFILE="-m flashtut.bench run --impl hopper-w1,cuda-mma,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
+    PROFILE="-m flashtut.bench run --impl hopper-w1,hopper-w3,cuda-mma,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
              --mode fwd --tokens 16384 --hidden 2048 --warmup-ms 1 --rep-ms 1 --no-progress"
-    KERNELS="regex:flash_fwd_w1|flash_fwd_v3|flash_fwd_v4|flash_fwd_kernel"
-    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 6 --section SpeedOfLight \
+    KERNELS="regex:flash_fwd_w1|flash_fwd_w3|flash_fwd_v3|flash_fwd_v4|flash_fwd_kernel"
+    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 8 --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
         python3 $PROFILE > "$OUT/ncu.txt" 2>&1
     echo "ncu rc=$?" | tee -a "$LOG"
@@ -93,7 +113,7 @@ if want ncu && command -v ncu > /dev/null; then
     for reason in gmma barrier long_scoreboard math_pipe_throttle wait short_scoreboard; do
         METRICS=$METRICS,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
     done
-    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 6 --metrics "$METRICS" \
+    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 8 --metrics "$METRICS" \
         python3 $PROFILE > "$OUT/ncu_metrics.txt" 2>&1
     echo "ncu metrics rc=$?" | tee -a "$LOG"
     grep -E "flash_fwd|pct_of_peak|\.sum|stalled" "$OUT/ncu_metrics.txt" | head -80 | tee -a "$LOG"

@@ -71,10 +71,16 @@ if torch.cuda.get_device_capability() == (9, 0):
                 forward_hopper(q, k, v, causal=True, block_n=block_n, pv_split=pv_split)
             # rung W2 (TMA, mbarriers) only when asked: until its gpu test has passed on the machine, a
             # kernel that never finishes would cost every tool's whole run
-            if os.environ.get("FLASHTUT_SANITIZE_W2") == "1":
+            # (FLASHTUT_SANITIZE_W2=1); rung W3 (named-barrier ping-pong on top of W2's ring) the same way
+            for variant in ("w2", "w3"):
+                if os.environ.get(f"FLASHTUT_SANITIZE_{variant.upper()}") != "1":
+                    continue
                 for causal in (False, True, "bottom-right"):
-                    forward_hopper(q, k, v, causal=causal, variant="w2")
-                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w2")
-                forward_hopper(q, k, v, causal=True, variant="w2", block_n=64, stages=3)
+                    forward_hopper(q, k, v, causal=causal, variant=variant)
+                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant=variant)
+                forward_hopper(q, k, v, causal=True, variant=variant, block_n=64, stages=3)
+                # 64-key tiles, causal, 131 queries: the upper consumer reads more tiles than the lower one,
+                # and the last block's upper consumer has no row (W3's idle turns)
+                forward_hopper(k[:, :, :131], k, v, causal=True, variant=variant, block_n=64)
 torch.cuda.synchronize()
 print("sanitizer launches done")

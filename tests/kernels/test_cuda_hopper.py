@@ -1,4 +1,5 @@
-"""Hopper rung W1 (fwd_w1_wgmma.cu, flashtut.cuda.hopper): CPU evidence, and GPU correctness on sm_90.
+"""Hopper rungs W1, W2 and W3 (fwd_w1_wgmma.cu, fwd_w2_tma.cu, fwd_w3_pingpong.cu, flashtut.cuda.hopper):
+CPU evidence, and GPU correctness on sm_90.
 
 On the CPU (nvcc and the NVRTC wheel, no driver needed):
 * every build ``forward_hopper`` makes compiles for sm_90a with nvcc
@@ -6,8 +7,12 @@ On the CPU (nvcc and the NVRTC wheel, no driver needed):
 * the SASS of both holds the warpgroup MMA (HGMMA) the source asks for: ``HEAD_DIM / 16`` with both
   operands in shared memory per key tile, and the P V ones with A from registers and B transposed
   (``tnspB``), and no mma.sync (HMMA); built for plain sm_90 the same file has no HGMMA at all;
-* ptxas reports no spills and no warning (a serialised wgmma, C7510-style, would be one), and at
-  least the registers that the accumulators need;
+* ptxas reports no spills, no warning and no C75xx performance message: a serialised wgmma (C7510 to
+  C7515) and an ignored setmaxnreg (C7508) are reported as "info", not as warnings; at least the
+  registers that the accumulators need;
+* W2 and W3: the TMA loads (UTMALDG), mbarriers (SYNCS) and both register reallocations (USETMAXREG);
+  W3 also its named barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads), the one pipelined
+  wgmma wait (WARPGROUP.DEPBAR.LE gsb0, 0x1) and no register above the consumers' 240;
 * the kernel's own address and descriptor functions, compiled for the host, agree with the CPU
   model ``flashtut.cuda.hopper_layout``.
 On an sm_90 GPU (``gpu`` tests): the FlashAttention error criterion on odd shapes, causal both
@@ -53,7 +58,12 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w1", torch.bfloat16, 64, block_n=64),
     configs.hopper_config("w2", torch.float16, 128, stages=3),
     configs.hopper_config("w2", torch.bfloat16, 64, block_n=64, stages=4),
+    configs.hopper_config("w3", torch.float16, 128, stages=3),
+    configs.hopper_config("w3", torch.bfloat16, 64, block_n=64, stages=4),
+    configs.hopper_config("w3", torch.float16, 128, block_n=64),
 ]
+#: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
+TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3")
 _TMP = Path(tempfile.mkdtemp(prefix="flashtut_hopper_"))
 
 
@@ -114,11 +124,15 @@ def hgmma_counts(text: str) -> dict:
 
 def expected_hgmma(cfg) -> dict:
     d = cfg.define_dict
-    w2 = cfg.kernel == "flash_fwd_w2"
-    D, bn, bf = d["HEAD_DIM"], d["W2_BLOCK_N" if w2 else "W1_BLOCK_N"], bool(d["FT_BF16"])
-    split = (w2 or d["W1_PV_SPLIT"]) and D == 128
+    prefix = {"flash_fwd_w1": "W1", "flash_fwd_w2": "W2", "flash_fwd_w3": "W3"}[cfg.kernel]
+    D, bn, bf = d["HEAD_DIM"], d[f"{prefix}_BLOCK_N"], bool(d["FT_BF16"])
+    split = (prefix != "W1" or d["W1_PV_SPLIT"]) and D == 128
     pv_n = 64 if split else D
-    return {("ss", f"64x{bn}x16", bf): D // 16, ("rs_t", f"64x{pv_n}x16", bf): (bn // 16) * (D // pv_n)}
+    # W3 issues each product in two places: Q K^T in slot 0 and in the pipelined loop, P V in the loop
+    # and in the last slot
+    copies = 2 if prefix == "W3" else 1
+    return {("ss", f"64x{bn}x16", bf): copies * D // 16,
+            ("rs_t", f"64x{pv_n}x16", bf): copies * (bn // 16) * (D // pv_n)}
 
 
 def check_resources(log: str, cfg) -> dict:
@@ -126,12 +140,17 @@ def check_resources(log: str, cfg) -> dict:
     assert len(rows) == 1, log
     r = rows[0]
     assert r["spill_st"] == 0 and r["spill_ld"] == 0 and r["stack"] == 0, f"{_label(cfg)}: spills\n{log}"
-    assert "warning" not in log.lower(), f"{_label(cfg)}: ptxas warns (a serialised wgmma?)\n{log}"
+    assert "warning" not in log.lower(), f"{_label(cfg)}: ptxas warns\n{log}"
+    # "Potential Performance Loss: wgmma.mma_async instructions are serialized ..." (C7510-C7515) and
+    # "setmaxnreg ignored" (C7508) come as ptxas info lines
+    assert not re.search(r"C75\d\d|serializ|setmaxnreg", log, re.I), f"{_label(cfg)}: ptxas reports\n{log}"
     d = cfg.define_dict
-    if cfg.kernel == "flash_fwd_w2":
+    if cfg.kernel in TMA_KERNELS:
         # 384 threads: ptxas reports the launch's share (65536 / 384, rounded down to 8); the consumers'
         # 240 after setmaxnreg are a run-time grant, so the accumulators are checked against that
-        need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W2_BLOCK_N"]).values())
+        w3 = cfg.kernel == "flash_fwd_w3"
+        budget = hl.w3_register_budget if w3 else hl.w1_register_budget
+        need = sum(budget(d["HEAD_DIM"], d["W3_BLOCK_N" if w3 else "W2_BLOCK_N"]).values())
         assert r["regs"] == 168 and need <= configs.W2_REGS["consumer"], (need, r)
         return r
     need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W1_BLOCK_N"]).values())
@@ -149,18 +168,34 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
     assert hgmma_counts(text) == expected_hgmma(cfg), text[:2000]
     assert not re.search(r"\bHMMA\b", text), "mma.sync in the wgmma kernel"
     assert "WARPGROUP.ARRIVE" in text and "WARPGROUP.DEPBAR" in text  # wgmma.fence, wgmma.wait_group
-    if cfg.kernel == "flash_fwd_w2":
+    if cfg.kernel in TMA_KERNELS:
         # TMA loads (one per 64-column box: Q, K and V), no cp.async; both register reallocations
         assert text.count("UTMALDG.3D") == 3 * (cfg.define_dict["HEAD_DIM"] // 64) and "LDGSTS" not in text
-        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and "USETMAXREG.TRY_ALLOC.CTAPOOL" in text
-        assert "SYNCS" in text   # the mbarrier operations
+        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0" in text
+        assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text and "SYNCS.ARRIVE.TRANS64" in text  # mbarriers
+    if cfg.kernel == "flash_fwd_w3":
+        check_w3_sass(text)
+
+
+def check_w3_sass(text: str) -> None:
+    """What makes W3 W3 in its SASS: the turns and the pipelined wait."""
+    # the turns: bar.sync on the warpgroup's own id (a register), bar.arrive on the other's (and the
+    # first turn, id 1, as an immediate), 256 = 0x100 threads each
+    assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", text), "no named bar.sync"
+    assert re.search(r"BAR\.ARV R\d+, 0x100", text) and "BAR.ARV 0x1, 0x100" in text, "no named bar.arrive"
+    # one wait_group 1 (S_j done, P V in flight) in the loop; wait_group 0 after slot 0, in the loop and
+    # after the last P V: ptxas added no wait of its own (a serialised wgmma gets one per instruction)
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", text)
+    assert sorted(waits) == ["0x0", "0x0", "0x0", "0x1"], waits
+    # every register in the consumers' code fits the 240 that setmaxnreg grants them
+    assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < configs.W2_REGS["consumer"]
 
 
 @needs_nvcc
 def test_plain_sm90_has_no_wgmma():
     # the same file built for sm_90 (no "a"): the wgmma path is compiled out, which is why the launcher
     # builds for sm_90a
-    for cfg in (configs.hopper_config("w1", torch.float16, 64), configs.hopper_config("w2", torch.float16, 64)):
+    for cfg in (configs.hopper_config(v, torch.float16, 64) for v in configs.HOPPER_VARIANTS):
         _, text = nvcc_build(cfg.defines, arch="90", source=cfg.source)
         assert "HGMMA" not in text and "UTMALDG" not in text and cfg.kernel in text
         assert "TRAP" in text  # the body is __trap(): launched there by mistake, it fails loudly
@@ -206,9 +241,12 @@ def test_kernel_address_functions_match_the_model():
 def test_configs_fit_an_h100():
     for cfg in BUILDS:
         assert cfg.dynamic_smem <= configs.SMEM_PER_BLOCK[90], cfg
-        # two consumer warpgroups of 64 rows (and W2's producer warpgroup)
-        assert cfg.block_m == 128 and cfg.threads == (384 if cfg.kernel == "flash_fwd_w2" else 256)
+        # two consumer warpgroups of 64 rows (and W2's and W3's producer warpgroup)
+        assert cfg.block_m == 128 and cfg.threads == (384 if cfg.kernel in TMA_KERNELS else 256)
     assert configs.w2_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024 + 8 * 7
+    # W3: one more mbarrier per stage (K and V released apart)
+    assert configs.w3_smem_bytes(128, stages=3) == (128 + 6 * 128) * 128 * 2 + 1024 + 8 * 13
+    assert configs.hopper_config("w3", torch.bfloat16, 128, stages=3).dynamic_smem <= configs.SMEM_PER_BLOCK[90]
     assert configs.hopper_config("w2", torch.float16, 128, stages=3).dynamic_smem <= configs.SMEM_PER_BLOCK[90]
     assert configs.W2_REGS["producer"] * 128 + configs.W2_REGS["consumer"] * 256 <= 65536
     assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
@@ -229,6 +267,10 @@ def test_config_errors():
         configs.hopper_config("w1", torch.float16, 64, stages=3)
     with pytest.raises(ValueError, match="pv_split"):
         configs.hopper_config("w2", torch.float16, 128, pv_split=False)
+    with pytest.raises(ValueError, match="W3 always splits"):
+        configs.hopper_config("w3", torch.float16, 128, pv_split=False)
+    with pytest.raises(ValueError, match="stages"):
+        configs.hopper_config("w3", torch.float16, 64, stages=1)
 
 
 def test_causal_alignments():
@@ -492,41 +534,47 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
     assert torch.equal(outs["auto"], outs["wgmma"])  # auto is W1 here, bit for bit
 
 
-# ------------------------------------------------------------------ GPU: rung W2 (TMA, mbarriers, setmaxnreg)
+# ------------------------------------------------------------------ GPU: rungs W2 and W3 (TMA, mbarriers, setmaxnreg)
 
-W2_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
-_W2_HUNG: list = []   # a dtype whose child process timed out: the next one is skipped, not waited for
+TMA_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
+#: W3's causal cases with 64-key tiles: blocks whose lower warpgroup reads fewer tiles than the upper one
+#: and releases the rest in its idle turns; and blocks whose upper warpgroup has no row (rows past Nq)
+W3_EXTRA_CASES = [(1, 2, 2, 190, 190, 128, True), (1, 2, 1, 64, 700, 64, "bottom-right"),
+                  (2, 2, 2, 513, 1000, 64, False), (1, 1, 1, 129, 60, 128, "bottom-right")]
+_TMA_HUNG: list = []   # (variant, dtype) whose child process timed out: the next one is skipped, not waited for
 
 
-def w2_check(dtype_name: str) -> None:
-    """Every GPU case through W2 at each of :data:`W2_SETTINGS`, with W1's criteria; run in a child
-    process by the test below, so that a W2 that never finishes (a lost mbarrier phase) or faults
-    costs that process, not the test session."""
+def tma_check(variant: str, dtype_name: str) -> None:
+    """Every GPU case through TMA rung ``variant`` ("w2" or "w3") at each of :data:`TMA_SETTINGS`, with
+    W1's criteria; run in a child process by the test below, so that a rung that never finishes (a lost
+    mbarrier phase, a named barrier short of arrivals) or faults costs that process, not the test session."""
     dtype = getattr(torch, dtype_name)
-    for block_n, stages in W2_SETTINGS:
-        for case in GPU_CASES:
+    cases = GPU_CASES + (W3_EXTRA_CASES if variant == "w3" else [])
+    for block_n, stages in TMA_SETTINGS:
+        for case in cases:
             B, H, Hkv, Nq, Nk, D, causal = case
-            if configs.w2_smem_bytes(D, block_n, stages) > configs.SMEM_PER_BLOCK[90]:
+            if configs.hopper_config(variant, dtype, D, block_n, stages=stages).dynamic_smem > configs.SMEM_PER_BLOCK[90]:
                 continue
             g = torch.Generator().manual_seed(Nq * 7 + Nk)
             q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
             k = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
             v = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
             scale = 1.3 / math.sqrt(D)
-            o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, variant="w2", block_n=block_n,
+            o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
                                            stages=stages)
             torch.cuda.synchronize()
             is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
             ref, ref_lse, rows = reference(q, k, v, scale, is_causal, diag)
             err = (o.double() - ref).abs().max().item()
             t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
-            name = f"W2 n{block_n} s{stages} {dtype_name} {case}"
+            name = f"{variant.upper()} n{block_n} s{stages} {dtype_name} {case}"
             assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
             assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
             if not rows.all():
                 assert (o[..., ~rows, :] == 0).all() and torch.isneginf(lse[..., ~rows]).all(), name
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
-            # the arithmetic of W1 in the same order: only the loads changed, so equal to rounding
+            # W1's arithmetic per tile in the same order (W3 only moves the rescale of O after the P V of
+            # the tile before, where W1 does it too): equal to rounding
             torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
             print("ok", name, f"error {err:.2e} (PyTorch {t_err:.2e})", flush=True)
 
@@ -534,16 +582,38 @@ def w2_check(dtype_name: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_w2_matches_the_reference_and_w1(dtype_name):
-    if _W2_HUNG:
-        pytest.skip(f"W2 did not finish for {_W2_HUNG[0]}: not started again")
+@pytest.mark.parametrize("variant", ["w2", "w3"])
+def test_tma_rung_matches_the_reference_and_w1(variant, dtype_name):
+    hung = [d for v, d in _TMA_HUNG if v == variant]
+    if hung:
+        pytest.skip(f"{variant.upper()} did not finish for {hung[0]}: not started again")
     here = Path(__file__).resolve().parent
-    code = f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; t.w2_check({dtype_name!r})"
+    code = (f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; "
+            f"t.tma_check({variant!r}, {dtype_name!r})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
     except subprocess.TimeoutExpired as exc:
-        _W2_HUNG.append(dtype_name)
-        pytest.fail(f"W2 did not finish in 90 s (a deadlock in its mbarrier ring?); output so far:\n{exc.stdout}")
+        _TMA_HUNG.append((variant, dtype_name))
+        pytest.fail(f"{variant.upper()} did not finish in 90 s (a deadlock in its barriers?); output so far:\n"
+                    f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    assert res.stdout.count("ok W2") >= len(GPU_CASES), res.stdout
+    assert res.stdout.count(f"ok {variant.upper()}") >= len(GPU_CASES), res.stdout
+
+
+def test_w3_is_in_the_hopper_benchmark_and_never_the_default(monkeypatch):
+    """The next GPU session measures W3 (``hopper-w3`` in the ``hopper`` preset, launched as variant "w3");
+    until it has been measured, ``cuda_attention``'s forward on sm_90 stays W1."""
+    from flashtut.bench import registry, sweeps
+
+    impls = {i.name: i for i in registry.expand(sweeps.PRESETS["hopper"]["impls"])}
+    assert {"hopper-w2", "hopper-w3"} <= set(impls) and impls["hopper-w3"].group == "hopper"
+    calls = []
+    monkeypatch.setattr(hopper, "forward_hopper", lambda *a, **kw: calls.append(kw) or "o")
+    q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)
+    assert impls["hopper-w3"].forward(q, q, q, True, 0.125) == "o"
+    assert calls == [dict(causal=True, scale=0.125, variant="w3", block_n=128, pv_split=True)]
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in configs.HOPPER_HEAD_DIMS:
+            for kernel in ("auto", "wgmma"):
+                assert configs.choose_forward(kernel, 90, dtype, D, (12, 8)).variant == "w1"

@@ -203,3 +203,16 @@ def test_register_budget_counts_the_accumulators():
     assert sum(hl.w1_register_budget(64, 128).values()) < sum(b.values()) <= 255
     with pytest.raises(ValueError, match="head_dim"):
         hl.w1_register_budget(96)
+
+
+def test_w3_budget_holds_the_pipelined_arrays_within_the_consumers_grant():
+    from flashtut.cuda.configs import W2_REGS
+
+    b = hl.w3_register_budget(128, 128)
+    # the pipelining keeps one more 64 x 128 operand alive than W1's loop body at once: P of the tile
+    # before, next to the S of this tile and O; 168 of the 240 registers setmaxnreg grants
+    assert sum(b.values()) == 64 + 32 + 64 + 8 == 168 <= W2_REGS["consumer"]
+    assert sum(hl.w3_register_budget(64, 128).values()) == 136
+    assert sum(hl.w3_register_budget(64, 64).values()) == 32 + 16 + 32 + 8
+    with pytest.raises(ValueError, match="block_n"):
+        hl.w3_register_budget(128, 256)

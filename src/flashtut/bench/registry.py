@@ -13,7 +13,8 @@ time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 ``cuda-v3[wW,nN,mtM]`` (W warps, N keys per tile, M 16-row tiles per warp; the launch function's
 ``warps``, ``block_n`` and ``m_tiles``), and the Hopper rungs of chapter 11 (sm_90 only, forward only):
 ``hopper-w1`` and its variants ``hopper-w1[pv128]`` (one 128-column wgmma for P V) and
-``hopper-w1[n64]`` (64-key tiles), and rung W2 (TMA loads, mbarrier ring, producer warpgroup), ``hopper-w2``. Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the
+``hopper-w1[n64]`` (64-key tiles), rung W2 (TMA loads, mbarrier ring, producer warpgroup), ``hopper-w2``, and
+rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and ping-pong consumers), ``hopper-w3``. Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the
 shapes of :data:`TILE_CHOICES`), ``hopper``.
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
@@ -236,7 +237,9 @@ def _ladder_fwd(variant: str):
 
 #: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split) of flashtut.cuda.hopper.forward_hopper
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True), "hopper-w1[pv128]": ("w1", 128, False),
-                "hopper-w1[n64]": ("w1", 64, True), "hopper-w2": ("w2", 128, True)}
+                "hopper-w1[n64]": ("w1", 64, True), "hopper-w2": ("w2", 128, True), "hopper-w3": ("w3", 128, True)}
+#: what each rung adds to wgmma, for the implementation's description
+_HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups"}
 
 
 def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool) -> Impl:
@@ -253,7 +256,7 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool) -> Impl:
             return False, "the Hopper kernels use wgmma, which only sm_90 GPUs (H100, H200) have"
         return ok, reason
 
-    return Impl(name, f"Hopper rung {variant.upper()} (wgmma{', TMA' if variant == 'w2' else ''}), {block_n} keys per tile"
+    return Impl(name, f"Hopper rung {variant.upper()} (wgmma{_HOPPER_ADDS[variant]}), {block_n} keys per tile"
                 + ("" if pv_split else ", one 128-column wgmma for P V") + " (forward only, sm_90)",
                 fwd, None, available=available, group="hopper")
 

@@ -427,8 +427,11 @@ HOPPER_VARIANTS = {
           "two consumer warpgroups of 64 rows, 128-byte swizzled tiles, cp.async double buffer",
     "w2": "W1 fed by TMA (cp.async.bulk.tensor) into a ring of shared-memory stages guarded by mbarriers, "
           "from a producer warpgroup that hands its registers to the consumers (setmaxnreg)",
+    "w3": "W2 with the softmax overlapped with the tensor cores: each consumer issues the next tile's Q K^T "
+          "before its softmax and P V (two wgmma groups in flight), and the two consumers take turns on the "
+          "tensor cores through named barriers (ping-pong)",
 }
-#: W2's register split per thread after setmaxnreg: producer warpgroup, each consumer warpgroup
+#: W2's (and W3's) register split per thread after setmaxnreg: producer warpgroup, each consumer warpgroup
 #: (128 * 24 + 256 * 240 = 64512 of an SM's 65536 32-bit registers)
 W2_REGS = {"producer": 24, "consumer": 240}
 
@@ -467,12 +470,23 @@ def w2_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: i
     return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 3 * stages)
 
 
+def w3_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: int = 128) -> int:
+    """W2's tiles and alignment slack, and one more mbarrier per stage: W3 releases K and V separately
+    (Q full, and per stage K full, V full, K empty, V empty)."""
+    return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 4 * stages)
+
+
+#: the TMA rungs: variant -> (source, kernel, the prefix of its -D macros, its shared-memory size)
+_TMA_RUNGS = {"w2": ("fwd_w2_tma.cu", "flash_fwd_w2", "W2", w2_smem_bytes),
+              "w3": ("fwd_w3_pingpong.cu", "flash_fwd_w3", "W3", w3_smem_bytes)}
+
+
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
                   pv_split: bool = True, stages: int = 2) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
-    W2 always splits. ``stages`` (W2 only, 2 to 4): K/V stages in its ring."""
+    W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -481,16 +495,17 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HOPPER_HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
-    if variant == "w2":
+    if variant in _TMA_RUNGS:
+        source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
-            raise ValueError("pv_split=False is a W1 variant; W2 always splits P V into 64-column wgmma")
+            raise ValueError(f"pv_split=False is a W1 variant; {prefix} always splits P V into 64-column wgmma")
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages!r}")
-        d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W2_BLOCK_N": block_n, "W2_STAGES": stages}
-        return HopperConfig("fwd_w2_tma.cu", "flash_fwd_w2", tuple(sorted(d.items())), 128, block_n, 384,
-                            w2_smem_bytes(head_dim, block_n, stages))
+        d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, f"{prefix}_BLOCK_N": block_n, f"{prefix}_STAGES": stages}
+        return HopperConfig(source, kernel, tuple(sorted(d.items())), 128, block_n, 384,
+                            smem(head_dim, block_n, stages))
     if stages != 2:
-        raise ValueError(f"stages applies to W2 only (W1 double-buffers), got {stages!r}")
+        raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
     return HopperConfig("fwd_w1_wgmma.cu", "flash_fwd_w1", tuple(sorted(d.items())), 128, block_n, 256,
                         w1_smem_bytes(head_dim, block_n))

@@ -1,5 +1,10 @@
 """The Hopper forward ladder (chapter 11): ``forward_hopper(q, k, v, variant=...)`` runs a rung on an sm_90 GPU.
 
+Rung W3 (``kernels/fwd_w3_pingpong.cu``, ``variant="w3"``) keeps W2's loads and overlaps the softmax
+with the tensor cores: each consumer warpgroup issues the next tile's ``Q K^T`` before its softmax, and
+the two consumers take turns on the tensor cores (ping-pong, ordered by named barriers). Same launch
+interface as W2; not what ``cuda_attention`` runs (unmeasured).
+
 Rung W2 (``kernels/fwd_w2_tma.cu``, ``variant="w2"``) keeps W1's math and replaces its loads: a
 producer warpgroup issues TMA copies into a ring of shared-memory stages guarded by mbarriers, and
 hands its registers to the two consumer warpgroups with ``setmaxnreg``.
@@ -57,7 +62,7 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
 
     ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
     key/value head ``h // (H // Hkv)``); ``causal`` is ``False``, ``True`` / ``"top-left"`` or
-    ``"bottom-right"``. ``block_n``, ``pv_split`` and ``stages`` (W2's ring): see
+    ``"bottom-right"``. ``block_n``, ``pv_split`` and ``stages`` (W2's and W3's ring): see
     ``flashtut.cuda.configs.hopper_config``.
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).

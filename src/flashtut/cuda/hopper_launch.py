@@ -64,7 +64,7 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
 
 
 def tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
-    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 takes)."""
+    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 and W3 take)."""
     blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
 
@@ -93,7 +93,7 @@ def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_of
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        # W2 reads q, k and v through their tensor maps; the buffer lives until the launch is queued,
+        # W2 and W3 read q, k and v through their tensor maps; the buffer lives until the launch is queued,
         # and torch's caching allocator keeps its memory from reuse until the stream has passed it
         inputs = (q, k, v) if variant == "w1" else (tensor_maps(q, k, v, cfg.block_m, cfg.block_n),)
         launch(fn, grid, (cfg.threads, 1, 1),

@@ -8,7 +8,7 @@
 * the register fragments of a warpgroup: which thread and register hold each element of the
   m64nNk16 accumulator and of the A operand taken from registers;
 * shared-memory bank groups of 16-byte accesses, mbarrier phase parity in a ring of stages, and the
-  register budget of rung W1.
+  register budgets of rungs W1 and W3 (W3's barrier schedule: ``flashtut.cuda.hopper_schedule``).
 
 Sizes are in bytes and elements are 16-bit (float16 / bfloat16) unless a function says otherwise.
 """
@@ -195,6 +195,19 @@ def w1_register_budget(head_dim: int, block_n: int = 128) -> dict:
         raise ValueError(f"head_dim and block_n must be 64 or 128, got {head_dim}, {block_n}")
     return {"S accumulators (float32)": block_n // 2, "P as A fragments (2 x 16-bit)": block_n // 4,
             "O accumulators (float32)": head_dim // 2, "m, l for 2 rows": 4}
+
+
+def w3_register_budget(head_dim: int, block_n: int = 128) -> dict:
+    """32-bit registers per consumer thread that rung W3's arrays need while its pipeline is full: the
+    S accumulator of tile j (its softmax runs), P of tile j - 1 (read by the P V wgmma still in flight,
+    so it cannot share S's registers), O, and the row state. P of tile j is made in S's registers (the
+    exponentials in place, packed after the P V), so it adds nothing to the peak. The consumers run at
+    ``configs.W2_REGS["consumer"]`` (240) after setmaxnreg; ptxas adds addresses and temporaries."""
+    w1 = w1_register_budget(head_dim, block_n)
+    return {"S accumulator of tile j (float32)": w1["S accumulators (float32)"],
+            "P of tile j - 1, read by the P V in flight": w1["P as A fragments (2 x 16-bit)"],
+            "O accumulator (float32)": w1["O accumulators (float32)"],
+            "m, l, alpha, -m * scale for 2 rows": 8}
 
 
 def _nonneg(name: str, x) -> None:

@@ -87,6 +87,15 @@ __device__ __forceinline__ void wgmma_fence_operands(float* d) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 
+// The same for the A fragments of a wgmma that reads them from registers: the compiler sees them as read
+// when the asm statement issues, and could give their registers to new values (the next tile's P) while
+// the tensor cores are still reading them. Claiming to modify them after wgmma_wait keeps them live up to it.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(ft_raw2* a) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i]) :: "memory");
+}
+
 // Writes by ordinary threads (cp.async, st.shared) are in the generic proxy; wgmma reads shared memory
 // through the async proxy. Each writing thread fences before the barrier that publishes its writes.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -21,16 +21,16 @@ __device__ __forceinline__ void wg_mask(float* s, int n0, int Nk, int causal, in
     }
 }
 
-// one online-softmax step in log2 units: new row maxima (the 4 lanes of a quad share rows g and g + 8),
-// the running sums and the accumulator rescaled, and P = exp2(S - m) packed into the A-from-registers
-// layout of the P V wgmma: register 4 kp + e of k-step kp is s[8 kp + 2e], s[8 kp + 2e + 1]
+// The online-softmax step in log2 units, in two halves, because rung W3 runs them at different times.
+// wg_softmax_max: the tile's row maxima (the 4 lanes of a quad share rows g and g + 8), the new running
+// maxima, the factors alpha = exp2(m_old - m_new) that rescale l (here) and the O accumulator (by the
+// caller, wg_rescale), and -m_new * scale_log2 for the exponent.
 template <int BN>
-__device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float (&l)[2], float* acc,
-                                           float scale_log2, ft_raw2* pf) {
+__device__ __forceinline__ void wg_softmax_max(const float* s, float (&m)[2], float (&l)[2], float scale_log2,
+                                               float (&alpha)[2], float (&neg_mscaled)[2]) {
     float m_tile[2] = {FT_NEG_INF, FT_NEG_INF};
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) m_tile[(i / 2) % 2] = fmaxf(m_tile[(i / 2) % 2], s[i]);
-    float neg_mscaled[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], quad_max(m_tile[r]));
@@ -40,8 +40,19 @@ __device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float 
         l[r] *= alpha[r];
         neg_mscaled[r] = -m_use * scale_log2;
     }
+}
+
+// the O accumulator moved to the new maxima: its rows r0 and r0 + 8 times alpha[0] and alpha[1]
+__device__ __forceinline__ void wg_rescale(float* acc, const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) acc[i] *= alpha[(i / 2) % 2];
+}
+
+// wg_softmax_exp: P = exp2(S scale_log2 - m scale_log2) added into the running sums and packed into the
+// A-from-registers layout of the P V wgmma: register 4 kp + e of k-step kp is s[8 kp + 2e], s[8 kp + 2e + 1]
+template <int BN>
+__device__ __forceinline__ void wg_softmax_exp(const float* s, float (&l)[2], const float (&neg_mscaled)[2],
+                                               float scale_log2, ft_raw2* pf) {
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) {
         const float p0 = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
@@ -49,6 +60,32 @@ __device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float 
         l[(i / 2) % 2] += p0 + p1;
         pf[i / 2] = ft_pack2(p0, p1);
     }
+}
+
+// The same in two parts, for rung W3, which may pack P only once the P V still reading the previous P
+// from those registers is done: the exponentials in float32 over S itself (and the sums), then the packing.
+template <int BN>
+__device__ __forceinline__ void wg_softmax_exp_inplace(float* s, float (&l)[2], const float (&neg_mscaled)[2],
+                                                       float scale_log2) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) l[(i / 2) % 2] += s[i] + s[i + 1];
+}
+template <int BN>
+__device__ __forceinline__ void wg_pack_p(const float* s, ft_raw2* pf) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) pf[i / 2] = ft_pack2(s[i], s[i + 1]);
+}
+
+// one whole step, for the rungs whose O accumulator is idle during the softmax (W1, W2)
+template <int BN>
+__device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float (&l)[2], float* acc,
+                                           float scale_log2, ft_raw2* pf) {
+    float alpha[2], neg_mscaled[2];
+    wg_softmax_max<BN>(s, m, l, scale_log2, alpha, neg_mscaled);
+    wg_rescale(acc, alpha);
+    wg_softmax_exp<BN>(s, l, neg_mscaled, scale_log2, pf);
 }
 
 // O / l for rows r0 and r0 + 8 of head bh (those below Nq), and their natural-log lse; a row that saw

@@ -18,7 +18,8 @@
 // Kept from W1: the two products with wgmma, the online softmax in registers, causal tile skipping with
 // the heaviest query blocks first, grouped heads, either causal alignment, o = 0 and lse = -inf for a
 // row that sees no key.
-#include "ft_wgmma_softmax.cuh"
+// mbarriers, TMA copies, setmaxnreg, the two products on the TMA tiles (shared with W3)
+#include "ft_tma.cuh"
 
 #ifndef W2_BLOCK_N
 #define W2_BLOCK_N 128  // keys per K/V tile (64 or 128)
@@ -26,58 +27,13 @@
 #ifndef W2_STAGES
 #define W2_STAGES 2     // K/V stages in the ring
 #endif
-#define W2_BLOCK_M 128
+#define W2_BLOCK_M FT_TMA_BLOCK_M
 #define W2_THREADS 384
 #define W2_PRODUCER_REGS 24
 #define W2_CONSUMER_REGS 240
-#define W2_KSTEPS (HEAD_DIM / 16)
-#define W2_PSTEPS (W2_BLOCK_N / 16)
 #define W2_Q_BYTES (W2_BLOCK_M * HEAD_DIM * 2)
 #define W2_KV_BYTES (W2_BLOCK_N * HEAD_DIM * 2)
 #define W2_CONSUMER_WARPS 8   // arrivals that free a stage: every consumer warp once
-
-// mbarriers, by shared address. A phase completes when the expected arrivals and transaction bytes are
-// in; waiters name the parity of the phase they wait for (0, 1, 0, ... as a stage is reused).
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-#if FT_SM90A
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-#if FT_SM90A
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-#if FT_SM90A
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-#if FT_SM90A
-    unsigned done = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-#endif
-}
-
-// one box (64 columns x rows x 1 head) of a 3-D tensor map into shared memory at dst; its bytes count
-// towards bar's transaction total
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const void* tmap, int col, int row, int head, unsigned bar) {
-#if FT_SM90A
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                 :: "r"(dst), "l"(tmap), "r"(col), "r"(row), "r"(head), "r"(bar) : "memory");
-#endif
-}
-
-// a ROWS x HEAD_DIM tile: HEAD_DIM / 64 boxes, one per 64-column block (the [cols / 64][ROWS][64] layout)
-template <int ROWS>
-__device__ __forceinline__ void tma_tile(unsigned dst, const void* tmap, int row0, int head, unsigned bar) {
-#pragma unroll
-    for (int cb = 0; cb < HEAD_DIM / 64; ++cb) tma_load_3d(dst + cb * ROWS * 128, tmap, cb * 64, row0, head, bar);
-}
 
 // grid (ceil(Nq / 128), B * H), block 384 threads, dynamic shared memory
 // W2_Q_BYTES + 2 * W2_STAGES * W2_KV_BYTES + 1024 (alignment) + 8 * (1 + 3 * W2_STAGES) (mbarriers)
@@ -86,7 +42,7 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
              int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
 #if FT_SM90A
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned char* smem = smem_align1024(smem_raw);
     const unsigned q_s = smem_addr(smem);                          // [HEAD_DIM / 64][128][64]
     const unsigned k_s = q_s + W2_Q_BYTES;                         // [W2_STAGES][HEAD_DIM / 64][W2_BLOCK_N][64]
     const unsigned v_s = k_s + W2_STAGES * W2_KV_BYTES;
@@ -98,11 +54,8 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 
     const int wg = threadIdx.x / 128;
     const int bh = blockIdx.y;
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = mb * W2_BLOCK_M;
-    int n_end = Nk;
-    if (causal) n_end = min(Nk, max(0, min(m0 + W2_BLOCK_M, Nq) + diag_offset));
-    const int n_tiles = (n_end + W2_BLOCK_N - 1) / W2_BLOCK_N;
+    const ft_tma_block blk = tma_block<W2_BLOCK_N>(Nq, Nk, causal, diag_offset);
+    const int m0 = blk.m0, n_tiles = blk.n_tiles;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -111,14 +64,12 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
             mbar_init(W2_V_FULL(s), 1);
             mbar_init(W2_KV_EMPTY(s), W2_CONSUMER_WARPS);
         }
-        // the initialised barriers, visible to the TMA unit (the async proxy) and to the other threads
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        fence_proxy_async_smem();
+        mbar_init_fence();
     }
     __syncthreads();  // the only block-wide barrier: the producer returns early, the loop needs none
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(W2_PRODUCER_REGS));
+        setmaxnreg_dec<W2_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             const void* tq = tmaps;
             const void* tk = tmaps + 128;
@@ -138,15 +89,11 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(W2_CONSUMER_REGS));
+    setmaxnreg_inc<W2_CONSUMER_REGS>();
 
-    const int cw = wg - 1;                      // consumer warpgroup 0 or 1
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-    const int wg_row0 = m0 + cw * 64;
-    const int warp_row0 = wg_row0 + warp * 16;
-    const int r0 = warp_row0 + g;
-    const unsigned q_addr = q_s + cw * 64 * 128;
+    const ft_consumer me = tma_consumer(wg, m0, q_s);
+    const int lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
+    const unsigned q_addr = me.q_addr;
 
     float acc[HEAD_DIM / 2];
 #pragma unroll
@@ -170,12 +117,7 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 
         float sc[W2_BLOCK_N / 2];
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < W2_KSTEPS; ++ks) {
-            const unsigned a = q_addr + (ks / 4) * (W2_BLOCK_M * 128) + (ks % 4) * 32;
-            const unsigned b = k_addr + (ks / 4) * (W2_BLOCK_N * 128) + (ks % 4) * 32;
-            wgmma_ss<W2_BLOCK_N>(sc, wgmma_desc(a, 16, 1024), wgmma_desc(b, 16, 1024), ks > 0);
-        }
+        wg_qk<W2_BLOCK_N>(sc, q_addr, k_addr);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands<W2_BLOCK_N / 2>(sc);
@@ -187,19 +129,11 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 
         mbar_wait(W2_V_FULL(s), parity);
         wgmma_fence();
-#pragma unroll
-        for (int kp = 0; kp < W2_PSTEPS; ++kp) {
-            const ft_raw2 a[4] = {pf[4 * kp], pf[4 * kp + 1], pf[4 * kp + 2], pf[4 * kp + 3]};
-            const unsigned b = v_addr + kp * 16 * 128;
-#pragma unroll
-            for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
-                wgmma_rs_nmajor<64>(acc + 32 * cb, a, wgmma_desc(b + cb * W2_BLOCK_N * 128, 1024, 1024));
-        }
+        wg_pv<W2_BLOCK_N>(acc, pf, v_addr);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands<HEAD_DIM / 2>(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(W2_KV_EMPTY(s));  // this warp's wgmma have read stage s
+        warp_release(W2_KV_EMPTY(s), lane);  // this warp's wgmma have read stage s
     }
 
     wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);

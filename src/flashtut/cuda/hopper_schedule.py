@@ -1,0 +1,303 @@
+"""Rung W3's schedule on the CPU: the barrier protocol of ``kernels/fwd_w3_pingpong.cu``, simulated.
+
+W3 is three warpgroups of one block: a producer that fills a ring of K and V stages with TMA copies,
+and two consumers that take turns on the tensor cores. Whether they ever stop for good depends on
+every barrier phase being completed by someone, which a GPU run shows only for the shapes it happens
+to try, and a hang shows nothing at all. Here the same operations, in the kernel's order, run as
+three processes under a scheduler that picks who goes next at random (and lands each TMA copy at a
+random later moment), many times over, for every tile count and every pattern of skipped tiles a
+block can meet. The simulation stops with a :class:`ScheduleError` if
+
+* every process is blocked and no copy is in flight (a deadlock: a wait on a phase never completed);
+* a warpgroup waits on an mbarrier phase that has already been overtaken (its parity would read as
+  not complete again: the ABA hazard of a two-valued phase bit);
+* a named barrier's generation receives two arrivals from one warpgroup (its thread count would be
+  reached by one side), completes with nobody waiting on it, or is left half counted at exit;
+* both consumers hold the tensor-core turn at once, or the turns do not alternate 0, 1, 0, 1 ...;
+* a wgmma group reads a stage that does not hold its tile, a TMA copy overwrites a stage that an
+  unfinished wgmma group reads, a stage is released before the wgmma reading it finished, or the
+  softmax / rescale touches registers that an unfinished group writes or reads.
+
+The mbarrier model follows the PTX ISA: a phase completes when its pending arrivals reach zero and
+the transaction bytes announced with ``expect_tx`` have landed; ``try_wait.parity p`` succeeds once the
+phase of parity ``p`` has completed, that is while the current phase's parity differs from ``p``. A
+named barrier (``bar.sync`` / ``bar.arrive`` with a thread count, here 256) completes when that many
+threads have arrived; ``bar.arrive`` does not wait, ``bar.sync`` does. A consumer warpgroup's four warps
+act together here (the kernel's release barriers count 8 = 2 warpgroups x 4 warps).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+#: named barrier ids of the two consumers' turns (0 is __syncthreads')
+TURN = (1, 2)
+#: warps per consumer warpgroup: its arrivals on a release barrier
+WARPS = 4
+
+
+class ScheduleError(AssertionError):
+    """The simulated schedule broke a rule (see the module docstring)."""
+
+
+def parity(j: int, stages: int) -> int:
+    """The mbarrier parity of tile ``j``'s fill (or release) of its stage: ``W3_PARITY`` in the kernel."""
+    return (j // stages) & 1
+
+
+# ------------------------------------------------------------------ the kernel's operations, in order
+# ("wait", bar, parity, phase)   mbarrier try_wait.parity until it succeeds; phase: the one meant
+# ("arrive", bar, count)         plain arrivals (a warpgroup's warps releasing a stage)
+# ("load", bar, buf, tile)       the producer's arrive.expect_tx and the TMA copy into buffer buf
+# ("sync", id) / ("bar_arrive", id) / ("end_turn",)   named barriers; end_turn: a turn given to nobody
+# ("issue", name, reads)         a wgmma group: name "S3" / "PV2", reads [(buf, tile)]
+# ("wgmma_wait", n)              all but the n newest groups of this warpgroup are complete
+# ("regs", what)                 ordinary instructions on the registers: "softmax S3", "rescale+pack"
+
+def producer_ops(n_tiles: int, stages: int):
+    """The producer thread of ``flash_fwd_w3``: Q, then K_j and V_j of every tile, each after the release
+    of the tile ``stages`` earlier in its stage."""
+    yield ("load", "q_full", "Q", 0)
+    for j in range(n_tiles):
+        s = j % stages
+        if j >= stages:
+            yield ("wait", f"k_empty{s}", parity(j, stages) ^ 1, j // stages - 1)
+        yield ("load", f"k_full{s}", f"K{s}", j)
+        if j >= stages:
+            yield ("wait", f"v_empty{s}", parity(j, stages) ^ 1, j // stages - 1)
+        yield ("load", f"v_full{s}", f"V{s}", j)
+
+
+def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bool = True,
+                 final_arrive: bool = False, interleave_idle: bool = True, own_barriers: bool = True,
+                 wait_before_release: bool = True):
+    """Consumer warpgroup ``cw`` (0 or 1) of ``flash_fwd_w3`` with ``my_tiles`` of the block's ``n_tiles``.
+
+    The keywords break one rule each, for the tests that show the simulation catches it: ``prime``
+    (consumer 1 gives consumer 0 its first turn), ``final_arrive`` (consumer 1 also gives a turn after
+    its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before the idle
+    turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait before a
+    stage is released)."""
+    mine, other = (TURN[cw], TURN[1 - cw]) if own_barriers else (TURN[0], TURN[0])
+
+    def end_turn(slot):
+        if cw == 0 or slot < n_tiles or final_arrive:
+            yield ("bar_arrive", other)
+        else:
+            yield ("end_turn",)
+
+    def release(kind, j):
+        yield ("arrive", f"{kind}_empty{j % stages}", WARPS)
+
+    def full(kind, j):
+        yield ("wait", f"{kind}_full{j % stages}", parity(j, stages), j // stages)
+
+    if cw == 1 and prime:
+        yield ("bar_arrive", TURN[0])
+    yield ("wait", "q_full", 0, 0)
+    if my_tiles > 0:
+        yield from full("k", 0)
+        yield ("sync", mine)
+        yield ("issue", "S0", [("Q", 0), ("K0", 0)])
+        yield from end_turn(0)
+        if wait_before_release:
+            yield ("wgmma_wait", 0)
+        yield from release("k", 0)
+        yield ("regs", "softmax S0")
+        for j in range(1, my_tiles):
+            yield from full("k", j)
+            yield from full("v", j - 1)
+            yield ("sync", mine)
+            yield ("issue", f"S{j}", [("Q", 0), (f"K{j % stages}", j)])
+            yield ("issue", f"PV{j - 1}", [(f"V{(j - 1) % stages}", j - 1)])
+            yield from end_turn(j)
+            yield ("wgmma_wait", 1)
+            yield from release("k", j)
+            yield ("regs", f"softmax S{j}")
+            yield ("wgmma_wait", 0)
+            yield from release("v", j - 1)
+            yield ("regs", "rescale+pack")
+        yield from full("v", my_tiles - 1)
+        yield ("sync", mine)
+        yield ("issue", f"PV{my_tiles - 1}", [(f"V{(my_tiles - 1) % stages}", my_tiles - 1)])
+        yield from end_turn(my_tiles)
+        yield ("wgmma_wait", 0)
+        yield from release("v", my_tiles - 1)
+
+    def skipped(j):
+        yield from full("k", j)
+        yield from release("k", j)
+        yield from full("v", j)
+        yield from release("v", j)
+
+    if not interleave_idle:
+        for j in range(my_tiles, n_tiles):
+            yield from skipped(j)
+    for j in range(my_tiles, n_tiles + 1):
+        if j > my_tiles or my_tiles == 0:
+            yield ("sync", mine)
+            yield from end_turn(j)
+        if j < n_tiles and interleave_idle:
+            yield from skipped(j)
+    yield ("regs", "store")
+
+
+# ------------------------------------------------------------------ the simulator
+
+@dataclass
+class _MBarrier:
+    count: int
+    pending: int
+    phase: int = 0          # index of the phase in progress (completed phases: 0 .. phase - 1)
+    tx: int = 0             # copies announced and not landed
+
+    def complete_if_done(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+
+@dataclass
+class _Named:
+    arrived: list = field(default_factory=list)   # (warpgroup, waits) of this generation
+    waiting: set = field(default_factory=set)
+
+
+@dataclass
+class Trace:
+    """What one simulated run did: the tensor-core turns in order ``[(consumer, slot)]``, the wgmma
+    groups each consumer issued, and who moved at each step (``"producer"``, 0, 1 or ``"land"``)."""
+    turns: list
+    issued: dict
+    picks: list
+
+
+def simulate(n_tiles: int, my_tiles: tuple[int, int], stages: int = 2, seed: int = 0, **knobs) -> Trace:
+    """One run of ``flash_fwd_w3``'s block with the consumers' tile counts ``my_tiles``, the next process
+    picked at random (``seed``); ``knobs`` go to :func:`consumer_ops`. Raises :class:`ScheduleError`."""
+    if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2:
+        raise ValueError(f"need 0 <= my_tiles <= n_tiles and stages >= 2, got {my_tiles}, {n_tiles}, {stages}")
+    rng = random.Random(seed)
+    bars = {"q_full": _MBarrier(1, 1)}
+    for s in range(stages):
+        for kind in "kv":
+            bars[f"{kind}_full{s}"] = _MBarrier(1, 1)
+            bars[f"{kind}_empty{s}"] = _MBarrier(2 * WARPS, 2 * WARPS)
+    named = {i: _Named() for i in TURN}
+    procs = {"producer": producer_ops(n_tiles, stages)}
+    for cw in (0, 1):
+        procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, **knobs)
+    nxt = {name: next(gen, None) for name, gen in procs.items()}
+    buffers = {}                                  # buf -> (tile, landed)
+    in_flight = []                                # copies: (bar, buf, tile)
+    groups = {0: [], 1: []}                       # unfinished wgmma groups: (name, reads)
+    in_turn = {0: False, 1: False}
+    turns, issued = [], {0: [], 1: []}
+    blocked_sync = set()                          # consumers inside bar.sync, not yet released
+    picks = []
+
+    def fail(msg):
+        raise ScheduleError(f"n_tiles={n_tiles} my_tiles={my_tiles} stages={stages} seed={seed}: {msg}")
+
+    def named_arrive(cw, bid, waits):
+        gen = named[bid]
+        if any(w == cw for w, _ in gen.arrived):
+            fail(f"consumer {cw} arrives twice on named barrier {bid} in one generation")
+        gen.arrived.append((cw, waits))
+        if waits:
+            gen.waiting.add(cw)
+        if len(gen.arrived) == 2:                 # 256 threads: two warpgroups
+            if not gen.waiting:
+                fail(f"named barrier {bid} completed with nobody waiting on it")
+            for w in gen.waiting:
+                blocked_sync.discard(w)
+                take_turn(w)
+            named[bid] = _Named()
+
+    def take_turn(cw):
+        if in_turn[1 - cw]:
+            fail(f"consumer {cw} takes the turn while consumer {1 - cw} holds it")
+        in_turn[cw] = True
+        turns.append((cw, sum(1 for c, _ in turns if c == cw)))
+
+    def ready(name, op):
+        kind = op[0]
+        if name in blocked_sync:                  # inside bar.sync until its generation completes
+            return False
+        if kind == "wait":
+            bar = bars[op[1]]
+            if bar.phase > op[3] + 1:
+                fail(f"{name} waits on phase {op[3]} of {op[1]}, which is already at phase {bar.phase}")
+            return bar.phase % 2 != op[2]
+        return True
+
+    def run(name, op):
+        kind = op[0]
+        if kind == "load":
+            bar, buf, tile = op[1:]
+            for cw in (0, 1):
+                if any(b == buf for _, reads in groups[cw] for b, _ in reads):
+                    fail(f"the copy of tile {tile} into {buf} starts while a wgmma of consumer {cw} reads it")
+            bars[bar].pending -= 1
+            bars[bar].tx += 1
+            buffers[buf] = (tile, False)
+            in_flight.append((bar, buf, tile))
+        elif kind == "arrive":
+            bar = bars[op[1]]
+            buf = op[1].replace("_empty", "").upper()
+            if any(b == buf for _, reads in groups[name] for b, _ in reads):
+                fail(f"consumer {name} releases {buf} while its wgmma still reads it")
+            bar.pending -= op[2]
+            if bar.pending < 0:
+                fail(f"{op[1]} received more arrivals than its count")
+            bar.complete_if_done()
+        elif kind == "sync":
+            blocked_sync.add(name)
+            named_arrive(name, op[1], True)
+        elif kind == "bar_arrive":
+            in_turn[name] = False
+            named_arrive(name, op[1], False)
+        elif kind == "end_turn":
+            in_turn[name] = False
+        elif kind == "issue":
+            if not in_turn[name]:
+                fail(f"consumer {name} issues {op[1]} outside its turn")
+            for buf, tile in op[2]:
+                if buffers.get(buf) != (tile, True):
+                    fail(f"{op[1]} of consumer {name} reads {buf}, which holds {buffers.get(buf)}, not tile {tile}")
+            groups[name].append((op[1], op[2]))
+            issued[name].append(op[1])
+        elif kind == "wgmma_wait":
+            del groups[name][:max(0, len(groups[name]) - op[1])]
+        elif kind == "regs":
+            live = [g for g, _ in groups[name]]
+            target = op[1].split()[-1]
+            if (op[1].startswith("softmax") and target in live) or (not op[1].startswith("softmax") and live):
+                fail(f"consumer {name}: {op[1]} while wgmma groups {live} are unfinished")
+
+    while True:
+        movable = [n for n, op in nxt.items() if op is not None and ready(n, op)]
+        choices = movable + (["land"] if in_flight else [])
+        if not choices:
+            if all(op is None for op in nxt.values()):
+                break
+            stuck = {n: ("inside bar.sync",) if n in blocked_sync else op for n, op in nxt.items() if op is not None}
+            fail(f"deadlock: every process waits: {stuck}")
+        pick = rng.choice(choices)
+        picks.append(pick)
+        if pick == "land":
+            bar, buf, tile = in_flight.pop(rng.randrange(len(in_flight)))
+            buffers[buf] = (tile, True)
+            bars[bar].tx -= 1
+            bars[bar].complete_if_done()
+            continue
+        run(pick, nxt[pick])
+        nxt[pick] = next(procs[pick], None)
+
+    for bid, gen in named.items():
+        if gen.arrived:
+            fail(f"named barrier {bid} is left with arrivals {gen.arrived} at exit")
+    for cw in (0, 1):
+        if groups[cw]:
+            fail(f"consumer {cw} exits with unfinished wgmma groups {groups[cw]}")
+    return Trace(turns, issued, picks)

@@ -1,0 +1,262 @@
+// fwd_w3_pingpong.cu: Hopper rung W3, W2 with the softmax overlapped with the tensor cores (sm_90a).
+//
+// W2's consumers run each tile as: S = Q K^T, wait, softmax, O += P V, wait. While a warpgroup does its
+// softmax (exp2, max, sum: the multi-function and FP32 units) its tensor-core work is stopped, and the
+// other consumer's wgmma run only when the two happen to fall out of step. W3 overlaps them on purpose,
+// in two ways (the overlap to which the FlashAttention-3 paper attributes its largest step):
+//  * intra-warpgroup pipelining: in one "slot" a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}
+//    (two wgmma groups), waits only for the first (wgmma.wait_group 1: all but the newest group done), and
+//    runs the softmax of S_j while its P V of the previous tile is still on the tensor cores; then it waits
+//    for that (wait_group 0) and rescales O. Slot 0 issues S_0 alone, slot T (T = its tiles) the last P V.
+//  * inter-warpgroup ping-pong: the two consumers take turns to issue their slot, ordered by two named
+//    barriers (W3_BAR_TURN0 + w: "consumer w may issue"): warpgroup w waits on its own (bar.sync, 256
+//    threads: its 128 plus the other's 128 arrivals), issues, then lets the other go (bar.arrive on the
+//    other's barrier). The tensor cores then take the groups whole, one warpgroup's after the other's,
+//    so while consumer 0 computes the softmax of S_j, consumer 1's S_j and P V run, and vice versa.
+// The schedule and its barrier phases are simulated on the CPU, for every tile count and skip pattern
+// the kernel can meet, by flashtut.cuda.hopper_schedule (no waiter on a phase that never completes, no
+// two warpgroups issuing in one slot, no arrival on a named barrier counted in the wrong generation).
+//
+// Register budget per consumer thread (setmaxnreg gives the consumers 240; the 64 x N accumulators of a
+// warpgroup are spread over its 128 threads, N / 2 each), at D = 128 and 128-key tiles
+// (flashtut.cuda.hopper_layout.w3_register_budget):
+//   S_j accumulator, float32                                64   (BN / 2)
+//   P_{j-1} as A fragments, read by the P V still in flight   32   (BN / 4: two 16-bit values a register)
+//   O accumulator, float32                                  64   (D / 2)
+//   m, l, alpha, -m * scale for 2 rows                         8
+//   = 168, plus addresses, barrier parities, loop state and the exp2 temporaries (ptxas' share; the
+//   highest register in the SASS is R198 at D = 128, R162 at D = 64, both under 240, no spills).
+// The pipelining's "second S" is P_{j-1}, kept in 16 bits. P_j is computed in S_j's own registers
+// (exp2 in place, float32) and packed into pf only after the P V reading P_{j-1} is done, so it adds
+// nothing to the peak. At D = 64: 136.
+// Shared memory: Q (128 rows) and W3_STAGES stages of K and V as in W2, but K and V are released
+// separately (K_j once S_j is done, V_j a slot later once its P V is done): with one release for both,
+// a two-stage ring could refill the stage of tile j - 1 only after slot j, exposing the TMA latency to
+// slot j + 1; with separate releases the producer reloads K one slot ahead of use.
+//
+// Kept from W2: the producer warpgroup and its TMA tensor maps, setmaxnreg 24 / 240, the swizzled tiles,
+// causal block skipping with the heaviest query blocks first, grouped heads, either causal alignment,
+// masked tails for any Nq and Nk, o = 0 and lse = -inf for a row that sees no key, the launch interface.
+#include "ft_tma.cuh"
+
+#ifndef W3_BLOCK_N
+#define W3_BLOCK_N 128  // keys per K/V tile (64 or 128)
+#endif
+#ifndef W3_STAGES
+#define W3_STAGES 2     // K/V stages in the ring
+#endif
+#define W3_BLOCK_M FT_TMA_BLOCK_M
+#define W3_THREADS 384
+#define W3_PRODUCER_REGS 24
+#define W3_CONSUMER_REGS 240
+#define W3_Q_BYTES (W3_BLOCK_M * HEAD_DIM * 2)
+#define W3_KV_BYTES (W3_BLOCK_N * HEAD_DIM * 2)
+#define W3_CONSUMER_WARPS 8     // arrivals that release a K or V stage: every consumer warp once
+// Named barriers: 0 is __syncthreads' (all 384 threads, once, before the roles split); 1 and 2 are the
+// turns of consumer warpgroups 0 and 1. Each counts 256 threads: the 128 of the warpgroup that waits
+// (bar.sync) and the 128 of the one that lets it go (bar.arrive), so it completes only when both did.
+#define W3_BAR_TURN0 1
+#define W3_TURN_THREADS 256
+
+// The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
+// barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
+__device__ __forceinline__ void named_bar_sync(int id) {
+#if FT_SM90A
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
+#endif
+}
+__device__ __forceinline__ void named_bar_arrive(int id) {
+#if FT_SM90A
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
+#endif
+}
+
+// grid (ceil(Nq / 128), B * H), block 384 threads, dynamic shared memory
+// W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
+extern "C" __global__ void __launch_bounds__(W3_THREADS, 1)
+flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
+             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
+#if FT_SM90A
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_align1024(smem_raw);
+    const unsigned q_s = smem_addr(smem);                          // [HEAD_DIM / 64][128][64]
+    const unsigned k_s = q_s + W3_Q_BYTES;                         // [W3_STAGES][HEAD_DIM / 64][W3_BLOCK_N][64]
+    const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
+    const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;  // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
+    const unsigned q_full = bars;
+#define W3_K_FULL(s) (bars + 8u * (1 + (s)))
+#define W3_V_FULL(s) (bars + 8u * (1 + W3_STAGES + (s)))
+#define W3_K_EMPTY(s) (bars + 8u * (1 + 2 * W3_STAGES + (s)))
+#define W3_V_EMPTY(s) (bars + 8u * (1 + 3 * W3_STAGES + (s)))
+// Tile j sits in stage j % S and is the (j / S)-th fill of that stage, so the full barriers' phase for it
+// is j / S and a consumer waits on parity (j / S) & 1; the producer refills the stage with tile j only
+// after the release of tile j - S, phase j / S - 1 of the empty barrier.
+#define W3_PARITY(j) ((unsigned)((j) / W3_STAGES) & 1u)
+
+    const int wg = threadIdx.x / 128;
+    const int bh = blockIdx.y;
+    const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
+    const int m0 = blk.m0, n_tiles = blk.n_tiles;
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < W3_STAGES; ++s) {
+            mbar_init(W3_K_FULL(s), 1);    // the producer's arrive.expect_tx, then the copy's bytes
+            mbar_init(W3_V_FULL(s), 1);
+            mbar_init(W3_K_EMPTY(s), W3_CONSUMER_WARPS);
+            mbar_init(W3_V_EMPTY(s), W3_CONSUMER_WARPS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them; none is needed later
+
+    if (wg == 0) {
+        setmaxnreg_dec<W3_PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            const void* tq = tmaps;
+            const void* tk = tmaps + 128;
+            const void* tv = tmaps + 256;
+            const int kv_head = bh / kv_group;
+            mbar_arrive_expect_tx(q_full, W3_Q_BYTES);
+            tma_tile<W3_BLOCK_M>(q_s, tq, m0, bh, q_full);
+            // in the order the consumers need them: K_j (slot j), V_j (slot j + 1); each waits for the
+            // release of the tile S earlier in its stage, which both consumers give in slot j - S (K) and
+            // j - S + 1 (V), so with S = 2 K_j is requested a whole slot before slot j needs it
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % W3_STAGES;
+                if (j >= W3_STAGES) mbar_wait(W3_K_EMPTY(s), W3_PARITY(j) ^ 1u);
+                mbar_arrive_expect_tx(W3_K_FULL(s), W3_KV_BYTES);
+                tma_tile<W3_BLOCK_N>(k_s + s * W3_KV_BYTES, tk, j * W3_BLOCK_N, kv_head, W3_K_FULL(s));
+                if (j >= W3_STAGES) mbar_wait(W3_V_EMPTY(s), W3_PARITY(j) ^ 1u);
+                mbar_arrive_expect_tx(W3_V_FULL(s), W3_KV_BYTES);
+                tma_tile<W3_BLOCK_N>(v_s + s * W3_KV_BYTES, tv, j * W3_BLOCK_N, kv_head, W3_V_FULL(s));
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<W3_CONSUMER_REGS>();
+
+    const ft_consumer me = tma_consumer(wg, m0, q_s);
+    const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
+    const unsigned q_addr = me.q_addr;
+    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
+
+    // Tiles this warpgroup reads: the block's, less those (causal) right of its last row's diagonal, none
+    // when all its rows are past Nq. Always a prefix 0 .. my_tiles - 1 of the block's n_tiles.
+    int my_end = 0;
+    if (wg_row0 < Nq) my_end = causal ? min(Nk, max(0, min(wg_row0 + 64, Nq) + diag_offset)) : Nk;
+    const int my_tiles = min(n_tiles, (my_end + W3_BLOCK_N - 1) / W3_BLOCK_N);
+
+    // Both consumers take the same n_tiles + 1 turns, whatever their own tile counts: slot j of consumer 0,
+    // then slot j of consumer 1, then slot j + 1 of consumer 0 ... A warpgroup with fewer tiles spends its
+    // remaining turns idle rather than leaving, because a named barrier counts arrivals, not who made them:
+    // had one warpgroup arrived twice on the other's barrier in a row, the 256 would be reached by one side.
+    // Consumer 0 issues first: consumer 1 gives it its first turn here. Consumer 1 does not give a turn
+    // after its last slot (n_tiles): consumer 0 has no slot n_tiles + 1 to take it, and an arrival left on
+    // the barrier would be a half-counted generation at exit.
+    if (cw == 1) named_bar_arrive(W3_BAR_TURN0);
+#define W3_END_TURN(slot) do { if (cw == 0 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+
+    float acc[HEAD_DIM / 2];
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) acc[i] = 0.f;
+    float m[2] = {FT_NEG_INF, FT_NEG_INF}, l[2] = {0.f, 0.f};
+    float alpha[2], neg_mscaled[2];
+    float sc[W3_BLOCK_N / 2];        // S_j
+    ft_raw2 pf[W3_BLOCK_N / 4];      // P_{j-1}: the A operand of the P V issued next
+    // Q is waited for even by a warpgroup that reads no tile: no TMA copy may still be writing into the
+    // block's shared memory when its threads exit
+    mbar_wait(q_full, 0);
+
+    if (my_tiles > 0) {
+        // slot 0: S_0 alone (there is no P yet); O is zero, so its rescale is skipped
+        mbar_wait(W3_K_FULL(0), 0);
+        named_bar_sync(my_turn);
+        wgmma_fence();
+        wg_qk<W3_BLOCK_N>(sc, q_addr, k_s);
+        wgmma_commit();
+        W3_END_TURN(0);
+        wgmma_wait<0>();
+        wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
+        warp_release(W3_K_EMPTY(0), lane);   // S_0 is in registers: K_0's stage may be refilled
+        wg_mask<W3_BLOCK_N>(sc, 0, Nk, causal, diag_offset, warp_row0, r0, t);
+        wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
+        wg_softmax_exp<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2, pf);
+
+        // slots 1 .. my_tiles - 1: S_j and P_{j-1} V_{j-1}, the softmax of S_j under the P V
+        for (int j = 1; j < my_tiles; ++j) {
+            const int s = j % W3_STAGES, ps = (j - 1) % W3_STAGES;
+            // the operands land before the turn is taken: a warpgroup waiting for a copy while holding
+            // the turn would stall the other's issue too
+            mbar_wait(W3_K_FULL(s), W3_PARITY(j));
+            mbar_wait(W3_V_FULL(ps), W3_PARITY(j - 1));
+            named_bar_sync(my_turn);
+            wgmma_fence();   // pf was packed and acc rescaled by ordinary instructions since the last wgmma
+            wg_qk<W3_BLOCK_N>(sc, q_addr, k_s + s * W3_KV_BYTES);
+            wgmma_commit();                                       // group 1: S_j
+            wg_pv<W3_BLOCK_N>(acc, pf, v_s + ps * W3_KV_BYTES);
+            wgmma_commit();                                       // group 2: O += P_{j-1} V_{j-1}
+            W3_END_TURN(j);
+            // wait_group 1: every group but the newest (the P V) is complete, so S_j is in registers
+            wgmma_wait<1>();
+            wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
+            warp_release(W3_K_EMPTY(s), lane);
+            wg_mask<W3_BLOCK_N>(sc, j * W3_BLOCK_N, Nk, causal, diag_offset, warp_row0, r0, t);
+            // P_j = exp2(...) in float32 over S_j itself: pf still holds P_{j-1}, which the P V in flight
+            // is reading. (A second array for P_j, copied into pf at the end of the slot, makes ptxas
+            // serialise every wgmma, C7513: it merges the copy's registers with the operands in flight.)
+            wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
+            wg_softmax_exp_inplace<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2);
+            // O holds tiles 0 .. j - 1 at the old maxima once the P V is done; only then may it be
+            // rescaled, and pf overwritten with P_j
+            wgmma_wait<0>();
+            wgmma_fence_operands<HEAD_DIM / 2>(acc);
+            wgmma_fence_operands<W3_BLOCK_N / 4>(pf);   // P_{j-1} stays in its registers until here
+            warp_release(W3_V_EMPTY(ps), lane);
+            wg_rescale(acc, alpha);
+            wg_pack_p<W3_BLOCK_N>(sc, pf);
+        }
+
+        // slot my_tiles: the last P V alone
+        const int ps = (my_tiles - 1) % W3_STAGES;
+        mbar_wait(W3_V_FULL(ps), W3_PARITY(my_tiles - 1));
+        named_bar_sync(my_turn);
+        wgmma_fence();
+        wg_pv<W3_BLOCK_N>(acc, pf, v_s + ps * W3_KV_BYTES);
+        wgmma_commit();
+        W3_END_TURN(my_tiles);
+        wgmma_wait<0>();
+        wgmma_fence_operands<HEAD_DIM / 2>(acc);
+        warp_release(W3_V_EMPTY(ps), lane);
+    }
+
+    // Tiles my_tiles .. n_tiles - 1 hold no key for this warpgroup's rows, but the producer counts every
+    // consumer warp's release of every tile. Tile j is released in slot j, after waiting for it to land
+    // (an arrival before the fill would count towards the previous phase of the stage's empty barrier),
+    // and the idle turns are taken in the same order: releasing every remaining tile first would wait for
+    // fills that need the other consumer's releases, which need turns this warpgroup has not given yet.
+    for (int j = my_tiles; j <= n_tiles; ++j) {
+        if (j > my_tiles || my_tiles == 0) {
+            named_bar_sync(my_turn);
+            W3_END_TURN(j);
+        }
+        if (j < n_tiles) {
+            const int s = j % W3_STAGES;
+            mbar_wait(W3_K_FULL(s), W3_PARITY(j));
+            warp_release(W3_K_EMPTY(s), lane);
+            mbar_wait(W3_V_FULL(s), W3_PARITY(j));
+            warp_release(W3_V_EMPTY(s), lane);
+        }
+    }
+
+    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+#undef W3_END_TURN
+#undef W3_PARITY
+#undef W3_K_FULL
+#undef W3_V_FULL
+#undef W3_K_EMPTY
+#undef W3_V_EMPTY
+#else
+    __trap();  // built for a target without TMA and wgmma; flashtut.cuda.hopper launches it on sm_90a only
+#endif
+}
