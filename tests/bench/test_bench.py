@@ -620,8 +620,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_tools_hold_no_second_harness_and_share_one_common_script():
     tools = os.path.join(ROOT, "tools")
     scripts = sorted(os.listdir(tools))
-    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "run_notebooks_plain.py",
-                                                             "sanitizer_launches.py"]
+    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "layout_only.py",
+                                                             "run_notebooks_plain.py", "sanitizer_launches.py"]
     shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
     assert "gpu_check.sh" in shells
     for name in shells:
@@ -763,3 +763,29 @@ def test_the_cuda_ladder_tool_runs_its_phases_and_saves_them(monkeypatch, tmp_pa
     cl.main()
     assert called == ["warm", "check_bwd", ("bench", (128,), False), ("bench", (64,), False)]
     assert len(load_results(out)["rows"]) == 2
+
+
+def test_layout_only_tells_a_rewrap_from_a_change(tmp_path):
+    import subprocess
+    import sys
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    src = tmp_path / "m.py"
+    src.write_text('def f(a, b):\n    """Add."""\n    return a + b  # the sum\n')
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "m.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m")
+    tool = os.path.join(ROOT, "tools", "layout_only.py")
+
+    def check():
+        return subprocess.run([sys.executable, tool, "HEAD", "m.py"], cwd=tmp_path, capture_output=True,
+                              text=True).returncode
+
+    src.write_text('def f(a,\n      b):\n    """Add."""\n    # the sum\n    return (a\n            + b)\n')
+    assert check() == 0                                   # layout only
+    src.write_text('def f(a, b):\n    """Add."""\n    return a - b  # the sum\n')
+    assert check() == 1                                   # the code changed
+    src.write_text('def f(a, b):\n    """Add."""\n    return a + b  # the total\n')
+    assert check() == 1                                   # a comment was reworded
