@@ -223,6 +223,37 @@ def test_warp_grid_shared_tiles_have_no_bank_conflicts(block_m):
                 assert wg.ldmatrix_conflicts(rows) == 0
 
 
+@pytest.mark.parametrize("B, H, Hkv, Nq, Nk, D, dtype, causal, block_m", [
+    (1, 4, 2, 130, 67, 64, torch.float16, "bottom-right", 64),     # grouped heads, Nq > Nk: rows see no key
+    (1, 2, 2, 77, 201, 128, torch.bfloat16, "top-left", 64),
+    (1, 2, 1, 201, 140, 64, torch.float16, False, 128),
+])
+def test_warp_grid_data_flow_passes_the_yardstick(B, H, Hkv, Nq, Nk, D, dtype, causal, block_m):
+    # the kernel's data flow on the grid, emulated on the CPU (own half from registers, the
+    # partner's from the shared P^T / dS^T tiles, dQ per warp), judged like the kernel on a GPU
+    g = torch.Generator().manual_seed(Nq + Nk + D)
+    q = torch.randn(B, H, Nq, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, Hkv, Nk, D, generator=g).to(dtype) for _ in range(2))
+    do = torch.randn(B, H, Nq, D, generator=g).to(dtype)
+    scale = D ** -0.5
+    o, lse = flashtut.tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    o = o.to(dtype)
+    delta = (do.float() * o.float()).sum(-1)         # bwd_preprocess.cu
+    off = Nk - Nq if causal == "bottom-right" else 0
+    G = H // Hkv
+    dq = torch.zeros(B, H, Nq, D)
+    dk, dv = torch.zeros(B, Hkv, Nk, D), torch.zeros(B, Hkv, Nk, D)
+    for b in range(B):
+        for h in range(H):   # each query head's share of dK, dV in the input dtype, summed in float32
+            a, bk, c = wg.emulate_backward(q[b, h], k[b, h // G], v[b, h // G], do[b, h], lse[b, h],
+                                           delta[b, h], scale, bool(causal), off, block_m)
+            dq[b, h] = a
+            dk[b, h // G] += bk.to(dtype).float()
+            dv[b, h // G] += c.to(dtype).float()
+    y = yardstick(q, k, v, o, [x.to(dtype) for x in (dq, dk, dv)], do, causal, scale)
+    assert y.passed, str(y)
+
+
 def test_pick_config_refuses_too_little_smem():
     with pytest.raises(RuntimeError, match="shared memory"):
         cfgs.pick_config(128, 75, 16 * 1024)

@@ -13,6 +13,9 @@ The block has 8 warps and 128 keys; a step covers ``block_m`` (64 or 128) querie
 * dQ (queries x head dim): queries ``32 (w % (block_m / 32)) ..``, ``D * block_m / 256`` columns
   (:func:`dq_block`).
 
+:func:`emulate_backward` runs the kernel's data flow on these blocks (own half of the queries
+from registers, the partner's from the shared tiles, the barriers between) on the CPU.
+
 The fragment layouts are those of the PTX ISA ("Matrix fragments for mma.m16n8k16 with floating
 point type", and ``ldmatrix``): for lane ``l``, group ``g = l // 4`` and ``t = l % 4``, A register
 ``i`` (of 4, two 16-bit values each) holds row ``g + 8 (i % 2)``, columns ``2 t + 8 (i // 2)`` and
@@ -149,3 +152,70 @@ def ldmatrix_conflicts(row_addresses: list[int]) -> int:
     for a in row_addresses:
         groups.setdefault((a // 16) % 8, set()).add(a // 16)
     return max(len(rows) for rows in groups.values()) - 1
+
+
+# ---- the kernel's data flow on the grid ---------------------------------------------------------
+
+def emulate_backward(q, k, v, do, lse, delta, scale: float, causal: bool, diag_offset: int,
+                     block_m: int):
+    """dQ, dK, dV of one (query head, K/V head) pair as the warp-grid kernel forms them, in
+    PyTorch on the CPU: 128-key blocks, causal query blocks skipped and the per-element mask
+    applied on edge tiles only, per warp its own S^T block (:func:`s_block`), P^T and dS^T rounded
+    to the input dtype, dV, dK accumulated over its own half of the queries and then over the
+    partner's from the shared tiles (:func:`dkdv_block`, :func:`partner`), dQ from the whole dS^T
+    tile (:func:`dq_block`), float32 everywhere else. ``q``, ``do``: (Nq, D); ``k``, ``v``: (Nk, D),
+    float16 or bfloat16; ``lse``: natural-log log-sum-exp of each query row (float32, ``-inf`` for a
+    row that sees no key); ``delta``: rowsum(dO * O) (float32). Returns float32 tensors."""
+    import torch
+
+    dtype = q.dtype
+    n_q, D = q.shape
+    n_k = k.shape[0]
+    _check(block_m, D)
+    rnd = lambda x: x.to(dtype).float()   # noqa: E731  (P and dS packed into 16-bit A fragments)
+
+    def f(x, n):   # a tile of n rows from shared memory: float32, rows past the end zero-filled
+        return torch.cat([x.float(), torch.zeros(max(0, n - x.shape[0]), *x.shape[1:])])[:n]
+
+    scale_log2 = scale * 1.4426950408889634
+    lse2 = lse.float() * 1.4426950408889634
+    dq = torch.zeros(n_q, D)
+    dk, dv = torch.zeros(n_k, D), torch.zeros(n_k, D)
+    for k0 in range(0, n_k, BLOCK_N):
+        K, V = (f(x[k0:k0 + BLOCK_N], BLOCK_N) for x in (k, v))     # rows past Nk are zeros
+        acc_dk, acc_dv = torch.zeros(BLOCK_N, D), torch.zeros(BLOCK_N, D)
+        first_q = (max(0, k0 - diag_offset) // block_m) * block_m if causal else 0
+        n_steps = -(-(n_q - first_q) // block_m) if first_q < n_q else 0
+        diag_first = k0 + BLOCK_N - 1 - diag_offset
+        for step in range(n_steps):
+            q0 = first_q + step * block_m
+            Q, dO = (f(x[q0:q0 + block_m], block_m) for x in (q, do))
+            l2, dl = (f(x[q0:q0 + block_m], block_m) for x in (lse2, delta.float()))
+            edge = q0 + block_m > n_q or (causal and diag_first > q0)
+            t_p, t_ds = torch.zeros(BLOCK_N, block_m), torch.zeros(BLOCK_N, block_m)
+            for w in range(WARPS):        # before the step's second barrier
+                rows, cols = (list(r) for r in s_block(w, block_m))
+                kr, dc = (list(r) for r in dkdv_block(w, D))
+                p = torch.exp2(K[rows] @ Q[cols].T * scale_log2 - l2[cols][None, :])
+                if edge:
+                    qi = torch.tensor([q0 + c for c in cols])[None, :]
+                    kj = torch.tensor([k0 + r - diag_offset for r in rows])[:, None]
+                    p = torch.where((qi >= n_q) | (causal & (kj > qi)), torch.zeros(()), p)
+                ds = p * (V[rows] @ dO[cols].T - dl[cols][None, :])
+                t_p[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] = rnd(p)
+                t_ds[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] = rnd(ds)
+                acc_dv[kr[0]:kr[-1] + 1, dc[0]:dc[-1] + 1] += rnd(p) @ dO[cols][:, dc]
+                acc_dk[kr[0]:kr[-1] + 1, dc[0]:dc[-1] + 1] += rnd(ds) @ Q[cols][:, dc]
+            for w in range(WARPS):        # after it: the partner's half, and dQ
+                kr, dc = (list(r) for r in dkdv_block(w, D))
+                pc = list(s_block(partner(w), block_m)[1])
+                acc_dv[kr[0]:kr[-1] + 1, dc[0]:dc[-1] + 1] += t_p[kr][:, pc] @ dO[pc][:, dc]
+                acc_dk[kr[0]:kr[-1] + 1, dc[0]:dc[-1] + 1] += t_ds[kr][:, pc] @ Q[pc][:, dc]
+                qr, qc = (list(r) for r in dq_block(w, block_m, D))
+                tile = t_ds[:, qr].T @ K[:, qc]
+                keep = [i for i, r in enumerate(qr) if q0 + r < n_q]
+                for i in keep:
+                    dq[q0 + qr[i], qc[0]:qc[-1] + 1] += tile[i]
+        n = min(BLOCK_N, n_k - k0)
+        dk[k0:k0 + n], dv[k0:k0 + n] = acc_dk[:n] * scale, acc_dv[:n]
+    return dq * scale, dk, dv
