@@ -1,7 +1,9 @@
 """One small launch of every CUDA kernel (each forward ladder step, the fast kernel at its default
 and its 32-rows-per-warp tile shapes, steps 4 to 7 with grouped K/V heads and both causal
-alignments, the backward with atomic dQ and with the deterministic dQ pass, and on an sm_90 GPU
-every build of the Hopper rungs), for compute-sanitizer:
+alignments, the backward with atomic dQ and with the deterministic dQ pass, from sm_80 the
+backward's warp-grid rung (``experiment_configs``, ``warp_grid=True``: shared P^T/dS^T tiles between
+warp pairs) with grouped heads and both alignments, and on an sm_90 GPU every build of the Hopper
+rungs), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 tools/sanitizer_launches.py
     compute-sanitizer --tool racecheck python3 tools/sanitizer_launches.py
@@ -19,9 +21,10 @@ import sys
 import torch
 
 import flashtut
-from flashtut.cuda.attention import _forward
+from flashtut.cuda.attention import _forward, cuda_backward
+from flashtut.cuda.compile import max_smem_per_block
 from flashtut.cuda.attention import cuda_forward as forward
-from flashtut.cuda.configs import V4_STEPS
+from flashtut.cuda.configs import V4_STEPS, experiment_configs
 
 
 def new_dims():
@@ -54,6 +57,13 @@ for D in (64, 128):
     for variant in V4_STEPS:
         for offset in (131 - 77, -20):                        # bottom-right; rows that see no key
             _forward(q, *kv1, True, D ** -0.5, variant, diag_offset=offset)
+    if torch.cuda.get_device_capability()[0] >= 8:
+        grids = [c for c in experiment_configs(D).values() if c.warp_grid and c.dkdv_smem <= max_smem_per_block()]
+        for cfg in grids:
+            for qq, kv, causal in ((q, kv1, "bottom-right"), (q, (k2, v2), True), (k2, (q, q), "bottom-right"),
+                                   (k2, (q, q), False)):   # Nq < Nk and Nq > Nk (rows that see no key)
+                o, lse = flashtut.tiled_attention(qq, *kv, causal=causal, return_lse=True)
+                cuda_backward(qq, *kv, o, lse, torch.randn_like(qq), causal, config=cfg)
     q.requires_grad_(); k2.requires_grad_(); v2.requires_grad_()
     for deterministic in (False, True):
         flashtut.cuda_attention(q, k2, v2, causal=True, deterministic=deterministic).sum().backward()

@@ -18,6 +18,7 @@ import flashtut
 from flashtut.bench.accuracy import yardstick
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
+from flashtut.cuda import warp_grid as wg
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -92,6 +93,165 @@ def test_kernel_builds_follow_the_config():
     assert steps["dq"][2]["DQ_BLOCK_N"] == 48
     atomic = cfgs.kernel_builds(dataclasses.replace(cfg, dq_atomic=True), torch.float16)
     assert list(atomic) == ["preprocess", "dkdv", "dq_convert"]
+
+
+# ---------------------------------------------------------------- the warp grid (DKDV_WARP_GRID)
+GRID_CONFIGS = {n: c for n, c in cfgs.experiment_configs(64).items() if c.warp_grid}
+
+
+def test_warp_grid_is_an_experiment_never_picked():
+    assert set(GRID_CONFIGS) == {"atomic-dq-w8-split2x4", "atomic-dq-w8-split2x4-m128"}
+    for d in (64, 128):
+        assert all(c.dq_atomic and c.warps == 8 and c.one_barrier and c.dq_stage
+                   for n, c in cfgs.experiment_configs(d).items() if n in GRID_CONFIGS)
+        assert not any(c.warp_grid for c in cfgs.atomic_candidates(d))
+        for arch, limit in ((90, 232448), (80, 166912), (75, 65536)):
+            assert not cfgs.pick_config(d, arch, limit).warp_grid
+    defs = cfgs.kernel_builds(GRID_CONFIGS["atomic-dq-w8-split2x4"], torch.bfloat16)["dkdv"][2]
+    assert defs["DKDV_WARP_GRID"] == 1 and defs["DKDV_WARPS"] == 8 and defs["DKDV_DQ_ATOMIC"] == 1
+    assert "DKDV_WARP_GRID" not in cfgs.kernel_builds(cfgs.pick_config(128, 90, 232448), torch.float16)["dkdv"][2]
+
+
+def test_warp_grid_shared_memory():
+    grid = cfgs.experiment_configs(128)["atomic-dq-w8-split2x4"]
+    # K, V (128 keys x 272 bytes); dS^T and P^T (128 x 72 halves); dQ staging, 8 warps x 16 rows x
+    # (32 + 8) floats; two stages of Q, dO (64 rows) with 64 floats each of lse2 and Delta
+    assert grid.dq_cols == 32
+    assert grid.dkdv_smem == 2 * 128 * 272 + 2 * 128 * 72 * 2 + 8 * 16 * 40 * 4 + 2 * (2 * 64 * 272 + 2 * 64 * 4) == 197632
+    d64 = cfgs.experiment_configs(64)
+    assert d64["atomic-dq-w8-split2x4"].dq_cols == 16 and d64["atomic-dq-w8-split2x4"].dkdv_smem == 123904
+    assert d64["atomic-dq-w8-split2x4-m128"].dq_cols == 32 and d64["atomic-dq-w8-split2x4-m128"].dkdv_smem == 202752
+    # an H100/H200 holds all three; an A100 only D = 64 with 64-query steps
+    assert max(grid.dkdv_smem, d64["atomic-dq-w8-split2x4-m128"].dkdv_smem) <= 232448
+    assert d64["atomic-dq-w8-split2x4"].dkdv_smem <= 166912 < grid.dkdv_smem
+    assert cfgs.experiment_configs(128)["atomic-dq-w8-split2x4-m128"].dkdv_smem > 232448
+    # the runtime's builds: both dims on sm_90, D = 64 on sm_80, none on a T4
+    grid_dims = lambda arch: {d["HEAD_DIM"] for s, d in cfgs.backward_builds(arch) if d.get("DKDV_WARP_GRID")}  # noqa: E731
+    assert grid_dims(90) == {64, 128} and grid_dims(80) == {64} and grid_dims(75) == set()
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(warps=4), "warps=8"),
+    (dict(dq_atomic=False, dq_stage=False), "dq_atomic=True"),
+    (dict(dkdv_block_m=32), "dkdv_block_m in"),
+])
+def test_warp_grid_configs_are_checked(change, match):
+    cfg = dataclasses.replace(GRID_CONFIGS["atomic-dq-w8-split2x4"], **change)
+    with pytest.raises(ValueError, match=match):
+        cfgs.check_backward_config(cfg, 64, 90, 232448)
+
+
+def test_warp_grid_needs_sm80_and_its_dims():
+    grid = GRID_CONFIGS["atomic-dq-w8-split2x4"]
+    assert cfgs.check_backward_config(grid, 64, 80, 166912) is grid
+    with pytest.raises(ValueError, match="sm_80"):
+        cfgs.check_backward_config(grid, 64, 75, 232448)
+    with pytest.raises(ValueError, match="head_dim in"):
+        cfgs.check_backward_config(dataclasses.replace(grid, head_dim=96), 96, 90, 232448)
+    with pytest.raises(ValueError, match="shared memory"):     # a T4's 64 KB, before the arch
+        cfgs.check_backward_config(grid, 64, 75, 65536)
+
+
+def _count(cells, shape):
+    seen = {}
+    for c in cells:
+        seen[c] = seen.get(c, 0) + 1
+    assert set(seen) == {(r, c) for r in range(shape[0]) for c in range(shape[1])}, "not every element"
+    assert set(seen.values()) == {1}, "an element owned twice"
+
+
+def _fragment_cells(block, m_tiles, n_tiles):
+    rows, cols = block
+    return [(rows[0] + 16 * m + r, cols[0] + 8 * t + c) for m in range(m_tiles) for t in range(n_tiles)
+            for lane in range(32) for r, c in (wg.c_element(lane, i) for i in range(4))]
+
+
+@pytest.mark.parametrize("block_m, D", [(64, 64), (64, 128), (128, 64)])
+def test_warp_grid_covers_each_tile_once(block_m, D):
+    s_cells, dkdv_cells, dq_cells = [], [], []
+    for w in range(wg.WARPS):
+        s_rows, s_cols = wg.s_block(w, block_m)
+        k_rows, d_cols = wg.dkdv_block(w, D)
+        assert len(s_rows) == 32 and len(s_cols) == block_m // 2 and len(d_cols) == D // 2
+        s_cells += _fragment_cells((s_rows, s_cols), 2, block_m // 16)
+        dkdv_cells += _fragment_cells((k_rows, d_cols), 2, D // 16)
+        dq_cells += _fragment_cells(wg.dq_block(w, block_m, D), 2, wg.dq_cols(block_m, D) // 8)
+        # dV += P^T dO needs P^T of its keys for every query: its own half and its partner's
+        p = wg.partner(w)
+        assert p != w and wg.partner(p) == w and k_rows == s_rows == wg.s_block(p, block_m)[0]
+        assert sorted([*s_cols, *wg.s_block(p, block_m)[1]]) == list(range(block_m))
+    _count(s_cells, (wg.BLOCK_N, block_m))
+    _count(dkdv_cells, (wg.BLOCK_N, D))
+    _count(dq_cells, (block_m, D))
+    cfg = cfgs.BackwardConfig(D, 2, block_m, 64, warps=8, dq_atomic=True, warp_grid=True)
+    assert cfg.dq_cols == wg.dq_cols(block_m, D)
+
+
+def test_warp_grid_fragment_layouts_agree_with_ldmatrix():
+    for lane in range(32):
+        for reg in range(4):
+            a = wg.a_elements(lane, reg)
+            # A from a row-major tile (K rows for S^T; the partner's P^T, dS^T rows): plain, lane_off_a
+            assert wg.ldmatrix_x4(wg.lane_off_a)[lane][reg] == a
+            # A = dS from the key-major dS^T tile (dQ = dS K): transposing, lane_off_b
+            assert [(c, r) for r, c in wg.ldmatrix_x4(wg.lane_off_b, trans=True)[lane][reg]] == a
+            # acc_to_a: accumulator n-tiles 2kt, 2kt + 1 are the A fragment of k-step kt
+            assert [(wg.c_element(lane, i)[0], 8 * nt + wg.c_element(lane, i)[1])
+                    for nt, i in wg.acc_to_a(lane, reg)] == a
+            # store_a_frags writes A element (r, c) to (r, c): the plain ldmatrix above reads it back
+            assert wg.store_a_frags(lane, 0, reg) == a
+            # B registers {0, 1} feed n-tile 0 and {2, 3} n-tile 1
+            nt, breg = reg // 2, reg % 2
+            want = [(k, n + 8 * nt) for k, n in wg.b_elements(lane, breg)]
+            # B stored n-major (Q, dO rows for S^T, dP^T): plain, lane_off_b, stored (n, k)
+            assert [(k, n) for n, k in wg.ldmatrix_x4(wg.lane_off_b)[lane][reg]] == want
+            # B stored k-major (dO, Q for dV, dK; K for dQ): transposing, lane_off_a
+            assert wg.ldmatrix_x4(wg.lane_off_a, trans=True)[lane][reg] == want
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_warp_grid_shared_tiles_have_no_bank_conflicts(block_m):
+    lds_ds = block_m + 8              # P^T and dS^T rows (DKDV_LDS_DS), 16-bit values
+    for kt in range(block_m // 32):
+        for reg in range(4):          # store_a_frags: one 4-byte store per register
+            addr = [2 * (r * lds_ds + c) for lane in range(32) for r, c in [wg.store_a_frags(lane, kt, reg)[0]]]
+            assert wg.bank_conflicts_32bit(addr) == 0
+    for ld in (lds_ds, 64 + 8, 128 + 8):   # ldmatrix phases of 8 rows: P^T/dS^T, and BWD_LDS at D = 64, 128
+        for off in (wg.lane_off_a, wg.lane_off_b):
+            for phase in range(4):
+                rows = [2 * (off(l)[0] * ld + off(l)[1]) for l in range(8 * phase, 8 * phase + 8)]
+                assert wg.ldmatrix_conflicts(rows) == 0
+
+
+@pytest.mark.parametrize("B, H, Hkv, Nq, Nk, D, dtype, causal, block_m", [
+    (1, 4, 2, 130, 67, 64, torch.float16, "bottom-right", 64),     # grouped heads, Nq > Nk: rows see no key
+    (1, 2, 2, 77, 201, 128, torch.bfloat16, "top-left", 64),
+    (1, 2, 1, 201, 140, 64, torch.float16, False, 128),
+])
+def test_warp_grid_data_flow_passes_the_yardstick(B, H, Hkv, Nq, Nk, D, dtype, causal, block_m):
+    # the kernel's data flow on the grid, emulated on the CPU (own half from registers, the
+    # partner's from the shared P^T / dS^T tiles, dQ per warp), judged like the kernel on a GPU
+    g = torch.Generator().manual_seed(Nq + Nk + D)
+    q = torch.randn(B, H, Nq, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, Hkv, Nk, D, generator=g).to(dtype) for _ in range(2))
+    do = torch.randn(B, H, Nq, D, generator=g).to(dtype)
+    scale = D ** -0.5
+    o, lse = flashtut.tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    o = o.to(dtype)
+    delta = (do.float() * o.float()).sum(-1)         # bwd_preprocess.cu
+    off = Nk - Nq if causal == "bottom-right" else 0
+    G = H // Hkv
+    dq = torch.zeros(B, H, Nq, D)
+    dk, dv = torch.zeros(B, Hkv, Nk, D), torch.zeros(B, Hkv, Nk, D)
+    for b in range(B):
+        for h in range(H):   # each query head's share of dK, dV in the input dtype, summed in float32
+            a, bk, c = wg.emulate_backward(q[b, h], k[b, h // G], v[b, h // G], do[b, h], lse[b, h],
+                                           delta[b, h], scale, bool(causal), off, block_m)
+            dq[b, h] = a
+            dk[b, h // G] += bk.to(dtype).float()
+            dv[b, h // G] += c.to(dtype).float()
+    y = yardstick(q, k, v, o, [x.to(dtype) for x in (dq, dk, dv)], do, causal, scale)
+    assert y.passed, str(y)
 
 
 def test_pick_config_refuses_too_little_smem():
@@ -207,7 +367,7 @@ def test_backward_large_logits_custom_scale(gen, D):
     *(c for d in (64, 128) for c in cfgs.experiment_configs(d).values()),   # the measured alternatives
 ], ids=lambda c: f"D{c.head_dim}-st{c.stages}-m{c.dkdv_block_m}-n{c.dq_block_n}-w{c.warps}"
                  + ("-atomic" if c.dq_atomic else "") + ("-1bar" if c.one_barrier else "")
-                 + ("-v4" if c.dq_stage else ""))
+                 + ("-v4" if c.dq_stage else "") + ("-grid" if c.warp_grid else ""))
 def test_backward_other_tile_configs(gen, cfg):
     from flashtut.cuda.compile import max_smem_per_block
     if max(cfg.dkdv_smem, cfg.dq_smem) > max_smem_per_block():
@@ -229,3 +389,26 @@ def test_backward_is_deterministic(gen):
     for _ in range(3):
         again = ca.cuda_backward(q, k, v, o, lse, do, causal=True, deterministic=True)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GRID_CONFIGS))
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, "top-left", "bottom-right"])
+def test_backward_warp_grid_odd_shapes(name, D, dtype, causal):
+    # the warp grid on lengths no tile divides, Nq < Nk and Nq > Nk, grouped K/V heads, one row
+    from flashtut.cuda.compile import max_smem_per_block
+    cfg = cfgs.experiment_configs(D)[name]
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the warp grid is built for sm_80 and newer")
+    if cfg.dkdv_smem > max_smem_per_block():
+        pytest.skip("this configuration needs more shared memory than this GPU has")
+    for i, (B, H, Hkv, Nq, Nk) in enumerate([(1, 4, 2, 333, 271), (2, 3, 3, 77, 201), (1, 2, 2, 130, 67),
+                                             (1, 2, 1, 1, 1)]):
+        g = torch.Generator().manual_seed(10 * D + i)
+        q = torch.randn(B, H, Nq, D, generator=g)
+        k, v = (torch.randn(B, Hkv, Nk, D, generator=g) for _ in range(2))
+        do = torch.randn(B, H, Nq, D, generator=g)
+        q, k, v, do = (t.to("cuda", dtype) for t in (q, k, v, do))
+        _check_against_references(q, k, v, do, causal, None, config=cfg)

@@ -42,16 +42,36 @@ def _generic_builds(source: str, arch: int):
             yield source, {"FT_BF16": bf16, "HEAD_DIM": d}
 
 
+def warp_grid_builds(arch: int) -> list[tuple[str, dict]]:
+    """The dK/dV builds of the warp-grid rung (``experiment_configs``, ``warp_grid=True``) at both
+    dims and dtypes, on sm_80 and sm_90, wherever an H100/H200 holds them, whether or not this
+    arch's GPU does (an A100 runs D = 64 only): its ptxas report covers both archs."""
+    if arch < 80:
+        return []
+    return [cfgs.kernel_builds(cfg, dt)["dkdv"][::2] for d in cfgs.EXPERIMENT_DIMS
+            for cfg in cfgs.experiment_configs(d).values()
+            if cfg.warp_grid and cfg.dkdv_smem <= cfgs.SMEM_PER_BLOCK[90] for dt in cfgs.DTYPES]
+
+
 def runtime_builds(arch: int) -> list[tuple[str, dict]]:
     builds = [(c.source, c.define_dict) for c in cfgs.forward_builds(arch)]
     covered = {s for s, _ in builds}
     bwd = [(src, dict(defs)) for src, defs in cfgs.backward_builds(arch)]
+    bwd += [b for b in warp_grid_builds(arch) if b not in bwd]
     builds += bwd
     covered |= {s for s, _ in bwd}
     for name in CU_FILES:
         if name not in covered:
             builds += list(_generic_builds(name, arch))
     return builds
+
+
+def test_the_warp_grid_is_compiled_on_sm80_and_sm90():
+    for arch in (80, 90):
+        grid = [d for s, d in runtime_builds(arch) if s == "bwd_dkdv.cu" and d.get("DKDV_WARP_GRID")]
+        assert {(d["HEAD_DIM"], d["DKDV_BLOCK_M"], d["FT_BF16"]) for d in grid} == \
+            {(128, 64, 0), (128, 64, 1), (64, 64, 0), (64, 64, 1), (64, 128, 0), (64, 128, 1)}
+    assert not warp_grid_builds(75)
 
 
 def test_every_cu_file_is_built_by_the_runtime():

@@ -47,8 +47,8 @@ from ..constants import LOG2E
 from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
                       set_max_dynamic_smem)
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, VARIANTS, WIDE_DIMS,
-                      BackwardConfig, ForwardChoice, check_forward_kernel, choose_forward, kernel_builds,
-                      launch_config, padded_dim, pick_config)
+                      BackwardConfig, ForwardChoice, check_backward_config, check_forward_kernel,
+                      choose_forward, kernel_builds, launch_config, padded_dim, pick_config)
 from .hopper_launch import run_hopper
 
 
@@ -245,15 +245,7 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
     cfg = pick_config(D, p.arch, smem_limit, deterministic) if config is None else config
     if config is None and cfg.dq_atomic and B * H * Nq * D >= 2**31:
         cfg = pick_config(D, p.arch, smem_limit, deterministic=True)
-    if not isinstance(cfg, BackwardConfig) or cfg.head_dim != D or cfg.stages not in (1, 2) \
-            or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
-            or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \
-            or (cfg.one_barrier and cfg.stages != 2) or (cfg.dq_stage and not cfg.dq_atomic) \
-            or max(cfg.dkdv_smem, cfg.dq_smem) > smem_limit:
-        raise ValueError(f"config must be a BackwardConfig with head_dim {D}, stages 1 or 2, "
-                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, one_barrier only "
-                         f"with 2 stages, dq_stage only with dq_atomic, and at most "
-                         f"{smem_limit} bytes of shared memory per kernel, got {cfg!r}")
+    check_backward_config(cfg, D, p.arch, smem_limit)
     if cfg.dq_atomic and B * H * Nq * D >= 2**31:
         raise ValueError(f"the atomic-dQ variant indexes with 32-bit ints: B*H*Nq*D = "
                          f"{B * H * Nq * D}; accepted: below 2**31")

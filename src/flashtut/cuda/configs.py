@@ -274,6 +274,7 @@ class BackwardConfig:
     dq_atomic: bool = False  # True: dK/dV kernel adds dQ into float32 with atomics, no dQ pass
     one_barrier: bool = False  # True (2 stages): prefetch after the step's barrier, none at its end
     dq_stage: bool = False   # True (atomic): dQ staged in shared memory, added 16 bytes at a time
+    warp_grid: bool = False  # True (8 warps, atomic, D 64/128): FlashAttention-2's warp grid (see WARP_GRID)
 
     @property
     def row_bytes(self) -> int:      # one padded shared-memory row of 16-bit elements
@@ -284,14 +285,17 @@ class BackwardConfig:
         return self.head_dim > max(HEAD_DIMS)
 
     @property
-    def dq_cols(self) -> int:        # columns per pass of the atomic dQ product
+    def dq_cols(self) -> int:        # columns per pass of the atomic dQ product (warp grid: per warp)
+        if self.warp_grid:
+            return self.head_dim * self.dkdv_block_m // 256
         return 64 if self.head_dim % 64 == 0 else 32
 
     @property
     def dkdv_smem(self) -> int:
         keys = 16 * self.warps
         kv = 2 * keys * self.row_bytes
-        ds = keys * (self.dkdv_block_m + 8) * 2 if self.dq_atomic else 0
+        # dS^T (keys x queries, rows padded by 8), and on the warp grid P^T beside it
+        ds = (2 if self.warp_grid else 1) * keys * (self.dkdv_block_m + 8) * 2 if self.dq_atomic else 0
         dq_stage = self.warps * 16 * (self.dq_cols + 8) * 4 if self.dq_atomic and self.dq_stage else 0
         stage = 2 * self.dkdv_block_m * self.row_bytes + 2 * self.dkdv_block_m * 4
         return kv + ds + dq_stage + self.stages * stage
@@ -356,6 +360,8 @@ def kernel_builds(cfg: BackwardConfig, dtype: torch.dtype) -> dict[str, tuple[st
         builds["dkdv"][2]["DKDV_DQ_STAGE"] = 1
     if cfg.split:
         builds["dkdv"][2]["DKDV_SPLIT"] = 1
+    if cfg.warp_grid:
+        builds["dkdv"][2]["DKDV_WARP_GRID"] = 1
     if cfg.dq_atomic:
         builds["dq_convert"] = ("bwd_dq_convert.cu", "attn_bwd_dq_convert", base)
     else:
@@ -416,7 +422,41 @@ def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
         "atomic-dq-w8-1bar-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True),
         "atomic-dq-w8-1bar-v4-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True,
                                              dq_stage=True),
+        # FlashAttention-2's warp grid (WARP_GRID) on top of atomic-dq-w8-1bar-v4; 128 queries per
+        # step fit at D = 64 only (198 KB: an H100/H200)
+        "atomic-dq-w8-split2x4": replace(base, dq_atomic=True, warps=8, one_barrier=True, dq_stage=True,
+                                         warp_grid=True),
+        "atomic-dq-w8-split2x4-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True,
+                                              dq_stage=True, warp_grid=True),
     }
+
+
+#: what the warp grid of ``BackwardConfig(warp_grid=True)`` (bwd_dkdv.cu, DKDV_WARP_GRID) asks of
+#: a configuration; :mod:`flashtut.cuda.warp_grid` models which warp owns which tile elements
+WARP_GRID = {"warps": 8, "head_dims": (64, 128), "block_m": (64, 128), "min_arch": 80}
+
+
+def check_backward_config(cfg, head_dim: int, arch: int, smem_limit: int) -> BackwardConfig:
+    """``cfg`` itself if the backward can run it at ``head_dim`` on an sm_``arch`` GPU with
+    ``smem_limit`` bytes of shared memory per block, else the ValueError that says why."""
+    if not isinstance(cfg, BackwardConfig) or cfg.head_dim != head_dim or cfg.stages not in (1, 2) \
+            or cfg.dkdv_block_m % 16 or cfg.dq_block_n % 16 or cfg.dkdv_block_m <= 0 \
+            or cfg.dq_block_n <= 0 or cfg.warps not in (1, 2, 4, 8) \
+            or (cfg.one_barrier and cfg.stages != 2) or (cfg.dq_stage and not cfg.dq_atomic) \
+            or max(cfg.dkdv_smem, cfg.dq_smem) > smem_limit:
+        raise ValueError(f"config must be a BackwardConfig with head_dim {head_dim}, stages 1 or 2, "
+                         f"block sizes positive multiples of 16, warps 1, 2, 4 or 8, one_barrier only "
+                         f"with 2 stages, dq_stage only with dq_atomic, and at most "
+                         f"{smem_limit} bytes of shared memory per kernel, got {cfg!r}")
+    if cfg.warp_grid:
+        g = WARP_GRID
+        if not (cfg.dq_atomic and cfg.warps == g["warps"] and head_dim in g["head_dims"]
+                and cfg.dkdv_block_m in g["block_m"]):
+            raise ValueError(f"warp_grid=True needs dq_atomic=True, warps={g['warps']}, head_dim in "
+                             f"{g['head_dims']} and dkdv_block_m in {g['block_m']}, got {cfg!r}")
+        if arch < g["min_arch"]:
+            raise ValueError(f"warp_grid=True is built for sm_{g['min_arch']} and newer; this GPU is sm_{arch}")
+    return cfg
 
 
 # -- the Hopper forward (chapter 11) ------------------------------------------------------------

@@ -26,17 +26,19 @@ typedef unsigned int u32;
 #define BWD_LDS (HEAD_DIM + 8)
 #define BWD_CHUNKS_PER_ROW (HEAD_DIM / 8)   // 16-byte pieces per row
 
-// Byte offsets (within a tile of BWD_LDS-element rows) that lane l passes to ldmatrix:
+// Byte offsets (within a tile of `ld`-element rows, BWD_LDS unless said) that lane l passes to
+// ldmatrix (lane 8m + r gives the address of row r of 8x8 matrix m; matrix m lands in register m):
 // A operand (16 rows x 16 k, row-major) and B operand stored k-major (16 k x 16 n, `_trans`):
 //   row l % 16, column 8 * (l / 16);
-// B operand stored n-major (16 n x 16 k, plain): row (l % 8) + 8 * (l / 16), column 8 * ((l / 8) % 2).
+// B operand stored n-major (16 n x 16 k, plain), or an A operand stored k-major (`_trans`):
+//   row (l % 8) + 8 * (l / 16), column 8 * ((l / 8) % 2).
 // Either way registers {r0, r1} feed the first 8 columns / n-tile and {r2, r3} the next
 // (ft_mma.cuh has the fragment layouts).
-__device__ __forceinline__ u32 lane_off_a(int lane) {
-    return (u32)(((lane % 16) * BWD_LDS + 8 * (lane / 16)) * 2);
+__device__ __forceinline__ u32 lane_off_a(int lane, int ld = BWD_LDS) {
+    return (u32)(((lane % 16) * ld + 8 * (lane / 16)) * 2);
 }
-__device__ __forceinline__ u32 lane_off_b(int lane) {
-    return (u32)((((lane % 8) + 8 * (lane / 16)) * BWD_LDS + 8 * ((lane / 8) % 2)) * 2);
+__device__ __forceinline__ u32 lane_off_b(int lane, int ld = BWD_LDS) {
+    return (u32)((((lane % 8) + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2)) * 2);
 }
 
 // ---- global -> shared copies ----------------------------------------------------------------
@@ -88,49 +90,78 @@ __device__ __forceinline__ void acc_to_a(u32 (&a)[NT / 2][4], const float (&c)[N
     }
 }
 
-// c (16 x 8*NT) = A (16 x HEAD_DIM, rows of a shared tile at a_base) * B^T where B is NT*8 rows of
-// a shared tile at b_base (both HEAD_DIM wide, n-major): the "X Y^T" product of S = Q K^T.
-template <int NT>
-__device__ __forceinline__ void mma_abt(float (&c)[NT][4], u32 a_base, u32 b_base, int lane) {
+// c (16*MT x 8*NT) = A (16*MT x HEAD_DIM, rows of a shared tile at a_base) * B^T where B is NT*8
+// rows of a shared tile at b_base (both HEAD_DIM wide, n-major): the "X Y^T" product of S = Q K^T.
+// Each B fragment loaded feeds 2*MT products and each A fragment NT: more m-tiles per warp, fewer
+// shared-memory bytes per product.
+template <int MT, int NT>
+__device__ __forceinline__ void mma_abt_m(float (&c)[MT][NT][4], u32 a_base, u32 b_base, int lane) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) c[m][t][0] = c[m][t][1] = c[m][t][2] = c[m][t][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        u32 a[4];
-        ldmatrix_x4(a, a_base + lane_off_a(lane) + kk * 32);
+        u32 a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            ldmatrix_x4(a[m], a_base + lane_off_a(lane) + (u32)(m * 16 * BWD_LDS * 2) + kk * 32);
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             u32 b[4];
             ldmatrix_x4(b, b_base + lane_off_b(lane) + (u32)(np * 16 * BWD_LDS * 2) + kk * 32);
-            mma_16x8x16(c[2 * np], a, b[0], b[1]);
-            mma_16x8x16(c[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16x8x16(c[m][2 * np], a[m], b[0], b[1]);
+                mma_16x8x16(c[m][2 * np + 1], a[m], b[2], b[3]);
+            }
         }
     }
 }
 
-// acc (16 x HEAD_DIM) += A (16 x 16*KT, register fragments) * B where B is 16*KT rows of a shared
-// tile at b_base (k-major, HEAD_DIM wide): the "P V" kind of product.
-template <int KT>
-__device__ __forceinline__ void mma_ab(float (&acc)[HEAD_DIM / 8][4], const u32 (&a)[KT][4],
-                                       u32 b_base, int lane) {
+// the one-m-tile case: a warp's 16-row strip
+template <int NT>
+__device__ __forceinline__ void mma_abt(float (&c)[NT][4], u32 a_base, u32 b_base, int lane) {
+    mma_abt_m<1, NT>(reinterpret_cast<float (&)[1][NT][4]>(c), a_base, b_base, lane);
+}
+
+// acc (16*MT x 8*NT) += A (16*MT x 16*KT, register fragments) * B where B is 16*KT rows of a
+// shared tile at b_base (k-major, HEAD_DIM wide; b_base may point into a row, at the first of
+// the 8*NT columns): the "P V" kind of product. Each B fragment feeds 2*MT products.
+template <int MT, int KT, int NT>
+__device__ __forceinline__ void mma_ab_m(float (&acc)[MT][NT][4], const u32 (&a)[MT][KT][4],
+                                         u32 b_base, int lane) {
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
-        for (int dn = 0; dn < HEAD_DIM / 16; ++dn) {
+        for (int dn = 0; dn < NT / 2; ++dn) {
             u32 b[4];
             ldmatrix_x4_trans(b, b_base + lane_off_a(lane) + (u32)(kt * 16 * BWD_LDS * 2) + dn * 32);
-            mma_16x8x16(acc[2 * dn], a[kt], b[0], b[1]);
-            mma_16x8x16(acc[2 * dn + 1], a[kt], b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16x8x16(acc[m][2 * dn], a[m][kt], b[0], b[1]);
+                mma_16x8x16(acc[m][2 * dn + 1], a[m][kt], b[2], b[3]);
+            }
         }
     }
 }
 
-// Write a 16 x HEAD_DIM fp32 strip (rows row0.., C layout) times `mul` as 16-bit floats.
-__device__ __forceinline__ void store_strip(ft_raw* dst, const float (&acc)[HEAD_DIM / 8][4],
+// the one-m-tile case over all HEAD_DIM columns
+template <int KT>
+__device__ __forceinline__ void mma_ab(float (&acc)[HEAD_DIM / 8][4], const u32 (&a)[KT][4],
+                                       u32 b_base, int lane) {
+    mma_ab_m<1, KT, HEAD_DIM / 8>(reinterpret_cast<float (&)[1][HEAD_DIM / 8][4]>(acc),
+                                  reinterpret_cast<const u32 (&)[1][KT][4]>(a), b_base, lane);
+}
+
+// Write a 16 x 8*NT fp32 strip (rows row0.., C layout) times `mul` as 16-bit floats into a
+// HEAD_DIM-wide row-major matrix; dst points at the strip's first column.
+template <int NT>
+__device__ __forceinline__ void store_strip(ft_raw* dst, const float (&acc)[NT][4],
                                             int row0, int n_rows, float mul, int lane) {
     const int r0 = row0 + lane / 4, r1 = r0 + 8, col = 2 * (lane % 4);
 #pragma unroll
-    for (int t = 0; t < HEAD_DIM / 8; ++t) {
+    for (int t = 0; t < NT; ++t) {
         if (r0 < n_rows)
             *reinterpret_cast<u32*>(dst + (long long)r0 * HEAD_DIM + t * 8 + col) =
                 ft_pack2(acc[t][0] * mul, acc[t][1] * mul);
