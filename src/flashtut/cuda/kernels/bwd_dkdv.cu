@@ -489,16 +489,62 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
 #if DKDV_DQ_ATOMIC
         if (want_dk) {   // block-uniform (DKDV_SPLIT: blockIdx.z), so every thread meets the barrier
             __syncthreads();   // the whole dS^T tile is in shared memory
-            // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; 64 columns at
-            // a time keep the extra accumulator at 32 registers (DKDV_DQ_COLS)
-            float* st = reinterpret_cast<float*>(t_ds + DKDV_BLOCK_N * DKDV_LDS_DS) + warp * 16 * DKDV_LDS_DQ;
+            // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; A = dS, stored
+            // key-major as dS^T, so it is read with the transposing ldmatrix; 64 columns at a time
+            // keep the extra accumulator at 32 registers (DKDV_DQ_COLS). This is the measured code
+            // (its SASS is the one book/perflog_cuda_bwd.md timed); dq_product and add_dq compute the
+            // same for the warp grid and replace it once a GPU run has re-measured the default.
             const u32 s_ds = smem_addr(t_ds), s_kb = smem_addr(t_k);
+            const u32 ds_lane = (u32)((((lane % 8) + 8 * (lane / 16)) * DKDV_LDS_DS + 8 * ((lane / 8) % 2)) * 2);
             for (int mt = warp; mt < DKDV_BLOCK_M / 16; mt += DKDV_WARPS) {
+                const int qa = q0 + 16 * mt + lane / 4, qb = qa + 8;
 #pragma unroll
                 for (int c0 = 0; c0 < HEAD_DIM; c0 += DKDV_DQ_COLS) {
-                    float acc[1][DKDV_DQ_COLS / 8][4];
-                    dq_product<1, DKDV_DQ_COLS / 8>(acc, s_ds, mt * 16, s_kb, c0, lane);
-                    add_dq<DKDV_DQ_COLS / 8>(dq_accum, acc[0], q0 + 16 * mt, n_q, c0, st, lane);
+                    float acc[DKDV_DQ_COLS / 8][4];
+#pragma unroll
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+                    for (int kt = 0; kt < DKDV_BLOCK_N / 16; ++kt) {
+                        u32 a[4];
+                        ldmatrix_x4_trans(a, s_ds + ds_lane + (u32)((kt * 16 * DKDV_LDS_DS + mt * 16) * 2));
+#pragma unroll
+                        for (int dn = 0; dn < DKDV_DQ_COLS / 16; ++dn) {
+                            u32 b[4];
+                            ldmatrix_x4_trans(b, s_kb + lane_off_a(lane) +
+                                                 (u32)((kt * 16 * BWD_LDS + c0 + dn * 16) * 2));
+                            mma_16x8x16(acc[2 * dn], a, b[0], b[1]);
+                            mma_16x8x16(acc[2 * dn + 1], a, b[2], b[3]);
+                        }
+                    }
+#if DKDV_DQ_STAGE
+                    // accumulator -> this warp's staging tile -> 16-byte reductions, 4 per row per lane
+                    float* st = reinterpret_cast<float*>(t_ds + DKDV_BLOCK_N * DKDV_LDS_DS) + warp * 16 * DKDV_LDS_DQ;
+#pragma unroll
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) {
+                        const int col = t * 8 + 2 * (lane % 4);
+                        *reinterpret_cast<float2*>(st + (lane / 4) * DKDV_LDS_DQ + col) = make_float2(acc[t][0], acc[t][1]);
+                        *reinterpret_cast<float2*>(st + (lane / 4 + 8) * DKDV_LDS_DQ + col) = make_float2(acc[t][2], acc[t][3]);
+                    }
+                    __syncwarp();
+                    // 16 rows of DKDV_DQ_COLS / 4 float4 each: `per_row` lanes share a row
+                    constexpr int per_row = DKDV_DQ_COLS / 4, rows_per = 32 / per_row;
+#pragma unroll
+                    for (int i = 0; i < 16 / rows_per; ++i) {
+                        const int row = lane / per_row + rows_per * i, col = 4 * (lane % per_row);
+                        const int qr = q0 + 16 * mt + row;
+                        if (qr < n_q)
+                            red_add4(dq_accum + (long long)qr * HEAD_DIM + c0 + col,
+                                     *reinterpret_cast<const float4*>(st + row * DKDV_LDS_DQ + col));
+                    }
+                    __syncwarp();   // the staging tile is read before the next chunk overwrites it
+#else
+#pragma unroll
+                    for (int t = 0; t < DKDV_DQ_COLS / 8; ++t) {
+                        const int col = c0 + t * 8 + 2 * (lane % 4);
+                        if (qa < n_q) red_add2(dq_accum + (long long)qa * HEAD_DIM + col, acc[t][0], acc[t][1]);
+                        if (qb < n_q) red_add2(dq_accum + (long long)qb * HEAD_DIM + col, acc[t][2], acc[t][3]);
+                    }
+#endif
                 }
             }
         }
