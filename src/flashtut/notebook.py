@@ -95,7 +95,11 @@ def show_table(header, body):
 
 def show_provenance(provs):
     """Display the provenance of loaded results files (``results_data.load_results``) as one
-    Markdown table, a row per file."""
+    Markdown table, a row per file, and under it the command that measured each file."""
+    from IPython.display import Markdown
+
     from .results_data import provenance_rows
 
-    return show_table(*provenance_rows(provs))
+    header, body, commands = provenance_rows(provs)
+    listed = "\n".join(f"* {c}" for c in commands)
+    return Markdown(f"{show_table(header, body).data}\n\nMeasured with:\n\n{listed}")

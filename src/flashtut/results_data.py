@@ -469,12 +469,14 @@ def describe(prov: dict, width: int = 90) -> str:
     return "\n".join(lines)
 
 
-def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """The provenance of several files as ``(header, body)`` of a table, one row per file: what
-    :func:`describe` says, in cells that a narrow screen can wrap (``flashtut.notebook.show_table``
-    renders it), instead of one long printed line per field."""
-    header = ["file", "device", "measured (UTC)", "software", "command"]
-    body = []
+def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]], list[str]]:
+    """The provenance of several files as ``(header, body, commands)``: a table with one row per
+    file (what :func:`describe` says, in cells that a narrow screen can wrap;
+    ``flashtut.notebook.show_provenance`` renders it) and, apart, the command that measured each
+    file. A command in a table cell either widens the table past the page or, wrapped, squeezes
+    its column to a word a line, so it goes under the table, where it wraps like a sentence."""
+    header = ["file", "device", "measured (UTC)", "software"]
+    body, commands = [], []
     for prov in provs:
         dev = prov.get("device")
         device = (dev.get("name") or "?") if isinstance(dev, dict) else (dev or "not recorded")
@@ -482,14 +484,16 @@ def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]]]:
         software = ", ".join(f"{k} {v}" for k, v in versions.items()
                              if v and k in ("torch", "cuda", "triton", "cupy"))
         command = prov.get("command") or prov.get("call") or ""
-        what = [f"`{prov.get('file', '?')}` ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows)"]
+        name = prov.get("file", "?")
+        what = [f"`{name}` ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows)"]
         if prov.get("provisional"):
             what.append("provisional: reference figures, not a measurement of this project")
         if prov.get("what"):
             what.append(str(prov["what"]))
         body.append(["; ".join(what), device, str(prov.get("date") or "?")[:16].replace("T", " "),
-                     software or "-", f"`{command}`" if command else "-"])
-    return header, body
+                     software or "-"])
+        commands.append(f"`{name}`: `{command}`" if command else f"`{name}`: no command recorded")
+    return header, body, commands
 
 
 # --- chapter 01's roofline ---------------------------------------------------------------------

@@ -235,13 +235,17 @@ def test_provenance_rows_give_one_table_row_per_file(tmp_path):
     _speed_file(tmp_path / "bench_a.json", "2026-03-04T05:06:07+00:00", command="first | exact command")
     _speed_file(tmp_path / "bench_b.json", "2026-03-05T05:06:07+00:00", command="second command")
     _, prov = results_data.load_results("bench_*.json", data_dir=tmp_path)
-    header, body = results_data.provenance_rows(prov)
+    header, body, commands = results_data.provenance_rows(prov)
     assert len(body) == 2 and all(len(row) == len(header) for row in body)
     first = dict(zip(header, body[0]))
     assert "bench_a.json" in first["file"] and first["measured (UTC)"].startswith("2026-03-04 05:06")
-    assert first["command"] == "`first | exact command`" and f"torch {torch.__version__}" in first["software"]
+    assert f"torch {torch.__version__}" in first["software"] and "command" not in header
+    assert commands == ["`bench_a.json`: `first | exact command`", "`bench_b.json`: `second command`"]
     md = show_provenance(prov).data.splitlines()
-    assert len(md) == 4 and "first \\| exact command" in md[2]        # the pipe cannot split the row
+    table = [line for line in md if line.startswith("|")]
+    assert len(table) == 4 and not any("command" in line for line in table)
+    # the commands follow the table as list items, exactly as recorded (no pipe to escape there)
+    assert md[-2:] == ["* `bench_a.json`: `first | exact command`", "* `bench_b.json`: `second command`"]
 
 
 def test_instruction_ceilings_of_one_dtype_are_not_merged(tmp_path):
