@@ -7,9 +7,9 @@
 #              W2 and W3 UTMALDG / SYNCS / USETMAXREG / BAR and the wgmma waits (DEPBAR), ptxas
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
 #              cuDNN and the fast mma.sync CUDA kernel (cuda-mma) in one process (QUICK=1: N 4096, float16 only)
-#   ncu        Nsight Compute on W1, W3, the fast mma.sync CUDA kernel and SDPA flash at N = 4096, D = 128: the
-#              sections (speed of light, pipes, warp states, occupancy), then the tensor-pipe, wgmma
-#              and stall metrics by name
+#   ncu        Nsight Compute on one launch each of W1, W2, W3, the mma.sync CUDA forward and SDPA flash at
+#              N = 4096, D = 128 and 64 (tools/ncu_launches.py): the sections (speed of light, warp states,
+#              occupancy), then the tensor-pipe, wgmma and stall metrics by name
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
 #              (which launches every Hopper build on an sm_90 GPU; W2 and W3 only when the tests stage passed,
 #              or when FLASHTUT_SANITIZE_W2=1 / FLASHTUT_SANITIZE_W3=1 are set: a rung that hangs would cost
@@ -96,27 +96,35 @@ fi
 
 if want ncu && command -v ncu > /dev/null; then
     stage ncu
-    PROFILE="-m flashtut.bench run --impl hopper-w1,hopper-w3,cuda-mma,sdpa-flash -N 4096 -D 128 --dtype float16 --causal both \
-             --mode fwd --tokens 16384 --hidden 2048 --warmup-ms 1 --rep-ms 1 --no-progress"
-    KERNELS="regex:flash_fwd_w1|flash_fwd_w3|flash_fwd_v3|flash_fwd_v4|flash_fwd_kernel"
-    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 8 --section SpeedOfLight \
-        --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-        python3 $PROFILE > "$OUT/ncu.txt" 2>&1
-    echo "ncu rc=$?" | tee -a "$LOG"
-    grep -E "flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" "$OUT/ncu.txt" | head -40 | tee -a "$LOG"
-    # the ladder table's columns by name: tensor-pipe activity (wgmma counts under hmma_hgmma_qgmma),
-    # wgmma instructions, bank conflicts of wgmma's shared-memory reads, stall reasons per issue
+    # one launch of each kernel (tools/ncu_launches.py) per head dim: SDPA flash, the mma.sync forward,
+    # W1, W2, W3; the sections first, then the ladder table's columns by name: tensor-pipe activity (wgmma
+    # counts under hmma_hgmma_qgmma), instructions per pipe, bank conflicts of wgmma's shared-memory
+    # reads, stall reasons per issue
     METRICS=sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
     METRICS=$METRICS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
     METRICS=$METRICS,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__inst_executed_pipe_tensor_op_hmma.sum
-    METRICS=$METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum
+    METRICS=$METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum,gpu__time_duration.sum
+    METRICS=$METRICS,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
     for reason in gmma barrier long_scoreboard math_pipe_throttle wait short_scoreboard; do
         METRICS=$METRICS,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
     done
-    timeout "${T_NCU:-60}" ncu --clock-control none -k "$KERNELS" -c 8 --metrics "$METRICS" \
-        python3 $PROFILE > "$OUT/ncu_metrics.txt" 2>&1
-    echo "ncu metrics rc=$?" | tee -a "$LOG"
-    grep -E "flash_fwd|pct_of_peak|\.sum|stalled" "$OUT/ncu_metrics.txt" | head -80 | tee -a "$LOG"
+    for D in 128 64; do
+        python3 tools/ncu_launches.py $D > /dev/null 2>&1
+        timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --section SpeedOfLight \
+            --section WarpStateStats --section Occupancy python3 tools/ncu_launches.py $D > "$OUT/ncu_d$D.txt" 2>&1
+        echo "ncu D=$D rc=$?" | tee -a "$LOG"
+        grep -E "^  [a-z_]*flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" "$OUT/ncu_d$D.txt" \
+            | tee -a "$LOG"
+        timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --metrics "$METRICS" --csv \
+            python3 tools/ncu_launches.py $D > "$OUT/ncu_metrics_d$D.csv" 2>&1
+        echo "ncu metrics D=$D rc=$?" | tee -a "$LOG"
+        python3 - "$OUT/ncu_metrics_d$D.csv" <<'PY' | tee -a "$LOG"
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10 and r[0] != "ID"]
+for r in rows:   # ID, process, host, name, ..., kernel name at 4, metric name -3, unit -2, value -1
+    print(f"{r[4][:40]:40s} {r[-3]:85s} {r[-1]}")
+PY
+    done
 fi
 
 if want sanitizer; then

@@ -99,17 +99,33 @@ def test_kernel_builds_follow_the_config():
 GRID_CONFIGS = {n: c for n, c in cfgs.experiment_configs(64).items() if c.warp_grid}
 
 
-def test_warp_grid_is_an_experiment_never_picked():
+def test_warp_grid_is_the_default_where_it_fits():
+    """Measured fastest on the H200 (book/perflog_cuda_bwd.md): the grid with 128 queries per step at
+    D = 64 (198 KB) and with 64 at D = 128 (193 KB) on an H100/H200; an A100 (163 KB) takes the grid
+    at D = 64 with 64 queries per step and the one-warp-per-16-keys kernel at D = 128; no grid on an
+    sm_89 (99 KB), a T4, other head dims or with deterministic=True."""
     assert set(GRID_CONFIGS) == {"atomic-dq-w8-split2x4", "atomic-dq-w8-split2x4-m128"}
     for d in (64, 128):
         assert all(c.dq_atomic and c.warps == 8 and c.one_barrier and c.dq_stage
                    for n, c in cfgs.experiment_configs(d).items() if n in GRID_CONFIGS)
-        assert not any(c.warp_grid for c in cfgs.atomic_candidates(d))
-        for arch, limit in ((90, 232448), (80, 166912), (75, 65536)):
-            assert not cfgs.pick_config(d, arch, limit).warp_grid
+    h200, a100 = (90, 232448), (80, 166912)
+    assert cfgs.pick_config(64, *h200) == cfgs.experiment_configs(64)["atomic-dq-w8-split2x4-m128"]
+    assert cfgs.pick_config(128, *h200) == cfgs.experiment_configs(128)["atomic-dq-w8-split2x4"]
+    assert cfgs.pick_config(64, *a100) == cfgs.experiment_configs(64)["atomic-dq-w8-split2x4"]
+    assert cfgs.pick_config(128, *a100) == cfgs.experiment_configs(128)["atomic-dq-w8-1bar"]
+    for d in cfgs.HEAD_DIMS + cfgs.WIDE_DIMS:
+        for arch, limit in (h200, a100, (89, 101376), (75, 65536)):
+            try:
+                cfg = cfgs.pick_config(d, arch, limit)
+            except RuntimeError:        # D = 256 on a T4
+                continue
+            fits = {64: 123904, 128: 197632}.get(d, limit + 1) <= limit
+            assert cfg.warp_grid == (arch >= 80 and fits)
+            assert cfgs.check_backward_config(cfg, d, arch, limit) is cfg
+            assert not cfgs.pick_config(d, arch, limit, deterministic=True).warp_grid
     defs = cfgs.kernel_builds(GRID_CONFIGS["atomic-dq-w8-split2x4"], torch.bfloat16)["dkdv"][2]
     assert defs["DKDV_WARP_GRID"] == 1 and defs["DKDV_WARPS"] == 8 and defs["DKDV_DQ_ATOMIC"] == 1
-    assert "DKDV_WARP_GRID" not in cfgs.kernel_builds(cfgs.pick_config(128, 90, 232448), torch.float16)["dkdv"][2]
+    assert cfgs.kernel_builds(cfgs.pick_config(128, *h200), torch.float16)["dkdv"][2]["DKDV_WARP_GRID"] == 1
 
 
 def test_warp_grid_shared_memory():

@@ -327,11 +327,11 @@ def test_builds_for_sm90a(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("nvrtc", [None, (11, 8), (12, 0), (13, 0)], ids=str)
-def test_auto_takes_wgmma_exactly_where_w1_runs(arch, dtype, D, nvrtc):
+def test_auto_takes_wgmma_exactly_where_the_hopper_rungs_run(arch, dtype, D, nvrtc):
     choice = configs.choose_forward("auto", arch, dtype, D, nvrtc)
-    runs_w1 = arch == 90 and D in (64, 128) and nvrtc is not None and nvrtc >= (12, 0)
-    if runs_w1:
-        assert choice[:2] == ("wgmma", "w1")
+    runs_wgmma = arch == 90 and D in (64, 128) and nvrtc is not None and nvrtc >= (12, 0)
+    if runs_wgmma:
+        assert choice[:2] == ("wgmma", "w3")
     else:
         assert choice.kernel == "mma" and choice.variant == configs.fast_variant(D, arch)
         assert choice.reason  # says why wgmma was not taken
@@ -341,7 +341,7 @@ def test_auto_takes_wgmma_exactly_where_w1_runs(arch, dtype, D, nvrtc):
 
 
 def test_asking_for_wgmma_where_it_cannot_run_says_why():
-    assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", "w1")
+    assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", "w3")
     with pytest.raises(RuntimeError, match="sm_90 GPUs only.*sm_80.*forward_kernel='mma'"):
         configs.choose_forward("wgmma", 80, torch.float16, 128, (12, 4))
     with pytest.raises(ValueError, match="head dims 64 and 128.*D = 256"):
@@ -392,17 +392,17 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
     return run
 
 
-def test_cuda_attention_runs_w1_on_sm90(monkeypatch):
+def test_cuda_attention_runs_w3_on_sm90(monkeypatch):
     run = _dispatch(monkeypatch, 90)
-    assert run(128) == ("wgmma", "w1", 128, 4, False, 0)
-    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w1", 64, 4, False, 0)       # padded to 64
-    assert run(64, "top-left", Hkv=2) == ("wgmma", "w1", 64, 2, True, 0)           # grouped heads
-    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w1", 128, 1, True, 4)
-    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w1", 128, 4, True, -4)
-    assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W1 has no D = 256
+    assert run(128) == ("wgmma", "w3", 128, 4, False, 0)
+    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w3", 64, 4, False, 0)       # padded to 64
+    assert run(64, "top-left", Hkv=2) == ("wgmma", "w3", 64, 2, True, 0)           # grouped heads
+    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w3", 128, 1, True, 4)
+    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w3", 128, 4, True, -4)
+    assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W3 has no D = 256
     assert run(80)[:3] == ("mma", configs.fast_variant(96, 90), 96)                # nor the padded D = 96
     assert run(128, forward_kernel="mma") == ("mma", "v5", 128, 4, False, 0)
-    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w1", 64, 4, True, 0)
+    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w3", 64, 4, True, 0)
 
 
 @pytest.mark.parametrize("arch", [75, 80, 89, 100])
@@ -505,7 +505,7 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
     q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
     k, v = (torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype) for _ in range(2))
     do = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
-    assert ca.forward_kernel_for(q)[:2] == ("wgmma", "w1")
+    assert ca.forward_kernel_for(q)[:2] == ("wgmma", "w3")
     scale = 0.9 / math.sqrt(D)
     is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
     rep = H // Hkv
@@ -601,9 +601,11 @@ def test_tma_rung_matches_the_reference_and_w1(variant, dtype_name):
     assert res.stdout.count(f"ok {variant.upper()}") >= len(GPU_CASES), res.stdout
 
 
-def test_w3_is_in_the_hopper_benchmark_and_never_the_default(monkeypatch):
-    """The next GPU session measures W3 (``hopper-w3`` in the ``hopper`` preset, launched as variant "w3");
-    until it has been measured, ``cuda_attention``'s forward on sm_90 stays W1."""
+def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_fastest(monkeypatch):
+    """``hopper-w3`` is in the ``hopper`` preset (launched as variant "w3"), and ``cuda_attention``'s
+    forward on sm_90 is the rung the committed H200 run (``hopper_h200.json``) found fastest at every
+    protocol case, against every other Hopper rung and the mma.sync forward."""
+    from flashtut import results_data
     from flashtut.bench import registry, sweeps
 
     impls = {i.name: i for i in registry.expand(sweeps.PRESETS["hopper"]["impls"])}
@@ -616,4 +618,12 @@ def test_w3_is_in_the_hopper_benchmark_and_never_the_default(monkeypatch):
     for dtype in (torch.float16, torch.bfloat16):
         for D in configs.HOPPER_HEAD_DIMS:
             for kernel in ("auto", "wgmma"):
-                assert configs.choose_forward(kernel, 90, dtype, D, (12, 8)).variant == "w1"
+                assert configs.choose_forward(kernel, 90, dtype, D, (12, 8)).variant == configs.HOPPER_DEFAULT
+    rows, _ = results_data.load_results("hopper_h200.json")
+    cases = {}
+    for r in rows:
+        if r["impl"].startswith(("hopper-", "cuda-mma")) and r.get("tflops"):
+            cases.setdefault((r["dtype"], r["D"], r["N"], r["causal"]), {})[r["impl"]] = r["tflops"]
+    assert len(cases) == 16
+    for case, speeds in cases.items():
+        assert max(speeds, key=speeds.get) == f"hopper-{configs.HOPPER_DEFAULT}", (case, speeds)

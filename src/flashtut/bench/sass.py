@@ -155,9 +155,10 @@ def triton_cache_rows(cache_dir, cuobjdump: str, setting: str, listing_dir=None)
 # ------------------------------------------------------------------------------- our CUDA kernels
 
 def cuda_kernel_rows(arch: int = 90, head_dim: int = 128) -> list[dict]:
-    """The forward ``cuda_attention`` runs on sm_90 (Hopper rung W1, built for sm_90a) and the mma.sync
-    forward it runs elsewhere (built for plain sm_``arch``), float16, ``head_dim``: what NVRTC makes of
-    them with the runtime's options."""
+    """Hopper rung W1 (wgmma, built for sm_90a; ``cuda_attention``'s sm_90 forward when chapter 09's
+    evidence was taken, W3 since) and the mma.sync forward ``cuda_attention`` runs elsewhere (built
+    for plain sm_``arch``), float16, ``head_dim``: what NVRTC makes of them with the runtime's
+    options."""
     import torch
 
     from ..cuda import configs

@@ -20,7 +20,7 @@
   forward and the backward behind one autograd Function, which saves only ``q, k, v, o`` and the
   log-sum-exp ``lse`` (B*H*Nq floats). The forward is chosen by ``configs.choose_forward``: on an
   sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper_launch.run_hopper``, rung
-  W1 of chapter 11) wherever it supports the case, elsewhere the mma.sync ladder's fast step
+  W3 of chapter 11, ``configs.HOPPER_DEFAULT``) wherever it supports the case, elsewhere the mma.sync ladder's fast step
   (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
   backward is the mma.sync one either way: it needs only ``lse``, which both forwards write.
 

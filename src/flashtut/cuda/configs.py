@@ -308,17 +308,31 @@ class BackwardConfig:
         return qdo + self.stages * 2 * self.dq_block_n * self.row_bytes
 
 
+#: what the warp grid of ``BackwardConfig(warp_grid=True)`` (bwd_dkdv.cu, DKDV_WARP_GRID) asks of
+#: a configuration; :mod:`flashtut.cuda.warp_grid` models which warp owns which tile elements
+WARP_GRID = {"warps": 8, "head_dims": (64, 128), "block_m": (64, 128), "min_arch": 80}
+
+
 def atomic_candidates(head_dim: int) -> list[BackwardConfig]:
     """The atomic-dQ configurations in order of preference, as measured on an H200
-    (book/perflog_cuda_bwd.md, "dQ by atomics, made cheap"): 128-key blocks of 8 warps with one
-    barrier per step; at D = 128 also dQ staged in shared memory and added 16 bytes at a time.
-    D = 256: 64-key blocks (two 128-key tiles of K and V alone would take 270 KB), 64 queries per
-    step where shared memory allows (213 KB: an H100/H200), else 32 (141 KB: an A100)."""
+    (book/perflog_cuda_bwd.md, "dQ by atomics, made cheap" and "FlashAttention-2's warp grid"):
+    at D = 64 and 128 FlashAttention-2's 2 x 4 warp grid over 128-key blocks (dQ staged in shared
+    memory, added 16 bytes at a time), with 128 queries per step at D = 64 where it fits (198 KB:
+    an H100/H200); then 128-key blocks of 8 warps, one barrier per step, one warp per 16 keys (at
+    D = 128 also with the staged dQ). D = 256: 64-key blocks (two 128-key tiles of K and V alone
+    would take 270 KB), 64 queries per step where shared memory allows (213 KB: an H100/H200),
+    else 32 (141 KB: an A100)."""
     base = BackwardConfig(head_dim, 2, 64, 64, dq_atomic=True)
     if head_dim > max(HEAD_DIMS):
         return [base, replace(base, dkdv_block_m=32)]
     w8 = replace(base, warps=8, one_barrier=True)
-    return ([replace(w8, dq_stage=True)] if head_dim >= 128 else []) + [w8, base]
+    staged = replace(w8, dq_stage=True)
+    grid = []
+    if head_dim in WARP_GRID["head_dims"]:
+        grid = [replace(staged, warp_grid=True)]
+        if head_dim == 64:
+            grid.insert(0, replace(grid[0], dkdv_block_m=128))
+    return grid + ([staged] if head_dim >= 128 else []) + [w8, base]
 
 
 def pick_config(head_dim: int, arch: int, smem_limit: int, deterministic: bool = False) -> BackwardConfig:
@@ -429,11 +443,6 @@ def experiment_configs(head_dim: int) -> dict[str, BackwardConfig]:
         "atomic-dq-w8-split2x4-m128": replace(base, dkdv_block_m=128, dq_atomic=True, warps=8, one_barrier=True,
                                               dq_stage=True, warp_grid=True),
     }
-
-
-#: what the warp grid of ``BackwardConfig(warp_grid=True)`` (bwd_dkdv.cu, DKDV_WARP_GRID) asks of
-#: a configuration; :mod:`flashtut.cuda.warp_grid` models which warp owns which tile elements
-WARP_GRID = {"warps": 8, "head_dims": (64, 128), "block_m": (64, 128), "min_arch": 80}
 
 
 def check_backward_config(cfg, head_dim: int, arch: int, smem_limit: int) -> BackwardConfig:
@@ -558,12 +567,17 @@ def hopper_builds() -> list[HopperConfig]:
 
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
+#: the Hopper rung ``cuda_attention`` runs on sm_90: W3, the fastest measured (book/perflog_hopper.md:
+#: 1.55-1.79x SDPA flash at D = 128, 1.26-1.40x at D = 64, where W1 gives 1.03-1.14x and 0.86-0.91x)
+HOPPER_DEFAULT = "w3"
+
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
     "auto": "wgmma where it runs (sm_90, a head dim that pads to 64 or 128, an NVRTC that targets sm_90a), "
             "mma.sync everywhere else",
     "mma": "the mma.sync ladder's fast step (fast_variant), on every GPU from sm_75",
-    "wgmma": "the Hopper forward, rung W1 of chapter 11 (sm_90 only; an error anywhere else)",
+    "wgmma": f"the Hopper forward, rung {HOPPER_DEFAULT.upper()} of chapter 11 (sm_90 only; an error "
+             "anywhere else)",
 }
 #: the first NVRTC release that compiles for the sm_90a target (wgmma)
 HOPPER_NVRTC = (12, 0)
@@ -593,9 +607,9 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
     """Which forward runs for a (padded) ``head_dim`` and ``dtype`` on a GPU of ``arch`` (75, 90 ...)
     whose NVRTC is ``nvrtc_version`` (``(major, minor)``; None: unknown, as good as too old).
 
-    ``"auto"`` takes wgmma wherever rung W1 supports the case and falls back to mma.sync otherwise;
-    ``"wgmma"`` raises where it cannot run: ``ValueError`` for a head dim or dtype W1 is not built
-    for, ``RuntimeError`` for a GPU other than sm_90 or an NVRTC too old for sm_90a."""
+    ``"auto"`` takes wgmma (rung :data:`HOPPER_DEFAULT`) wherever it supports the case and falls
+    back to mma.sync otherwise; ``"wgmma"`` raises where it cannot run: ``ValueError`` for a head
+    dim or dtype the Hopper rungs are not built for, ``RuntimeError`` for a GPU other than sm_90 or an NVRTC too old for sm_90a."""
     check_forward_kernel(forward_kernel)
     mma = ForwardChoice("mma", fast_variant(head_dim, arch), "")
     if forward_kernel == "mma":
@@ -613,7 +627,7 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
                                  f"before {HOPPER_NVRTC[0]}.{HOPPER_NVRTC[1]}; install a CuPy for CUDA 12 or 13 "
                                  "(pip install cupy-cuda12x)")
     if why_not is None:
-        return ForwardChoice("wgmma", "w1", "sm_90 with an NVRTC that targets sm_90a")
+        return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a")
     if forward_kernel == "wgmma":
         error, message = why_not
         raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")

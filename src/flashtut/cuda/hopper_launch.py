@@ -6,8 +6,8 @@ only the driver can encode, with ``cuTensorMapEncodeTiled``. :func:`tensor_maps`
 ctypes on the driver library and hands the kernel the three maps in one small GPU buffer.
 
 Two callers share it: ``hopper.forward_hopper`` (chapter 11's entry point, which checks its inputs
-first) and ``attention.CudaAttention``, whose forward on an sm_90 GPU is rung W1 (see
-``configs.choose_forward``). It sits below both so that neither imports the other in a loop.
+first) and ``attention.CudaAttention``, whose forward on an sm_90 GPU is rung W3
+(``configs.HOPPER_DEFAULT``, see ``configs.choose_forward``). It sits below both so that neither imports the other in a loop.
 """
 from __future__ import annotations
 

@@ -1,0 +1,28 @@
+"""One launch of each forward that chapter 11 compares, for Nsight Compute: SDPA flash, the
+mma.sync forward ``cuda_attention(..., forward_kernel="mma")`` runs, and Hopper rungs W1, W2, W3,
+at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal, random inputs:
+
+    python3 tools/ncu_launches.py 128            # once without ncu: fills CuPy's kernel cache
+    ncu -k regex:flash_fwd --metrics ... python3 tools/ncu_launches.py 128
+
+Each kernel runs exactly once, so ncu's report has one entry per kernel (the benchmark's own
+warm-up and timing launches would fill a launch count with the first implementation alone).
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashtut
+from flashtut.cuda.hopper import forward_hopper
+
+D = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+q, k, v = (torch.randn(4, 2048 // D, 4096, D, device="cuda", dtype=torch.float16) for _ in range(3))
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    F.scaled_dot_product_attention(q, k, v)
+flashtut.cuda_attention(q, k, v, forward_kernel="mma")
+for variant in ("w1", "w2", "w3"):
+    forward_hopper(q, k, v, variant=variant)
+torch.cuda.synchronize()
+print(f"ncu launches done (D = {D})")
