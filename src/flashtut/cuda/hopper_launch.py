@@ -64,9 +64,15 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
 
 
 def tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
-    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 and W3 take)."""
+    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 and W3 take).
+
+    The 384 bytes travel from pinned memory without blocking: a copy from pageable memory makes
+    torch wait for the stream to drain, so every call would leave the GPU idle while the host
+    prepares the next one (book/perflog_hopper.md measures what that cost). torch's pinned-memory
+    allocator keeps the host buffer until the copy has run."""
     blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
-    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
+    host = torch.frombuffer(bytearray(blob), dtype=torch.uint8).pin_memory()
+    return host.to(q.device, non_blocking=True)
 
 
 @functools.lru_cache(maxsize=None)
