@@ -165,7 +165,7 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
-def _impl_at(column, D):
+def column_impl(column, D):
     """The implementation a column names at head dim ``D``: a name, or ``{D: name}``."""
     return column.get(D) if isinstance(column, dict) else column
 
@@ -187,7 +187,7 @@ def case_table(rows: list[dict], columns: dict, baseline: str = "sdpa-flash",
         b = tf[(baseline, D, N, dtype, causal)]
         cells = [str(D), str(N), _SHORT_DTYPE.get(dtype, dtype), _fmt(causal), f"{b:.0f}"]
         for column in columns.values():
-            t = tf.get((_impl_at(column, D), D, N, dtype, causal))
+            t = tf.get((column_impl(column, D), D, N, dtype, causal))
             cells.append(f"{t:.0f} ({t / b:.2f})" if t else "-")
         body.append(cells)
     return ["D", "N", "dtype", "causal", f"{baseline} TFLOP/s"] + list(columns), body
