@@ -227,6 +227,9 @@ def test_chapter_08_quotes_the_warp_grid_run():
     assert f"takes {cost[0]:.0%} longer at $D = 128$ and {cost[1]:.0%} longer at $D = 64$" in text
     assert f"the deterministic backward takes {cost[0]:.0%} longer" in log
     assert f"({cost[1]:.0%} longer;" in log
+    doc = " ".join((ROOT / "src" / "flashtut" / "cuda" / "attention.py").read_text().split())
+    assert f"the backward takes {cost[1]:.0%} (D = 64) to {cost[0]:.0%} (D = 128) longer" in doc
+    assert f"{cost[1] * 100:.0f} to {cost[0]:.0%} slower on an H200" in doc
     # the figures before the grid, from the first ladder run (the log's earlier section)
     first, _ = results_data.load_results("cuda_ladder_h200.json")
     before = {(x["D"], x["impl"]): x["gmean"] for x in ratio_summary(
