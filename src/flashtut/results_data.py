@@ -112,6 +112,12 @@ PRODUCERS = {
                               "flash; in its provenance the first-call compile times, the correctness checks and "
                               "Nsight Compute per kernel (perflog_cuda, perflog_cuda_bwd)",
                               "OUT=<folder> bash tools/gpu_ladder.sh"),
+    "cuda_ladder_bwd_h200.json": ("the backward's dQ strategies and FlashAttention-2's warp grid for dK/dV "
+                                  "(atomic-dq-w8-split2x4, -m128) against SDPA flash, one process, the "
+                                  "protocol's N 4096 and 16384; in its provenance the correctness checks on "
+                                  "odd shapes (perflog_cuda_bwd, chapter 08)",
+                                  "python -m flashtut.bench.cuda_ladder --bwd-only "
+                                  "--out book/data/cuda_ladder_bwd_h200.json"),
     "cuda_protocol_h200.json": ("cuda_attention against SDPA flash at the protocol's N 4096 and 16384 after issue 13",
                                 "python -m flashtut.bench run --impl cuda,sdpa-flash -D 128,64 -N 4096,16384 "
                                 "--dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "

@@ -446,6 +446,28 @@ def test_plot_functions_return_figures(tmp_path):
         plot.ladder_figure(rows, causal="yes")
 
 
+def test_case_table_and_ratio_summary():
+    from flashtut.bench.report import case_table, format_ratio_summary, ratio_summary
+
+    def row(impl, D, causal, tflops, status="ok"):
+        return dict(kind="speed", impl=impl, mode="bwd", dtype="float16", B=1, H=2, N=64, Nq=64, Nk=64, D=D,
+                    causal=causal, tflops=tflops, status=status)
+
+    rows = [row("base", D, c, 200.0) for D in (64, 128) for c in (False, True)]
+    rows += [row("a", 64, False, 100.0), row("a", 64, True, 400.0), row("a", 128, False, 300.0),
+             row("b", 128, False, None, "error"), row("c", 128, True, 220.0)]
+    header, body = case_table(rows, {"A": "a", "per D": {64: "a", 128: "c"}}, baseline="base")
+    assert header == ["D", "N", "dtype", "causal", "base TFLOP/s", "A", "per D"]
+    assert body[0] == ["128", "64", "fp16", "no", "200", "300 (1.50)", "-"]
+    assert body[1] == ["128", "64", "fp16", "yes", "200", "-", "220 (1.10)"]
+    assert body[2][5:] == ["100 (0.50)", "100 (0.50)"] and len(body) == 4
+    summary = ratio_summary(rows, ["a", "b"], baseline="base")
+    assert [(s["D"], s["impl"], s["cases"]) for s in summary] == [(128, "a", 1), (64, "a", 2)]
+    assert summary[1]["gmean"] == pytest.approx(1.0) and (summary[1]["min"], summary[1]["max"]) == (0.5, 2.0)
+    assert format_ratio_summary(summary, {"a": "A"}) == ["D = 128: A 1.500 (1.50 to 1.50)",
+                                                         "D = 64: A 1.000 (0.50 to 2.00)"]
+
+
 def test_a_legacy_layout_is_refused_with_what_is_accepted(tmp_path):
     anchors = {"what": "old layout", "rows": [
         {"impl": "sdpa-flash", "dtype": "float16", "D": 64, "N": 1024, "B": 16, "H": 32, "causal": False,

@@ -35,3 +35,20 @@ def test_hopper_ladder_table_matches_the_data():
     assert len(table_lines) == 2 + 16
     for line in table_lines:
         assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+
+
+def test_warp_grid_backward_table_matches_the_data():
+    from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
+    from flashtut.bench.report import case_table, format_ratio_summary, format_table, ratio_summary
+    from flashtut.cuda.configs import experiment_configs
+
+    text = (BOOK / "perflog_cuda_bwd.md").read_text()
+    rows, _ = load_results("cuda_ladder_bwd_h200.json")
+    header, body = case_table(rows, BWD_GRID_COLUMNS)
+    table_lines = format_table(header, body, markdown=True).splitlines()
+    assert len(table_lines) == 2 + 16
+    impls = [f"cuda-bwd-{name}" for name in experiment_configs(64)]
+    summary = format_ratio_summary(ratio_summary(rows, impls), {i: i[len("cuda-bwd-"):] for i in impls})
+    assert len(summary) == 2
+    for line in table_lines + summary:
+        assert line in text, f"perflog_cuda_bwd.md: generated line missing or changed:\n{line}"

@@ -197,3 +197,44 @@ def test_chapter_12_quotes_the_real_model_run():
               f"padded one takes {ms['padded', 'fwd']:.2f} ms and {ms['padded', 'bwd']:.2f} ms")
     assert quoted in text, quoted
     assert f"D = 128, {rows[0]['dtype']}, forward" in text
+
+
+# --- chapter 08 and the backward's log: the warp grid's run -------------------------------------
+
+@needs_data
+def test_chapter_08_quotes_the_warp_grid_run():
+    import json
+
+    from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
+    from flashtut.bench.report import column_impl, ratio_summary
+    from flashtut.cuda import configs as cf
+
+    nb = json.loads((ROOT / "notebooks" / "08_cuda.ipynb").read_text())
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
+    rows, _ = results_data.load_results("cuda_ladder_bwd_h200.json")
+    old, det = BWD_GRID_COLUMNS["old default (w8-1bar-v4 at D = 128, w8-1bar at 64)"], "cuda-bwd-separate-dq"
+    new = {D: "cuda-bwd-" + next(n for n, c in cf.experiment_configs(D).items()
+                                 if c == cf.pick_config(D, 90, cf.SMEM_PER_BLOCK[90])) for D in (128, 64)}
+    s = {(x["D"], x["impl"]): x for x in ratio_summary(rows, {det, *new.values(), *old.values()})}
+    gain = [s[D, new[D]]["gmean"] / s[D, column_impl(old, D)]["gmean"] - 1 for D in (128, 64)]
+    assert f"it gained {gain[0]:.0%} and {gain[1]:.0%}" in text
+    span = lambda impls: (min(s[k]["min"] for k in impls), max(s[k]["max"] for k in impls))  # noqa: E731
+    lo, hi = span([(D, new[D]) for D in (128, 64)])
+    old_lo, old_hi = span([(D, column_impl(old, D)) for D in (128, 64)])
+    assert f"{lo:.2f} to {hi:.2f}x over the 16 cases against {old_lo:.2f} to {old_hi:.2f}x before" in text
+    cost = [s[D, new[D]]["gmean"] / s[D, det]["gmean"] - 1 for D in (128, 64)]
+    assert f"takes {cost[0]:.0%} longer at $D = 128$ and {cost[1]:.0%} longer at $D = 64$" in text
+    assert f"the deterministic backward takes {cost[0]:.0%} longer" in log
+    assert f"({cost[1]:.0%} longer;" in log
+    doc = " ".join((ROOT / "src" / "flashtut" / "cuda" / "attention.py").read_text().split())
+    assert f"the backward takes {cost[1]:.0%} (D = 64) to {cost[0]:.0%} (D = 128) longer" in doc
+    assert f"{cost[1] * 100:.0f} to {cost[0]:.0%} slower on an H200" in doc
+    # the figures before the grid, from the first ladder run (the log's earlier section)
+    first, _ = results_data.load_results("cuda_ladder_h200.json")
+    before = {(x["D"], x["impl"]): x["gmean"] for x in ratio_summary(
+        first, [det, "cuda-bwd-atomic-dq-w8-1bar-v4", "cuda-bwd-atomic-dq-w8-1bar"])}
+    was = [before[128, "cuda-bwd-atomic-dq-w8-1bar-v4"] / before[128, det] - 1,
+           before[64, "cuda-bwd-atomic-dq-w8-1bar"] / before[64, det] - 1]
+    assert f"before the grid, {was[0]:.0%} and {was[1]:.0%}" in text
+    assert f"Before the grid it was {was[0]:.0%} and {was[1]:.0%}." in log

@@ -1,6 +1,7 @@
 """Text tables of results: what the CLI prints at the end and what a notebook can show."""
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 
@@ -159,6 +160,68 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
             + [e["mode"], e["dtype"], str(e["D"]), str(e["N"]), _fmt(e["causal"]), f"{e['baseline_tflops']:.1f}"]
             + [_fmt(e["ratios"].get(i), ".2f") for i in impls] for e in table]
     return format_table(header, body, markdown)
+
+
+_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def column_impl(column, D):
+    """The implementation a column names at head dim ``D``: a name, or ``{D: name}``."""
+    return column.get(D) if isinstance(column, dict) else column
+
+
+def case_table(rows: list[dict], columns: dict, baseline: str = "sdpa-flash",
+               mode: str = "bwd") -> tuple[list[str], list[list[str]]]:
+    """One line per case (D, N, dtype, causal) of ``mode`` where ``baseline`` ran: the baseline's
+    TFLOP/s, then per column "TFLOP/s (ratio to the baseline)" of the implementation it names:
+    ``columns`` maps a header to a name, or to ``{D: name}`` where the column is a different
+    implementation at each head dim (``-`` where it names none or did not run). D descending,
+    then N, float16 before bfloat16, non-causal first. Returns (header, body) for
+    :func:`format_table` or ``flashtut.notebook.show_table``."""
+    tf = {(r["impl"], r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+          if r.get("kind", "speed") == "speed" and r.get("mode") == mode and r.get("tflops")}
+    cases = sorted({k[1:] for k in tf if k[0] == baseline},
+                   key=lambda c: (-c[0], c[1], c[2] != "float16", c[3]))
+    body = []
+    for D, N, dtype, causal in cases:
+        b = tf[(baseline, D, N, dtype, causal)]
+        cells = [str(D), str(N), _SHORT_DTYPE.get(dtype, dtype), _fmt(causal), f"{b:.0f}"]
+        for column in columns.values():
+            t = tf.get((column_impl(column, D), D, N, dtype, causal))
+            cells.append(f"{t:.0f} ({t / b:.2f})" if t else "-")
+        body.append(cells)
+    return ["D", "N", "dtype", "causal", f"{baseline} TFLOP/s"] + list(columns), body
+
+
+def ratio_summary(rows: list[dict], impls, baseline: str = "sdpa-flash", mode: str = "bwd") -> list[dict]:
+    """Per head dim and implementation of ``impls``: the geometric mean, minimum and maximum of
+    its TFLOP/s over ``baseline``'s on the same cases, and how many cases:
+    ``[{"D", "impl", "gmean", "min", "max", "cases"}]``, D descending, ``impls`` in order."""
+    out = []
+    for e in (e for e in ratio_table(rows, baseline) if e["mode"] == mode):
+        for impl in impls:
+            if impl in e["ratios"]:
+                out.append((e["D"], impl, e["ratios"][impl]))
+    summary = []
+    for D in sorted({d for d, _, _ in out}, reverse=True):
+        for impl in impls:
+            v = [x for d, i, x in out if d == D and i == impl]
+            if v:
+                g = math.exp(sum(math.log(x) for x in v) / len(v))
+                summary.append(dict(D=D, impl=impl, gmean=g, min=min(v), max=max(v), cases=len(v)))
+    return summary
+
+
+def format_ratio_summary(summary: list[dict], names: dict | None = None) -> list[str]:
+    """:func:`ratio_summary` as one line per head dim: "D = 128: name 0.879 (0.86 to 0.91); ..."
+    (``names`` shortens an implementation's name)."""
+    names = names or {}
+    lines = []
+    for D in dict.fromkeys(s["D"] for s in summary):
+        parts = [f"{names.get(s['impl'], s['impl'])} {s['gmean']:.3f} ({s['min']:.2f} to {s['max']:.2f})"
+                 for s in summary if s["D"] == D]
+        lines.append(f"D = {D}: " + "; ".join(parts))
+    return lines
 
 
 #: the instructions that tell which tensor-core path a kernel takes (and how it feeds it)

@@ -224,7 +224,7 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
     contiguous, with the shapes and dtype of ``q, k, v`` (the tests poison them with NaN to
     prove every element is written). ``config``: tile sizes (default ``configs.pick_config`` for
     this GPU), to compare configurations or run a T4's on a bigger GPU. ``deterministic``: the
-    separate dQ pass instead of atomics (bit-identical results run to run; 14 to 26% slower on an
+    separate dQ pass instead of atomics (bit-identical results run to run; 38 to 50% slower on an
     H200, see book/perflog_cuda_bwd.md); inputs too large for the atomic variant's 32-bit indexing
     take it too. Outputs are in the input dtype.
     """
@@ -342,7 +342,7 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward, which
     adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of
     dQ may differ between runs); ``deterministic=True`` takes the separate dQ pass instead
-    (bit-identical every run; on an H200 the backward takes 14% (D = 64) to 26% (D = 128) longer).
+    (bit-identical every run; on an H200 the backward takes 38% (D = 64) to 50% (D = 128) longer).
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
     ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
     (the Triton kernels have it).
