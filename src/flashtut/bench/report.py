@@ -161,6 +161,27 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
     return format_table(header, body, markdown)
 
 
+def case_table(rows: list[dict], impls: list[str], ratio: tuple[str, str] | None = None,
+               markdown: bool = True) -> str:
+    """TFLOP/s of each of ``impls`` side by side, one line per case (D, N, dtype, mask; largest D
+    first) where all of them have a speed, and, with ``ratio=(impl, base)``, impl's TFLOP/s over
+    base's on that case: the perf logs' tables of a rung against the kernels it is measured with."""
+    cells: dict[tuple, dict] = defaultdict(dict)
+    for r in rows:
+        if r.get("kind", "speed") == "speed" and r.get("tflops") and r["impl"] in impls:
+            cells[(r.get("device"),) + tuple(r.get(k) for k in SPEED_KEY)][r["impl"]] = r["tflops"]
+    head = ["D", "N", "dtype", "causal"] + list(impls) + ([f"{ratio[0]} / {ratio[1]}"] if ratio else [])
+    body = []
+    for key in sorted((k for k, by in cells.items() if len(by) == len(impls)),
+                      key=lambda k: (str(k[0]), k[1], -k[7], k[5], k[2], k[8])):
+        case = dict(zip(("device",) + SPEED_KEY, key))
+        by = cells[key]
+        body.append([str(case["D"]), str(case["Nq"]), case["dtype"], _fmt(case["causal"])]
+                    + [f"{by[i]:.1f}" for i in impls]
+                    + ([f"{by[ratio[0]] / by[ratio[1]]:.2f}"] if ratio else []))
+    return format_table(head, body, markdown, left=(2, 3))
+
+
 #: the instructions that tell which tensor-core path a kernel takes (and how it feeds it)
 SASS_COLUMNS = ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "USETMAXREG")
 
