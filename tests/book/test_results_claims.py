@@ -31,7 +31,7 @@ README_ROWS = {
     "`flashtut.triton_attention`": ("bench_h200_protocol_d128_*.json", "triton"),
     "`flashtut.cuda_attention`": ("bench_h200_protocol_d128_*.json", "cuda"),
     "cuDNN": ("bench_h200_protocol_d128_*.json", "sdpa-cudnn"),
-    "Hopper rung W2": ("hopper_h200.json", "hopper-w2"),
+    "Hopper rung W3": ("hopper_h200.json", "hopper-w3"),
 }
 
 
