@@ -128,9 +128,10 @@ PRODUCERS = {
     "hopper_h200_w1_first.json": ("chapter 11's first Hopper run: rung W1 (wgmma) and its variants against SDPA "
                                   "flash, SDPA cuDNN and cuda-v3 at N = 4096, float16",
                                   "git checkout 98cfec4 && OUT=<folder> bash tools/gpu_hopper.sh --quick"),
-    "hopper_h200.json": ("chapter 11's Hopper ladder after rung W2 (TMA, mbarrier ring, producer warpgroup): "
-                         "W1, its variants and W2 against SDPA flash, SDPA cuDNN and the mma.sync CUDA forward, "
-                         "N 4096 and 16384, D 128 and 64, float16 and bfloat16, causal and not",
+    "hopper_h200.json": ("chapter 11's Hopper ladder through rung W3 (softmax overlapped with the tensor cores: "
+                         "pipelined and ping-pong consumer warpgroups): W1, its variants, W2 and W3 against SDPA "
+                         "flash, SDPA cuDNN and the mma.sync CUDA forward, N 4096 and 16384, D 128 and 64, "
+                         "float16 and bfloat16, causal and not",
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
     "sass_evidence_h200.json": ("instruction counts (SASS) of our Triton forward and backward with and without "
                                 "DISABLE_MMA_V3=1, of W1, the mma.sync CUDA forward and SDPA flash, with Triton's "

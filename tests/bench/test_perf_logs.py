@@ -25,13 +25,33 @@ def test_final_measurement_tables_match_the_data(page, kwargs):
         assert line in text, f"{page}: generated row missing or changed:\n{line}"
 
 
+#: the Hopper log's ladder table: every rung of hopper_h200.json against the kernels timed with it
+HOPPER_LADDER = ("sdpa-flash", "sdpa-cudnn", "cuda-mma", "hopper-w1", "hopper-w2", "hopper-w3")
+
+
 def test_hopper_ladder_table_matches_the_data():
     from flashtut.bench.report import format_ratio_table, ratio_table
 
     text = (BOOK / "perflog_hopper.md").read_text()
     rows, _ = load_results("hopper_h200.json")
-    keep = [r for r in rows if r["impl"] in ("sdpa-flash", "sdpa-cudnn", "cuda-mma", "hopper-w1", "hopper-w2")]
+    keep = [r for r in rows if r["impl"] in HOPPER_LADDER]
     table_lines = [l for l in format_ratio_table(ratio_table(keep)).splitlines() if l.startswith("|")]
+    assert len(table_lines) == 2 + 16
+    assert all(f"{impl} / sdpa-flash" in table_lines[0] for impl in HOPPER_LADDER[1:])
+    for line in table_lines:
+        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+
+
+#: the Hopper log's W3 table: TFLOP/s (ratio to SDPA flash) of cuDNN and the TMA rungs, per case
+HOPPER_W3_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W2": "hopper-w2", "W3": "hopper-w3"}
+
+
+def test_hopper_w3_table_matches_the_data():
+    from flashtut.bench.report import case_table, format_table
+
+    text = (BOOK / "perflog_hopper.md").read_text()
+    rows, _ = load_results("hopper_h200.json")
+    table_lines = format_table(*case_table(rows, HOPPER_W3_COLUMNS, mode="fwd"), markdown=True).splitlines()
     assert len(table_lines) == 2 + 16
     for line in table_lines:
         assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"

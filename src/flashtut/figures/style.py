@@ -26,7 +26,7 @@ IMPL_STYLE = {
     # chapter 11's Hopper rungs and the mma.sync forward they are measured against (hopper_h200.json);
     # colours outside PALETTE and EXTRA, so the spare colours for unnamed series stay as they were
     "cuda-mma": ("#000000", "+"), "hopper-w1": ("#AAAA00", "x"), "hopper-w1[pv128]": ("#77AADD", "1"),
-    "hopper-w1[n64]": ("#EE8866", "2"), "hopper-w2": ("#EE3377", "H"),
+    "hopper-w1[n64]": ("#EE8866", "2"), "hopper-w2": ("#EE3377", "H"), "hopper-w3": ("#DC050C", "4"),
 }
 
 RC = {

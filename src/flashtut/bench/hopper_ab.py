@@ -1,0 +1,99 @@
+"""Two same-process A/B measurements of Hopper rung W3 (chapter 11) on an sm_90 GPU:
+
+* how its three TMA tensor maps reach the GPU: copied from pageable memory (what the launch did
+  before: torch then waits for the stream to drain, so the GPU idles while the host prepares the
+  next call) or from pinned memory without blocking (``hopper_launch.tensor_maps`` now);
+* the timing budget: ``do_bench`` warm-up / repetitions of 5 / 40 ms (the CUDA protocol runs) and
+  25 / 100 ms (the ``hopper`` preset), which differ for a kernel that draws more power.
+
+Each case also times SDPA flash under the same budget, for the ratio; W3's output is checked
+against SDPA flash before any timing.
+
+    python -m flashtut.bench.hopper_ab --out book/data/hopper_ab_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..costs.flops import attention_flops
+from ..cuda import hopper_launch
+from ..cuda.hopper import forward_hopper
+from .provenance import collect
+from .results import save_results
+from .timing import time_fn
+
+#: (warm-up ms, repetition ms) of do_bench
+BUDGETS = ((5, 40), (25, 100))
+
+
+def pageable_tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
+    """The launch's tensor maps as they were copied before: from pageable memory, blocking."""
+    blob = (hopper_launch.tensor_map(q, block_m) + hopper_launch.tensor_map(k, block_n)
+            + hopper_launch.tensor_map(v, block_n))
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
+
+
+def run(dtype=torch.float16, on_row=None) -> list[dict]:
+    pinned = hopper_launch.tensor_maps
+    rows = []
+    for D in (128, 64):
+        H = 2048 // D
+        for N in (4096, 16384):
+            B = 16384 // N
+            q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+            for causal in (False, True):
+                def flash():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                def w3():
+                    return forward_hopper(q, k, v, causal=causal, variant="w3")[0]
+
+                err = float((w3().float() - flash().float()).abs().max())
+                if not err < 0.05:
+                    raise RuntimeError(f"W3 differs from SDPA flash by {err:.3g} (D={D}, N={N}, causal={causal})")
+                flops = attention_flops(B, H, N, N, D, causal)
+                for warmup, rep in BUDGETS:
+                    for impl, maps in (("sdpa-flash", None), ("hopper-w3[pageable-maps]", pageable_tensor_maps),
+                                       ("hopper-w3", pinned)):
+                        hopper_launch.tensor_maps = maps or pinned
+                        try:
+                            ms = time_fn(flash if maps is None else w3, "cuda", warmup, rep)
+                        finally:
+                            hopper_launch.tensor_maps = pinned
+                        row = dict(kind="speed", impl=impl, mode="fwd", dtype=str(dtype)[6:], B=B, H=H, N=N,
+                                   Nq=N, Nk=N, D=D, causal=causal, ms=ms, tflops=round(flops / ms / 1e9, 2),
+                                   warmup_ms=warmup, rep_ms=rep, status="ok")
+                        rows.append(row)
+                        if on_row:
+                            on_row(row)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    prov = collect("cuda", sys.argv[1:])
+    prov["command"] = "python -m flashtut.bench.hopper_ab " + " ".join(sys.argv[1:])
+    prov["what"] = ("Hopper rung W3 with its tensor maps copied from pageable memory (blocking) and from pinned "
+                    "memory (non-blocking), and SDPA flash, each at do_bench budgets 5/40 and 25/100 ms, one "
+                    "process, float16, the protocol's 16k tokens")
+    rows = []
+
+    def keep(row):
+        rows.append(row)
+        save_results(a.out, "speed", rows, prov)
+        print(f"{row['impl']:26s} D={row['D']:3d} N={row['N']:5d} causal={row['causal']!s:5s} "
+              f"budget {row['warmup_ms']}/{row['rep_ms']} ms: {row['tflops']:7.1f} TFLOP/s", flush=True)
+
+    run(on_row=keep)
+
+
+if __name__ == "__main__":
+    main()
