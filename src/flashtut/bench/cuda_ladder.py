@@ -320,16 +320,14 @@ def loader_ab(log, before_path):
 
 
 def ncu_bwd_launches():
-    """One backward with the separate dQ pass, one with the default atomic dQ and one with each
-    warp-grid configuration that fits (N = 4096, D = 128 and 64), in that order."""
+    """One backward with each configuration of ``experiment_configs`` that fits this GPU, in their
+    order (the backward ladder's rungs), at N = 4096, D = 128 and then 64."""
     for D in (128, 64):
         q, k, v, do = (torch.randn(4, 2048 // D, 4096, D, device="cuda", dtype=torch.float16)
                        for _ in range(4))
         o, lse = run(q, k, v, False, D ** -0.5, "v3")
-        for det in (True, False):
-            ca.cuda_backward(q, k, v, o, lse, do, False, D ** -0.5, deterministic=det)
-        for name, cfg in cfgs.experiment_configs(D).items():
-            if cfg.warp_grid and max(cfg.dkdv_smem, cfg.dq_smem) <= cc.max_smem_per_block():
+        for cfg in cfgs.experiment_configs(D).values():
+            if max(cfg.dkdv_smem, cfg.dq_smem) <= cc.max_smem_per_block():
                 ca.cuda_backward(q, k, v, o, lse, do, False, D ** -0.5, config=cfg)
     torch.cuda.synchronize()
 
