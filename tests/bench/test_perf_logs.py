@@ -72,3 +72,34 @@ def test_warp_grid_backward_table_matches_the_data():
     assert len(summary) == 2
     for line in table_lines + summary:
         assert line in text, f"perflog_cuda_bwd.md: generated line missing or changed:\n{line}"
+
+
+@pytest.mark.parametrize("page,mode", [("perflog_cuda.md", "fwd"), ("perflog_cuda_bwd.md", "bwd")])
+def test_cuda_protocol_tables_match_the_data(page, mode):
+    # the protocol of cuda_attention (cuda: its default; cuda-mma: the mma.sync forward) against SDPA flash
+    from flashtut.bench.report import case_table, format_ratio_summary, format_table, ratio_summary
+
+    text = (BOOK / page).read_text()
+    rows, _ = load_results("cuda_protocol_h200.json")
+    columns = {"cuda-mma": "cuda-mma", "cuda": "cuda"}
+    table_lines = format_table(*case_table(rows, columns, mode=mode), markdown=True).splitlines()
+    assert len(table_lines) == 2 + 16
+    summary = format_ratio_summary(ratio_summary(rows, list(columns), mode=mode))
+    assert len(summary) == 2
+    for line in table_lines + summary:
+        assert line in text, f"{page}: generated line missing or changed:\n{line}"
+
+
+def test_issue_13_targets_hold_on_the_committed_protocol():
+    # the mma.sync forward: >= 0.95x SDPA flash everywhere, median >= 1.0; the backward: >= 0.85x, median >= 0.9
+    import statistics
+
+    rows, _ = load_results("cuda_protocol_h200.json")
+    for impl, mode, floor, median in (("cuda-mma", "fwd", 0.95, 1.0), ("cuda-mma", "bwd", 0.85, 0.9),
+                                      ("cuda", "bwd", 0.85, 0.9)):
+        flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+                 if r["impl"] == "sdpa-flash" and r["mode"] == mode}
+        ratios = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
+                  if r["impl"] == impl and r["mode"] == mode]
+        assert len(ratios) == 16
+        assert min(ratios) >= floor and statistics.median(ratios) >= median, (impl, mode, sorted(ratios))
