@@ -812,3 +812,21 @@ def test_layout_only_tells_a_rewrap_from_a_change(tmp_path):
     assert check() == 1                                   # the code changed
     src.write_text('def f(a, b):\n    """Add."""\n    return a + b  # the total\n')
     assert check() == 1                                   # a comment was reworded
+
+
+def test_rung_table_puts_each_rung_beside_its_profile():
+    from flashtut.bench.report import rung_table
+
+    def row(impl, tflops, D=128, causal=False):
+        return dict(kind="speed", impl=impl, mode="fwd", dtype="float16", B=1, H=1, N=256, Nq=256, Nk=256,
+                    D=D, causal=causal, tflops=tflops)
+
+    rows = [row("base", 100.0), row("base", 50.0, causal=True), row("a", 90.0), row("a", 60.0, causal=True),
+            row("b", 300.0, D=64), row("base", 100.0, D=64)]
+    profile = [dict(impl="a", tensor_pipe_pct=41.04, registers=255,
+                    top_stalls_per_issue={"wait": 2.0, "selected": 1.0, "barrier": 0.5, "dispatch": 0.1})]
+    header, body = rung_table(rows, profile, {"a": "first change", "b": "second"}, D=128, baseline="base")
+    assert header[0] == "rung" and "base" in header[2]
+    gmean = (0.9 * 1.2) ** 0.5
+    assert body[0] == ["a", "first change", f"{gmean:.3f} (0.90 to 1.20)", "41.0", "255", "wait 2.00, barrier 0.50"]
+    assert body[1] == ["b", "second", "-", "-", "-", "-"]      # no D = 128 case, no profile

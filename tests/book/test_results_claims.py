@@ -285,3 +285,20 @@ def test_chapter_08_quotes_the_warp_grid_run():
            before[64, "cuda-bwd-atomic-dq-w8-1bar"] / before[64, det] - 1]
     assert f"before the grid, {was[0]:.0%} and {was[1]:.0%}" in text
     assert f"Before the grid it was {was[0]:.0%} and {was[1]:.0%}." in log
+
+
+@needs_data
+def test_chapter_08_reading_of_forward_steps_4_to_7():
+    # "Steps 4 and 5 each bought about 1% ... the tensor pipe rose only from 50% to 54% ...
+    # Steps 6 and 7 lost ground"
+    from flashtut.bench.report import ratio_summary
+
+    rows, prov = results_data.load_results("cuda_ladder_h200.json")
+    steps = [f"cuda-v{i}" for i in range(3, 8)]
+    g = {s["impl"]: s["gmean"] for s in ratio_summary(rows, steps, mode="fwd") if s["D"] == 128}
+    assert 0.005 < g["cuda-v4"] / g["cuda-v3"] - 1 < 0.02 and 0.005 < g["cuda-v5"] / g["cuda-v4"] - 1 < 0.02
+    assert g["cuda-v6"] < g["cuda-v5"] and g["cuda-v7"] < g["cuda-v5"]
+    pipe = {p["impl"]: p["tensor_pipe_pct"] for p in prov[0]["ncu"]["rows"]}
+    assert round(pipe["cuda-v3"]) == 50 and round(pipe["cuda-v5"]) == 54
+    text = (ROOT / "notebooks" / "08_cuda.ipynb").read_text()
+    assert "Steps 4 and 5 each bought about 1%" in text and "from 50% to 54%" in text

@@ -224,6 +224,27 @@ def format_ratio_summary(summary: list[dict], names: dict | None = None) -> list
     return lines
 
 
+
+def rung_table(rows: list[dict], profile: list[dict], rungs: dict, D: int, mode: str = "fwd",
+               baseline: str = "sdpa-flash") -> tuple[list[str], list[list[str]]]:
+    """A kernel ladder the way a worklog shows it: per rung (``rungs``: implementation -> what it
+    changes), its ratio to ``baseline`` over the cases of head dim ``D`` (geometric mean, min to
+    max, from :func:`ratio_summary`) beside its Nsight Compute profile (``profile``: rows with
+    ``impl``, ``tensor_pipe_pct``, ``registers`` and ``top_stalls_per_issue``, as the CUDA
+    ladder's runs record them). Returns (header, body) for :func:`format_table`."""
+    summary = {s["impl"]: s for s in ratio_summary(rows, list(rungs), baseline, mode) if s["D"] == D}
+    prof = {p["impl"]: p for p in profile}
+    body = []
+    for impl, change in rungs.items():
+        s, p = summary.get(impl), prof.get(impl, {})
+        stalls = {k: v for k, v in p.get("top_stalls_per_issue", {}).items() if k != "selected"}
+        body.append([impl, change,
+                     f"{s['gmean']:.3f} ({s['min']:.2f} to {s['max']:.2f})" if s else "-",
+                     f"{p['tensor_pipe_pct']:.1f}" if p else "-", str(p.get("registers", "-")),
+                     ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in list(stalls.items())[:2]) or "-"])
+    return (["rung", "change", f"x {baseline} (gmean, range)", "tensor pipe %", "registers",
+             "top stalls per issue"], body)
+
 #: the instructions that tell which tensor-core path a kernel takes (and how it feeds it)
 SASS_COLUMNS = ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "USETMAXREG")
 
