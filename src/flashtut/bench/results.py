@@ -174,10 +174,12 @@ def measurement_key(row: dict) -> tuple:
         return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
                 row.get("layout"), row.get("context"), row.get("prompt"))
     # the real-model options (grouped K/V heads, a window, a packed or padded batch) are part of what
-    # was measured: without them a GQA row and a full-heads row of one shape would replace each other
+    # was measured: without them a GQA row and a full-heads row of one shape would replace each other;
+    # so is a timing budget a row records itself (an A/B of do_bench's warm-up and repetitions)
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
-            row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"))
+            row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"),
+            row.get("warmup_ms"), row.get("rep_ms"))
 
 
 def merge_latest(tagged_docs) -> list[dict]:
