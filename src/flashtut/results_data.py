@@ -131,8 +131,19 @@ PRODUCERS = {
     "hopper_h200.json": ("chapter 11's Hopper ladder through rung W3 (softmax overlapped with the tensor cores: "
                          "pipelined and ping-pong consumer warpgroups): W1, its variants, W2 and W3 against SDPA "
                          "flash, SDPA cuDNN and the mma.sync CUDA forward, N 4096 and 16384, D 128 and 64, "
-                         "float16 and bfloat16, causal and not",
+                         "float16 and bfloat16, causal and not (re-measured with the pinned tensor maps of d651db0)",
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
+    "hopper_ab_h200.json": ("rung W3 with its tensor maps copied from pageable memory, blocking "
+                            "(hopper-w3[pageable-maps]), and from pinned memory, not blocking (hopper-w3), "
+                            "and SDPA flash, each at do_bench budgets of 5/40 and 25/100 ms, one process, "
+                            "float16, D 128 and 64, N 4096 and 16384, causal and not (perflog_hopper, chapter 11)",
+                            "python -m flashtut.bench.hopper_ab --out book/data/hopper_ab_h200.json"),
+    "hopper_ring_h200.json": ("rung W3 with 2, 3 and 4 K/V stages in its TMA ring (hopper-w3, hopper-w3[s3], "
+                              "hopper-w3[s4]) against SDPA flash, one process, float16, D 64 and 128, N 4096 and "
+                              "16384, causal and not; measured before the pinned tensor maps (perflog_hopper)",
+                              "python -m flashtut.bench run --impl 'hopper-w3,hopper-w3[s3],hopper-w3[s4],sdpa-flash' "
+                              "-D 64,128 -N 4096,16384 --dtype float16 --causal both --mode fwd --tokens 16384 "
+                              "--hidden 2048 --warmup-ms 5 --rep-ms 40 --out book/data/hopper_ring_h200.json"),
     "sass_evidence_h200.json": ("instruction counts (SASS) of our Triton forward and backward with and without "
                                 "DISABLE_MMA_V3=1, of W1, the mma.sync CUDA forward and SDPA flash, with Triton's "
                                 "speed against SDPA flash under both settings (chapter 09; issues 12 and 14)",

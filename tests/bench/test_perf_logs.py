@@ -57,6 +57,34 @@ def test_hopper_w3_table_matches_the_data():
         assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
 
 
+def test_hopper_tensor_map_ab_table_matches_the_data():
+    """The pageable-against-pinned tensor maps A/B (hopper_ab_h200.json), as hopper_ab.ab_table prints it."""
+    from flashtut.bench.hopper_ab import ab_table
+    from flashtut.bench.report import format_table
+
+    text = (BOOK / "perflog_hopper.md").read_text()
+    rows, _ = load_results("hopper_ab_h200.json")
+    table_lines = format_table(*ab_table(rows), markdown=True).splitlines()
+    assert len(table_lines) == 2 + 16                 # 8 cases x 2 budgets
+    for line in table_lines:
+        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+
+
+#: the Hopper log's ring-depth table: W3 with 2, 3 and 4 K/V stages (hopper_ring_h200.json)
+HOPPER_RING_COLUMNS = {"W3, 2 stages": "hopper-w3", "3 stages": "hopper-w3[s3]", "4 stages": "hopper-w3[s4]"}
+
+
+def test_hopper_ring_table_matches_the_data():
+    from flashtut.bench.report import case_table, format_table
+
+    text = (BOOK / "perflog_hopper.md").read_text()
+    rows, _ = load_results("hopper_ring_h200.json")
+    table_lines = format_table(*case_table(rows, HOPPER_RING_COLUMNS, mode="fwd"), markdown=True).splitlines()
+    assert len(table_lines) == 2 + 8
+    for line in table_lines:
+        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+
+
 def test_warp_grid_backward_table_matches_the_data():
     from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
     from flashtut.bench.report import case_table, format_ratio_summary, format_table, ratio_summary

@@ -1,4 +1,4 @@
-"""What the prose of README, chapter 09 and chapter 11 says about the committed H200 data, checked
+"""What the prose of README, chapters 09 and 11 and the Hopper log says about the committed H200 data, checked
 against that data. The chapters compute every number they print, but their sentences also make
 claims in words ("W3 reaches 1.5 times SDPA flash in every D = 128 case", "the ratio flips below 1"); a re-measured
 file that broke one of them must fail here, so that the text is rewritten with the data."""
@@ -92,12 +92,11 @@ def test_chapter_11_w2_reading(hopper):
     # "ahead of FlashAttention-2 everywhere" and "cuDNN stays ahead of W2 in every case"
     assert all(x > 1 for x in w2.values())
     assert all(x < 1 for x in _ratios(hopper, "hopper-w2", "sdpa-cudnn").values())
-    # "comes to 1.5 at one point only, D = 128, N = 16384, causal, in both dtypes, in float16 only just"
+    # "comes to 1.5 at one point of the sweep only, D = 128, N = 16384, causal, in both dtypes"
     for dtype in ("float16", "bfloat16"):
         best = max((k for k in w2 if k[0] == dtype), key=w2.get)
         assert best == (dtype, 128, 16384, True), best
     assert [k for k, x in w2.items() if x >= 1.5] == [k for k in w2 if k[1:] == (128, 16384, True)]
-    assert 1.5 <= w2[("float16", 128, 16384, True)] < 1.52
     # "at D = 64 it is ahead by less than a quarter", and every D = 64 case behind every D = 128 one
     assert max(x for k, x in w2.items() if k[1] == 64) < min(x for k, x in w2.items() if k[1] == 128)
     assert all(x < 1.25 for k, x in w2.items() if k[1] == 64)
@@ -114,9 +113,12 @@ def test_chapter_11_w3_reading(hopper):
     d64 = {k: x for k, x in w3.items() if k[1] == 64}
     # "at or above 1.5 times FlashAttention-2 in every case" at D = 128, "short of 1.5 in every case" at 64
     assert all(x >= 1.5 for x in d128.values()) and all(x < 1.5 for x in d64.values())
-    # "further above it at N = 16384 than at 4096"; at D = 64 "shorter at N = 4096 than at 16384"
-    for d in (d128, d64):
-        assert min(x for k, x in d.items() if k[2] == 16384) > max(x for k, x in d.items() if k[2] == 4096)
+    # "for each dtype and mask further above it at N = 16384 than at 4096" (D = 128); at D = 64
+    # "shorter at N = 4096 than at 16384", every case at 4096 below every case at 16384
+    for (dtype, d, n, causal), x in d128.items():
+        if n == 4096:
+            assert x < d128[(dtype, d, 16384, causal)], (dtype, causal)
+    assert min(x for k, x in d64.items() if k[2] == 16384) > max(x for k, x in d64.items() if k[2] == 4096)
     # "level with cuDNN at N = 16384, causal (within a few percent of 1); everywhere else cuDNN stays ahead"
     cudnn = _ratios(hopper, "hopper-w3", "sdpa-cudnn")
     for k, x in cudnn.items():
@@ -132,14 +134,17 @@ def test_chapter_11_w3_reading(hopper):
     assert {"hopper-w1", "hopper-w2", "cuda-mma"} <= ours
     for impl in ours:
         assert all(x > 1 for x in _ratios(hopper, "hopper-w3", impl).values()), impl
-    # the prediction (perflog_hopper.md): the causal D = 128 cases inside their ranges, the
-    # non-causal ones at N = 4096 below theirs (560-620 TFLOP/s)
+    # the prediction (perflog_hopper.md): the causal D = 128 cases inside their ranges (float16) or
+    # above them (bfloat16); the non-causal ones at N = 4096 at the bottom of theirs (560-620 TFLOP/s,
+    # ratio 1.65-1.8) or below: float16 below, bfloat16 just inside in TFLOP/s and below in ratio
     tflops = {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in hopper if r["impl"] == "hopper-w3"}
     for (dtype, d, n, causal), t in tflops.items():
         if d == 128 and causal:
-            assert (520 <= t <= 580) if n == 16384 else (440 <= t <= 500), (dtype, n, t)
+            lo, hi = (520, 580) if n == 16384 else (440, 500)
+            assert (lo <= t <= hi) if dtype == "float16" else t > hi, (dtype, n, t)
         if d == 128 and not causal and n == 4096:
-            assert t < 560, (dtype, t)
+            assert (t < 560) if dtype == "float16" else (560 <= t < 566), (dtype, t)
+            assert w3[(dtype, d, n, causal)] < 1.65, dtype
 
 
 def test_cuda_attention_runs_the_measured_hopper_rung():
@@ -302,3 +307,117 @@ def test_chapter_08_reading_of_forward_steps_4_to_7():
     assert round(pipe["cuda-v3"]) == 50 and round(pipe["cuda-v5"]) == 54
     text = (ROOT / "notebooks" / "08_cuda.ipynb").read_text()
     assert "Steps 4 and 5 each bought about 1%" in text and "from 50% to 54%" in text
+
+
+# --- chapter 11 and the Hopper log: Nsight Compute, the tensor maps A/B, the ring depth -----------
+
+def _log():
+    return " ".join((ROOT / "book" / "perflog_hopper.md").read_text().split())
+
+
+def _chapter_11_text():
+    import json
+
+    nb = json.loads((ROOT / "notebooks" / "11_hopper.ipynb").read_text())
+    return " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def _span(values, fmt="{:.2f}"):
+    return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+
+@needs_data
+def test_hopper_log_summary_ranges(hopper):
+    """The log's rung table and the W3 reading quote ranges of hopper_h200.json."""
+    log = _log()
+    ratios = {impl: _ratios(hopper, impl, "sdpa-flash")
+              for impl in ("hopper-w1", "hopper-w2", "hopper-w3", "sdpa-cudnn")}
+    by_d = lambda impl, d: [x for k, x in ratios[impl].items() if k[1] == d]  # noqa: E731
+    for impl, rung in (("hopper-w1", "W1"), ("hopper-w2", "W2"), ("hopper-w3", "W3")):
+        cells = f"| {_span(by_d(impl, 128))}x | {_span(by_d(impl, 64))}x |"
+        row = next(line for line in (ROOT / "book" / "perflog_hopper.md").read_text().splitlines()
+                   if line.startswith(f"| {rung} |"))
+        assert cells in row, (rung, cells, row)
+    assert f"cuDNN, for scale, is at {_span(by_d('sdpa-cudnn', 128))}x and {_span(by_d('sdpa-cudnn', 64))}x" in log
+    w3 = {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in hopper if r["impl"] == "hopper-w3"}
+    over_w2 = _ratios(hopper, "hopper-w3", "hopper-w2")
+    for d in (128, 64):
+        tf = [t for k, t in w3.items() if k[1] == d]
+        w2 = _span([x for k, x in over_w2.items() if k[1] == d])
+        quoted = (f"D = {d}: {_span(tf, '{:.0f}')} TFLOP/s, {_span(by_d('hopper-w3', d))}x SDPA flash"
+                  f"{' and' if d == 128 else ','} {w2}x W2")
+        assert quoted in log, quoted
+
+
+@pytest.fixture(scope="module")
+def maps_ab():
+    rows, _ = results_data.load_results("hopper_ab_h200.json")
+    tf = {(r["impl"], r["D"], r["N"], r["causal"], r["warmup_ms"]): r["tflops"] for r in rows}
+    assert len(tf) == 48
+    return tf
+
+
+def _pct(a, b):
+    return 100 * (a / b - 1)
+
+
+@needs_data
+def test_tensor_map_ab_claims(maps_ab):
+    """The log and chapter 11 on the pinned tensor maps: faster in every comparison at N = 4096,
+    both signs at N = 16384; the budget's effect as the log states it."""
+    tf = maps_ab
+    cases = sorted({k[1:] for k in tf})
+    gain = {n: [_pct(tf["hopper-w3", *c], tf["hopper-w3[pageable-maps]", *c]) for c in cases if c[1] == n]
+            for n in (4096, 16384)}
+    assert len(gain[4096]) == len(gain[16384]) == 8
+    assert min(gain[4096]) > 0                                          # "all 8 comparisons"
+    assert min(gain[16384]) < 0 < max(gain[16384])                      # "both signs"
+    log = _log()
+    assert f"faster in all 8 comparisons (4 cases, 2 budgets), by {min(gain[4096]):+.1f}% to {max(gain[4096]):+.1f}%" in log
+    assert f"N = 16384: {min(gain[16384]):+.1f}% to {max(gain[16384]):+.1f}%, both signs" in log
+    assert f"It cost W3 up to {max(gain[4096]):.0f}% at N = 4096" in log
+    # the budget: 25 / 100 against 5 / 40 ms
+    pairs = sorted({(impl, D, N, causal) for impl, D, N, causal, _ in tf})
+    move = {p: _pct(tf[(*p, 25)], tf[(*p, 5)]) for p in pairs}
+    flash = {p: x for p, x in move.items() if p[0] == "sdpa-flash"}
+    f4096 = [x for p, x in flash.items() if p[2] == 4096]
+    assert f"SDPA flash alone moves by {min(f4096):+.1f}% to {max(f4096):+.1f}% between the two budgets" in log
+    assert max(abs(x) for p, x in flash.items() if p[2] == 16384) <= 2.05        # "by at most 2.0%"
+    assert "noise of the order of 5-13%" in log and 5 <= max(abs(x) for x in f4096) < 13.5
+    pinned = [x for p, x in move.items() if p[0] == "hopper-w3"]
+    paged = [x for p, x in move.items() if p[0] == "hopper-w3[pageable-maps]"]
+    assert sum(x < 0 for x in pinned + paged) == 14 and sum(x < 0 for x in paged) == 8
+    assert sum(x < 0 for x in pinned) == 6 and f"by up to {-min(pinned):.1f}%" in log
+    assert sum(x > 0 for x in flash.values()) == 7
+    assert "slower in 14 of 16 comparisons (pinned in 6 of 8" in log and "SDPA flash faster in 7 of 8" in log
+    text = _chapter_11_text()
+    assert "At $N = 4096$, where one call is shortest, the pinned copy wins every comparison" in text
+    assert "at $N = 16384$ the difference goes both ways" in text
+
+
+@needs_data
+def test_ring_depth_claims():
+    """3 stages slower everywhere, 4 stages slower at D = 64 and too large at D = 128 (log, chapter 11)."""
+    rows, _ = results_data.load_results("hopper_ring_h200.json")
+    by = {(r["impl"], r["D"], r["N"], r["causal"]): r for r in rows}
+    base = {k[1:]: r["tflops"] for k, r in by.items() if k[0] == "hopper-w3"}
+    assert len(base) == 8
+    loss = {}
+    for stages in ("s3", "s4"):
+        for case, t in base.items():
+            r = by[(f"hopper-w3[{stages}]", *case)]
+            if stages == "s4" and case[0] == 128:
+                assert r["status"] == "error" and "shared memory" in r["reason"], r
+                continue
+            assert r["status"] == "ok" and r["tflops"] < t, (stages, case)      # "made W3 no faster"
+            loss.setdefault((stages, case[0]), []).append(-_pct(r["tflops"], t))
+    log = _log()
+    s3 = f"by {_span(loss['s3', 64], '{:.1f}')}% at D = 64 and {_span(loss['s3', 128], '{:.1f}')}% at D = 128"
+    assert s3 in log, s3
+    assert f"4 stages: {_span(loss['s4', 64], '{:.1f}')}% slower at D = 64" in log
+    reason = next(r["reason"] for r in rows if r["status"] == "error")
+    need = int(re.search(r"needs (\d+) bytes", reason).group(1))
+    allow = int(re.search(r"allows (\d+)", reason).group(1))
+    assert need > allow
+    assert f"needs {need} bytes of shared memory per block; this GPU allows {allow}" in log
+    assert "made W3 no faster at either head dim" in _chapter_11_text()

@@ -10,6 +10,8 @@ Each case also times SDPA flash under the same budget, for the ratio; W3's outpu
 against SDPA flash before any timing.
 
     python -m flashtut.bench.hopper_ab --out book/data/hopper_ab_h200.json
+
+:func:`ab_table` tabulates the result (``book/perflog_hopper.md``).
 """
 from __future__ import annotations
 
@@ -73,6 +75,26 @@ def run(dtype=torch.float16, on_row=None) -> list[dict]:
                         if on_row:
                             on_row(row)
     return rows
+
+
+def ab_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The A/B as one line per case and budget: SDPA flash's TFLOP/s, W3's with pageable and with
+    pinned tensor maps (each with its ratio to SDPA flash under the same budget), and how much
+    faster the pinned copy made W3. D descending, then N, non-causal first, the short budget first.
+    Returns (header, body) for ``report.format_table`` or ``flashtut.notebook.show_table``."""
+    tf = {(r["impl"], r["D"], r["N"], bool(r["causal"]), r["warmup_ms"], r["rep_ms"]): r["tflops"]
+          for r in rows if r.get("tflops")}
+    cases = sorted({k[1:] for k in tf if k[0] == "sdpa-flash"}, key=lambda c: (-c[0], c[1], c[2], c[3]))
+    body = []
+    for D, N, causal, warmup, rep in cases:
+        flash = tf[("sdpa-flash", D, N, causal, warmup, rep)]
+        paged = tf[("hopper-w3[pageable-maps]", D, N, causal, warmup, rep)]
+        pinned = tf[("hopper-w3", D, N, causal, warmup, rep)]
+        body.append([str(D), str(N), "yes" if causal else "no", f"{warmup:g} / {rep:g}", f"{flash:.0f}",
+                     f"{paged:.0f} ({paged / flash:.2f})", f"{pinned:.0f} ({pinned / flash:.2f})",
+                     f"{100 * (pinned / paged - 1):+.1f}%"])
+    return (["D", "N", "causal", "budget (ms)", "sdpa-flash TFLOP/s", "W3, pageable maps", "W3, pinned maps",
+             "pinned / pageable"], body)
 
 
 def main(argv=None):

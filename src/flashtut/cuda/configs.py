@@ -568,7 +568,7 @@ def hopper_builds() -> list[HopperConfig]:
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
 #: the Hopper rung ``cuda_attention`` runs on sm_90: W3, the fastest measured (book/perflog_hopper.md:
-#: 1.55-1.79x SDPA flash at D = 128, 1.26-1.43x at D = 64, where W1 gives 1.03-1.12x and 0.86-0.91x)
+#: 1.53-1.83x SDPA flash at D = 128, 1.32-1.43x at D = 64, where W1 gives 0.97-1.15x and 0.86-0.91x)
 HOPPER_DEFAULT = "w3"
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
