@@ -29,7 +29,8 @@ def _tflops(rows, impl, **case):
 #: row label (a part of it) -> the committed files the row is read from and the implementation
 README_ROWS = {
     "`flashtut.triton_attention`": ("bench_h200_protocol_d128_*.json", "triton"),
-    "`flashtut.cuda_attention`": ("bench_h200_protocol_d128_*.json", "cuda"),
+    "`flashtut.cuda_attention` (on an H200": ("cuda_protocol_h200.json", "cuda"),
+    "forward_kernel=\"mma\"": ("cuda_protocol_h200.json", "cuda-mma"),
     "cuDNN": ("bench_h200_protocol_d128_*.json", "sdpa-cudnn"),
     "Hopper rung W3": ("hopper_h200.json", "hopper-w3"),
 }
