@@ -422,3 +422,17 @@ def test_ring_depth_claims():
     assert need > allow
     assert f"needs {need} bytes of shared memory per block; this GPU allows {allow}" in log
     assert "made W3 no faster at either head dim" in _chapter_11_text()
+
+
+@needs_data
+def test_chapter_09_reading_of_the_mma_sync_kernels_after_chapter_8s_ladder():
+    # "puts our mma.sync forward at 0.97 to 1.04 times sdpa-flash and the backward at 0.98 to 1.06"
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    for mode, low, high in (("fwd", 0.97, 1.04), ("bwd", 0.98, 1.06)):
+        flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+                 if r["impl"] == "sdpa-flash" and r["mode"] == mode}
+        ratios = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
+                  if r["impl"] == "cuda-mma" and r["mode"] == mode]
+        assert len(ratios) == 16 and (f"{min(ratios):.2f}", f"{max(ratios):.2f}") == (f"{low:.2f}", f"{high:.2f}")
+    text = (ROOT / "notebooks" / "09_results.ipynb").read_text()
+    assert "0.97 to\\n" in text and "1.04 times `sdpa-flash` and the backward at 0.98 to 1.06" in text
