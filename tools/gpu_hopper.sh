@@ -12,7 +12,7 @@
 #              occupancy), then the tensor-pipe, wgmma and stall metrics by name
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
 #              (which launches every Hopper build on an sm_90 GPU; W2 and W3 only when the tests stage passed,
-#              or when FLASHTUT_SANITIZE_W2=1 / FLASHTUT_SANITIZE_W3=1 are set: a rung that hangs would cost
+#              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
 # Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
@@ -45,7 +45,7 @@ if want tests; then
     rc=$?
     echo "pytest rc=$rc" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
     # the TMA rungs finished their gpu tests (in child processes with timeouts): the sanitizer may run them
-    [ "$rc" = 0 ] && export FLASHTUT_SANITIZE_W2=1 FLASHTUT_SANITIZE_W3=1
+    [ "$rc" = 0 ] && export FLASHTUT_SANITIZE_W2=1 FLASHTUT_SANITIZE_W3=1 FLASHTUT_SANITIZE_W3C3=1
 fi
 
 if want sass && command -v nvcc > /dev/null; then
@@ -64,10 +64,13 @@ if want sass && command -v nvcc > /dev/null; then
     done; done; done
     # the TMA rungs at their defaults: W3 should show two copies of each product, one DEPBAR 0x1 (the
     # pipelined wait), named barriers (BAR.SYNC / BAR.ARV with 0x100 threads) and no C75xx ptxas line
-    for SRC in fwd_w2_tma fwd_w3_pingpong; do for D in 64 128; do for BF in 0 1; do
+    # (and W3 with three consumer warpgroups, D = 64: "w3c3", no named barrier, setmaxnreg 160)
+    for SRC in fwd_w2_tma fwd_w3_pingpong w3c3; do for D in 64 128; do for BF in 0 1; do
+        [ $SRC = w3c3 ] && [ $D = 128 ] && continue
+        EXTRA=""; FILE=$SRC; [ $SRC = w3c3 ] && EXTRA="-DW3_CONSUMERS=3" && FILE=fwd_w3_pingpong
         name="sass_${SRC}_d${D}_bf${BF}"
         timeout "${T_SASS:-60}" nvcc -std=c++17 -cubin -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-            -DHEAD_DIM=$D -DFT_BF16=$BF -o "$OUT/$name.cubin" "src/flashtut/cuda/kernels/$SRC.cu" > "$OUT/$name.ptxas" 2>&1
+            -DHEAD_DIM=$D -DFT_BF16=$BF $EXTRA -o "$OUT/$name.cubin" "src/flashtut/cuda/kernels/$FILE.cu" > "$OUT/$name.ptxas" 2>&1
         "$CUO" --dump-sass "$OUT/$name.cubin" > "$OUT/$name.txt" 2>&1
         echo "$name: HGMMA $(grep -c HGMMA "$OUT/$name.txt") UTMALDG $(grep -c UTMALDG "$OUT/$name.txt")" \
              "SYNCS $(grep -c SYNCS "$OUT/$name.txt") USETMAXREG $(grep -c USETMAXREG "$OUT/$name.txt")" \

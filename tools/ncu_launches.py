@@ -1,5 +1,6 @@
 """One launch of each forward that chapter 11 compares, for Nsight Compute: SDPA flash, the
-mma.sync forward ``cuda_attention(..., forward_kernel="mma")`` runs, and Hopper rungs W1, W2, W3,
+mma.sync forward ``cuda_attention(..., forward_kernel="mma")`` runs, and Hopper rungs W1, W2, W3 (at
+D = 64 also W3 with three consumer warpgroups),
 at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal, random inputs:
 
     python3 tools/ncu_launches.py 128            # once without ncu: fills CuPy's kernel cache
@@ -24,5 +25,7 @@ with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
 flashtut.cuda_attention(q, k, v, forward_kernel="mma")
 for variant in ("w1", "w2", "w3"):
     forward_hopper(q, k, v, variant=variant)
+if D == 64:     # W3 with three consumer warpgroups, built for D = 64 only
+    forward_hopper(q, k, v, variant="w3", consumers=3)
 torch.cuda.synchronize()
 print(f"ncu launches done (D = {D})")

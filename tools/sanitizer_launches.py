@@ -92,5 +92,13 @@ if torch.cuda.get_device_capability() == (9, 0):
                 # 64-key tiles, causal, 131 queries: the upper consumer reads more tiles than the lower one,
                 # and the last block's upper consumer has no row (W3's idle turns)
                 forward_hopper(k[:, :, :131], k, v, causal=True, variant=variant, block_n=64)
+            # W3 with three consumer warpgroups (192-row blocks, D = 64), behind its own switch
+            # (FLASHTUT_SANITIZE_W3C3=1) for the same reason
+            if D == 64 and os.environ.get("FLASHTUT_SANITIZE_W3C3") == "1":
+                for causal in (False, True, "bottom-right"):
+                    forward_hopper(q, k, v, causal=causal, variant="w3", consumers=3)
+                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w3",
+                                   consumers=3)
+                forward_hopper(k[:, :, :131], k, v, causal=True, variant="w3", block_n=64, consumers=3)
 torch.cuda.synchronize()
 print("sanitizer launches done")

@@ -135,6 +135,16 @@ def expected_hgmma(cfg) -> dict:
             ("rs_t", f"64x{pv_n}x16", bf): copies * (bn // 16) * (D // pv_n)}
 
 
+def consumers(cfg) -> int:
+    """The build's consumer warpgroups: 2, or 3 for W3's 192-row variant."""
+    return cfg.define_dict.get("W3_CONSUMERS", 2)
+
+
+def consumer_regs(cfg) -> int:
+    """What setmaxnreg grants each consumer thread of a TMA build."""
+    return configs.W3_WIDE["regs"] if consumers(cfg) == 3 else configs.W2_REGS["consumer"]
+
+
 def check_resources(log: str, cfg) -> dict:
     rows = [r for r in parse_ptxas(log) if r["kernel"] == cfg.kernel]
     assert len(rows) == 1, log
@@ -146,12 +156,13 @@ def check_resources(log: str, cfg) -> dict:
     assert not re.search(r"C75\d\d|serializ|setmaxnreg", log, re.I), f"{_label(cfg)}: ptxas reports\n{log}"
     d = cfg.define_dict
     if cfg.kernel in TMA_KERNELS:
-        # 384 threads: ptxas reports the launch's share (65536 / 384, rounded down to 8); the consumers'
-        # 240 after setmaxnreg are a run-time grant, so the accumulators are checked against that
+        # 384 threads (512 with three consumers): ptxas reports the launch's share (65536 / threads,
+        # rounded down to 8: 168 or 128); the consumers' 240 (160) after setmaxnreg are a run-time
+        # grant, so the accumulators are checked against that
         w3 = cfg.kernel == "flash_fwd_w3"
         budget = hl.w3_register_budget if w3 else hl.w1_register_budget
         need = sum(budget(d["HEAD_DIM"], d["W3_BLOCK_N" if w3 else "W2_BLOCK_N"]).values())
-        assert r["regs"] == 168 and need <= configs.W2_REGS["consumer"], (need, r)
+        assert r["regs"] == 65536 // cfg.threads // 8 * 8 and need <= consumer_regs(cfg), (need, r)
         return r
     need = sum(hl.w1_register_budget(d["HEAD_DIM"], d["W1_BLOCK_N"]).values())
     assert need <= r["regs"] <= 255, (need, r)
@@ -171,24 +182,29 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
     if cfg.kernel in TMA_KERNELS:
         # TMA loads (one per 64-column box: Q, K and V), no cp.async; both register reallocations
         assert text.count("UTMALDG.3D") == 3 * (cfg.define_dict["HEAD_DIM"] // 64) and "LDGSTS" not in text
-        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0" in text
+        grant = f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {consumer_regs(cfg):#x}"
+        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and grant in text
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text and "SYNCS.ARRIVE.TRANS64" in text  # mbarriers
     if cfg.kernel == "flash_fwd_w3":
-        check_w3_sass(text)
+        check_w3_sass(text, consumers(cfg), consumer_regs(cfg))
 
 
-def check_w3_sass(text: str) -> None:
-    """What makes W3 W3 in its SASS: the turns and the pipelined wait."""
-    # the turns: bar.sync on the warpgroup's own id (a register), bar.arrive on the other's (and the
-    # first turn, id 1, as an immediate), 256 = 0x100 threads each
-    assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", text), "no named bar.sync"
-    assert re.search(r"BAR\.ARV R\d+, 0x100", text) and "BAR.ARV 0x1, 0x100" in text, "no named bar.arrive"
+def check_w3_sass(text: str, n_consumers: int = 2, grant: int = 240) -> None:
+    """What makes W3 W3 in its SASS: the turns (two consumers) and the pipelined wait."""
+    if n_consumers == 2:
+        # the turns: bar.sync on the warpgroup's own id (a register), bar.arrive on the other's (and
+        # the first turn, id 1, as an immediate), 256 = 0x100 threads each
+        assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", text), "no named bar.sync"
+        assert re.search(r"BAR\.ARV R\d+, 0x100", text) and "BAR.ARV 0x1, 0x100" in text, "no named bar.arrive"
+    else:
+        # three consumers take no turns: the only barrier is the __syncthreads before the roles split
+        assert len(re.findall(r"\bBAR\.(SYNC|ARV)", text)) == 1 and "BAR.ARV" not in text, "a named barrier"
     # one wait_group 1 (S_j done, P V in flight) in the loop; wait_group 0 after slot 0, in the loop and
     # after the last P V: ptxas added no wait of its own (a serialised wgmma gets one per instruction)
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", text)
     assert sorted(waits) == ["0x0", "0x0", "0x0", "0x1"], waits
-    # every register in the consumers' code fits the 240 that setmaxnreg grants them
-    assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < configs.W2_REGS["consumer"]
+    # every register in the consumers' code fits what setmaxnreg grants them (240, or 160 for three)
+    assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < grant
 
 
 @needs_nvcc
@@ -241,8 +257,10 @@ def test_kernel_address_functions_match_the_model():
 def test_configs_fit_an_h100():
     for cfg in BUILDS:
         assert cfg.dynamic_smem <= configs.SMEM_PER_BLOCK[90], cfg
-        # two consumer warpgroups of 64 rows (and W2's and W3's producer warpgroup)
-        assert cfg.block_m == 128 and cfg.threads == (384 if cfg.kernel in TMA_KERNELS else 256)
+        # consumer warpgroups of 64 rows (two; three in W3's 192-row variant) and W2's and W3's
+        # producer warpgroup
+        assert cfg.block_m == 64 * consumers(cfg)
+        assert cfg.threads == (128 * (1 + consumers(cfg)) if cfg.kernel in TMA_KERNELS else 256)
     assert configs.w2_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024 + 8 * 7
     # W3: one more mbarrier per stage (K and V released apart)
     assert configs.w3_smem_bytes(128, stages=3) == (128 + 6 * 128) * 128 * 2 + 1024 + 8 * 13
@@ -531,7 +549,7 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
             err = (got.double() - want.detach()).abs().max().item()
             tol = yardstick_tolerance(dtype, (lp.detach().double() - want.detach()).abs().max().item())
             assert err <= tol, f"{kernel} {case} {name}: error {err:.3g} above {tol:.3g}"
-    assert torch.equal(outs["auto"], outs["wgmma"])  # auto is W1 here, bit for bit
+    assert torch.equal(outs["auto"], outs["wgmma"])  # auto is the default rung here, bit for bit
 
 
 # ------------------------------------------------------------------ GPU: rungs W2 and W3 (TMA, mbarriers, setmaxnreg)
@@ -541,19 +559,26 @@ TMA_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
 #: and releases the rest in its idle turns; and blocks whose upper warpgroup has no row (rows past Nq)
 W3_EXTRA_CASES = [(1, 2, 2, 190, 190, 128, True), (1, 2, 1, 64, 700, 64, "bottom-right"),
                   (2, 2, 2, 513, 1000, 64, False), (1, 1, 1, 129, 60, 128, "bottom-right")]
-_TMA_HUNG: list = []   # (variant, dtype) whose child process timed out: the next one is skipped, not waited for
+_TMA_HUNG: list = []   # ((variant, consumers), dtype) whose child process timed out: the next one is skipped, not waited for
 
 
-def tma_check(variant: str, dtype_name: str) -> None:
-    """Every GPU case through TMA rung ``variant`` ("w2" or "w3") at each of :data:`TMA_SETTINGS`, with
-    W1's criteria; run in a child process by the test below, so that a rung that never finishes (a lost
-    mbarrier phase, a named barrier short of arrivals) or faults costs that process, not the test session."""
-    dtype = getattr(torch, dtype_name)
+def tma_cases(variant: str, consumers: int = 2) -> list:
+    """The GPU cases a TMA rung runs: W3 adds its extra causal cases; three consumers take D = 64 only."""
     cases = GPU_CASES + (W3_EXTRA_CASES if variant == "w3" else [])
+    return [c for c in cases if consumers == 2 or c[5] in configs.W3_WIDE["head_dims"]]
+
+
+def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
+    """Every GPU case through TMA rung ``variant`` ("w2" or "w3", W3 with 2 or 3 consumer warpgroups)
+    at each of :data:`TMA_SETTINGS`, with W1's criteria; run in a child process by the test below, so
+    that a rung that never finishes (a lost mbarrier phase, a named barrier short of arrivals) or faults
+    costs that process, not the test session."""
+    dtype = getattr(torch, dtype_name)
     for block_n, stages in TMA_SETTINGS:
-        for case in cases:
+        for case in tma_cases(variant, consumers):
             B, H, Hkv, Nq, Nk, D, causal = case
-            if configs.hopper_config(variant, dtype, D, block_n, stages=stages).dynamic_smem > configs.SMEM_PER_BLOCK[90]:
+            cfg = configs.hopper_config(variant, dtype, D, block_n, stages=stages, consumers=consumers)
+            if cfg.dynamic_smem > configs.SMEM_PER_BLOCK[90]:
                 continue
             g = torch.Generator().manual_seed(Nq * 7 + Nk)
             q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
@@ -561,13 +586,13 @@ def tma_check(variant: str, dtype_name: str) -> None:
             v = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
             scale = 1.3 / math.sqrt(D)
             o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
-                                           stages=stages)
+                                           stages=stages, consumers=consumers)
             torch.cuda.synchronize()
             is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
             ref, ref_lse, rows = reference(q, k, v, scale, is_causal, diag)
             err = (o.double() - ref).abs().max().item()
             t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
-            name = f"{variant.upper()} n{block_n} s{stages} {dtype_name} {case}"
+            name = f"{variant.upper()} c{consumers} n{block_n} s{stages} {dtype_name} {case}"
             assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
             assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
             if not rows.all():
@@ -582,23 +607,23 @@ def tma_check(variant: str, dtype_name: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant", ["w2", "w3"])
-def test_tma_rung_matches_the_reference_and_w1(variant, dtype_name):
-    hung = [d for v, d in _TMA_HUNG if v == variant]
+@pytest.mark.parametrize("variant,consumers", [("w2", 2), ("w3", 2), ("w3", 3)])
+def test_tma_rung_matches_the_reference_and_w1(variant, consumers, dtype_name):
+    hung = [d for v, d in _TMA_HUNG if v == (variant, consumers)]
     if hung:
         pytest.skip(f"{variant.upper()} did not finish for {hung[0]}: not started again")
     here = Path(__file__).resolve().parent
     code = (f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; "
-            f"t.tma_check({variant!r}, {dtype_name!r})")
+            f"t.tma_check({variant!r}, {dtype_name!r}, {consumers})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
     except subprocess.TimeoutExpired as exc:
-        _TMA_HUNG.append((variant, dtype_name))
+        _TMA_HUNG.append(((variant, consumers), dtype_name))
         pytest.fail(f"{variant.upper()} did not finish in 90 s (a deadlock in its barriers?); output so far:\n"
                     f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    assert res.stdout.count(f"ok {variant.upper()}") >= len(GPU_CASES), res.stdout
+    assert res.stdout.count(f"ok {variant.upper()} c{consumers} ") >= len(tma_cases(variant, consumers)), res.stdout
 
 
 def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_fastest(monkeypatch):

@@ -91,3 +91,48 @@ def test_parity_and_argument_checks():
         hs.simulate(2, (3, 0))
     with pytest.raises(ValueError, match="stages"):
         hs.simulate(2, (2, 2), stages=1)
+
+
+# ------------------------------------------------------------------ three consumers, no ping-pong
+#: every block of the W3_CONSUMERS=3 build: tile counts up to 4, each consumer's own count (rows past
+#: Nq: none; a causal block's lower warpgroups: fewer)
+SHAPES3 = [(n, (a, b, c)) for n in range(5) for a in range(n + 1) for b in range(n + 1) for c in range(n + 1)]
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_three_consumers_without_turns_finish_every_shape(stages):
+    for n_tiles, mine in SHAPES3:
+        for seed in range(4):
+            trace = hs.simulate(n_tiles, mine, stages, seed, pingpong=False)
+            assert trace.turns == []                               # no named barrier at all
+            for cw in range(3):
+                assert trace.issued[cw] == expected_issue(mine[cw]), (n_tiles, mine, cw)
+
+
+def test_three_consumers_really_interleave():
+    runs = [hs.simulate(4, (4, 4, 4), 2, seed, pingpong=False) for seed in range(6)]
+    orders = {tuple(p for p in r.picks if p in (0, 1, 2)) for r in runs}
+    assert len(orders) == len(runs)
+
+
+def test_three_consumers_catch_a_release_before_the_wait():
+    found = set()
+    for n_tiles, mine in SHAPES3[:60]:
+        for seed in range(4):
+            try:
+                hs.simulate(n_tiles, mine, 2, seed, pingpong=False, wait_before_release=False)
+            except hs.ScheduleError as exc:
+                found.add(str(exc).split(": ", 1)[1])
+    assert found and all("while its wgmma still reads it" in m or "starts while a wgmma" in m for m in found)
+
+
+def test_without_turns_releasing_skipped_tiles_first_is_harmless():
+    # with ping-pong, releasing a consumer's skipped tiles before its idle turns deadlocks (above);
+    # without turns nothing waits on them, so the order does not matter
+    for n_tiles, mine in SHAPES3[:80]:
+        hs.simulate(n_tiles, mine, 2, 0, pingpong=False, interleave_idle=False)
+
+
+def test_ping_pong_takes_exactly_two_consumers():
+    with pytest.raises(ValueError, match="two consumers"):
+        hs.simulate(3, (3, 3, 3), 2, 0)

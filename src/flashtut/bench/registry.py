@@ -235,22 +235,26 @@ def _ladder_fwd(variant: str):
     return fwd
 
 
-#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages) of
+#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages, consumers) of
 #: flashtut.cuda.hopper.forward_hopper; the group ``hopper`` holds those with W2's and W3's ring of
 #: two stages, the deeper rings are named one by one (``hopper-w3[s3]``)
-HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2), "hopper-w1[pv128]": ("w1", 128, False, 2),
-                "hopper-w1[n64]": ("w1", 64, True, 2), "hopper-w2": ("w2", 128, True, 2),
-                "hopper-w3": ("w3", 128, True, 2), "hopper-w3[s3]": ("w3", 128, True, 3),
-                "hopper-w3[s4]": ("w3", 128, True, 4)}
+HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
+                "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
+                "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
+                "hopper-w3[s3]": ("w3", 128, True, 3, 2), "hopper-w3[s4]": ("w3", 128, True, 4, 2)}
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups"}
 
 
-def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: int) -> Impl:
+def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: int, consumers: int) -> Impl:
+    options = {} if stages == 2 else {"stages": stages}
+    if consumers != 2:
+        options["consumers"] = consumers
+
     def fwd(q, k, v, causal, scale):
         from ..cuda.hopper import forward_hopper
         return forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
-                              pv_split=pv_split, **({} if stages == 2 else {"stages": stages}))
+                              pv_split=pv_split, **options)
 
     cuda_ok = _cuda_available("flashtut.cuda.hopper")
 
@@ -258,11 +262,15 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
         ok, reason = cuda_ok(device, dtype, D)
         if ok and tuple(torch.cuda.get_device_capability(device)) != (9, 0):
             return False, "the Hopper kernels use wgmma, which only sm_90 GPUs (H100, H200) have"
+        if ok and consumers == 3 and D != 64:
+            return False, "three consumer warpgroups are built for D = 64 only (at 128 their registers spill)"
         return ok, reason
 
-    return Impl(name, f"Hopper rung {variant.upper()} (wgmma{_HOPPER_ADDS[variant]}), {block_n} keys per tile"
+    adds = _HOPPER_ADDS[variant] if consumers == 2 else ", TMA, three pipelined consumer warpgroups, no ping-pong"
+    return Impl(name, f"Hopper rung {variant.upper()} (wgmma{adds}), {block_n} keys per tile"
                 + ("" if pv_split else ", one 128-column wgmma for P V")
-                + ("" if stages == 2 else f", a ring of {stages} K/V stages") + " (forward only, sm_90)",
+                + ("" if stages == 2 else f", a ring of {stages} K/V stages")
+                + ("" if consumers == 2 else ", 192-row blocks") + " (forward only, sm_90)",
                 fwd, None, available=available, group="hopper" if stages == 2 else "hopper-ring")
 
 

@@ -484,6 +484,11 @@ HOPPER_VARIANTS = {
 #: (128 * 24 + 256 * 240 = 64512 of an SM's 65536 32-bit registers)
 W2_REGS = {"producer": 24, "consumer": 240}
 
+#: W3 with three consumer warpgroups (``hopper_config(..., consumers=3)``): 192-row blocks of 512
+#: threads, no ping-pong, each consumer's registers after setmaxnreg ((65536 - 128 * 24) / 384,
+#: rounded down to 8), built for D = 64 only (at D = 128 ptxas spills and serialises the wgmma)
+W3_WIDE = {"head_dims": (64,), "regs": 160, "block_m": 192, "threads": 512}
+
 #: head dims the Hopper forward is built for (its tiles are 64-column swizzled blocks)
 HOPPER_HEAD_DIMS = (64, 128)
 
@@ -497,7 +502,7 @@ class HopperConfig:
     source: str
     kernel: str
     defines: tuple      # sorted (name, value) pairs passed as -D
-    block_m: int        # query rows per block: two warpgroups of 64
+    block_m: int        # query rows per block: a consumer warpgroup has 64
     block_n: int        # keys per K/V tile
     threads: int
     dynamic_smem: int   # bytes
@@ -531,11 +536,13 @@ _TMA_RUNGS = {"w2": ("fwd_w2_tma.cu", "flash_fwd_w2", "W2", w2_smem_bytes),
 
 
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
-                  pv_split: bool = True, stages: int = 2) -> HopperConfig:
+                  pv_split: bool = True, stages: int = 2, consumers: int = 2) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
-    W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring."""
+    W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
+    ``consumers`` (W3 only): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
+    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`)."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -544,6 +551,11 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HOPPER_HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
+    if consumers != 2 and not (variant == "w3" and consumers == 3):
+        raise ValueError(f"consumers must be 2, or 3 with variant 'w3', got {consumers!r} with {variant!r}")
+    if consumers == 3 and head_dim not in W3_WIDE["head_dims"]:
+        raise ValueError(f"consumers=3 is built for head dim {W3_WIDE['head_dims'][0]} only (at D = 128 "
+                         f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
@@ -551,8 +563,10 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages!r}")
         d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, f"{prefix}_BLOCK_N": block_n, f"{prefix}_STAGES": stages}
-        return HopperConfig(source, kernel, tuple(sorted(d.items())), 128, block_n, 384,
-                            smem(head_dim, block_n, stages))
+        if consumers != 2:
+            d["W3_CONSUMERS"] = consumers
+        return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
+                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers))
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
@@ -562,7 +576,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
 
 def hopper_builds() -> list[HopperConfig]:
     """Every build the Hopper forward makes at its defaults (the CPU tests compile exactly these)."""
-    return [hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HOPPER_HEAD_DIMS]
+    return ([hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HOPPER_HEAD_DIMS]
+            + [hopper_config("w3", dt, d, consumers=3) for dt in DTYPES for d in W3_WIDE["head_dims"]])
 
 
 # -- which forward cuda_attention runs ------------------------------------------------------------

@@ -57,18 +57,20 @@ def _heads_like(t, q):
 
 
 def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
-                   block_n: int = 128, pv_split: bool = True, stages: int = 2):
+                   block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2):
     """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
 
     ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
     key/value head ``h // (H // Hkv)``); ``causal`` is ``False``, ``True`` / ``"top-left"`` or
-    ``"bottom-right"``. ``block_n``, ``pv_split`` and ``stages`` (W2's and W3's ring): see
-    ``flashtut.cuda.configs.hopper_config``.
+    ``"bottom-right"``. ``block_n``, ``pv_split``, ``stages`` (W2's and W3's ring) and ``consumers``
+    (W3's consumer warpgroups: 2, or 3 at D = 64): see ``flashtut.cuda.configs.hopper_config``.
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
+    if consumers not in (2, 3) or (consumers == 3 and variant != "w3"):
+        raise ValueError(f"consumers must be 2, or 3 with variant 'w3', got {consumers!r} with {variant!r}")
     grouped = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) and k.shape[1] != q.shape[1]
     if grouped:
         H, Hkv = q.shape[1], k.shape[1]
@@ -86,4 +88,4 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     # grouped k / v go to the kernel as they are; prepare_inputs checked (and copied) stride-0 views of
     # them with H heads, a copy to drop once the shared checks take Hkv heads
     q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
-    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages)
+    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages, consumers)

@@ -77,8 +77,8 @@ def tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool,
-          stages: int = 2):
-    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages)
+          stages: int = 2, consumers: int = 2):
+    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages, consumers)
     if cfg.dynamic_smem > max_smem_per_block(device_index):
         raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
                            f"allows {max_smem_per_block(device_index)}")
@@ -89,13 +89,13 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, bl
 
 
 def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
-               block_n: int = 128, pv_split: bool = True, stages: int = 2):
+               block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2):
     """``hopper.forward_hopper`` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
     ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         grid = (math.ceil(Nq / cfg.block_m), B * H, 1)

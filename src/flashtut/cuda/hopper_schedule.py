@@ -24,6 +24,9 @@ phase of parity ``p`` has completed, that is while the current phase's parity di
 named barrier (``bar.sync`` / ``bar.arrive`` with a thread count, here 256) completes when that many
 threads have arrived; ``bar.arrive`` does not wait, ``bar.sync`` does. A consumer warpgroup's four warps
 act together here (the kernel's release barriers count 8 = 2 warpgroups x 4 warps).
+
+The three-consumer build (``W3_CONSUMERS=3``, 192-row blocks at D = 64) runs the same operations with
+no turns: ``simulate(..., pingpong=False)`` with three tile counts, release barriers of 12 arrivals.
 """
 from __future__ import annotations
 
@@ -68,23 +71,31 @@ def producer_ops(n_tiles: int, stages: int):
         yield ("load", f"v_full{s}", f"V{s}", j)
 
 
-def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bool = True,
-                 final_arrive: bool = False, interleave_idle: bool = True, own_barriers: bool = True,
-                 wait_before_release: bool = True):
-    """Consumer warpgroup ``cw`` (0 or 1) of ``flash_fwd_w3`` with ``my_tiles`` of the block's ``n_tiles``.
+def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, pingpong: bool = True,
+                 prime: bool = True, final_arrive: bool = False, interleave_idle: bool = True,
+                 own_barriers: bool = True, wait_before_release: bool = True):
+    """Consumer warpgroup ``cw`` of ``flash_fwd_w3`` with ``my_tiles`` of the block's ``n_tiles``.
 
-    The keywords break one rule each, for the tests that show the simulation catches it: ``prime``
+    ``pingpong``: the two-consumer build, whose consumers take turns on named barriers (``cw`` 0 or
+    1); without it (``W3_CONSUMERS=3``) the same operations run with no turn taken or given.
+    The other keywords break one rule each, for the tests that show the simulation catches it: ``prime``
     (consumer 1 gives consumer 0 its first turn), ``final_arrive`` (consumer 1 also gives a turn after
     its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before the idle
     turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait before a
     stage is released)."""
-    mine, other = (TURN[cw], TURN[1 - cw]) if own_barriers else (TURN[0], TURN[0])
+    mine, other = (TURN[cw], TURN[1 - cw]) if own_barriers and pingpong else (TURN[0], TURN[0])
 
     def end_turn(slot):
+        if not pingpong:
+            return
         if cw == 0 or slot < n_tiles or final_arrive:
             yield ("bar_arrive", other)
         else:
             yield ("end_turn",)
+
+    def turn():
+        if pingpong:
+            yield ("sync", mine)
 
     def release(kind, j):
         yield ("arrive", f"{kind}_empty{j % stages}", WARPS)
@@ -92,12 +103,12 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bo
     def full(kind, j):
         yield ("wait", f"{kind}_full{j % stages}", parity(j, stages), j // stages)
 
-    if cw == 1 and prime:
+    if cw == 1 and prime and pingpong:
         yield ("bar_arrive", TURN[0])
     yield ("wait", "q_full", 0, 0)
     if my_tiles > 0:
         yield from full("k", 0)
-        yield ("sync", mine)
+        yield from turn()
         yield ("issue", "S0", [("Q", 0), ("K0", 0)])
         yield from end_turn(0)
         if wait_before_release:
@@ -107,7 +118,7 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bo
         for j in range(1, my_tiles):
             yield from full("k", j)
             yield from full("v", j - 1)
-            yield ("sync", mine)
+            yield from turn()
             yield ("issue", f"S{j}", [("Q", 0), (f"K{j % stages}", j)])
             yield ("issue", f"PV{j - 1}", [(f"V{(j - 1) % stages}", j - 1)])
             yield from end_turn(j)
@@ -118,7 +129,7 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bo
             yield from release("v", j - 1)
             yield ("regs", "rescale+pack")
         yield from full("v", my_tiles - 1)
-        yield ("sync", mine)
+        yield from turn()
         yield ("issue", f"PV{my_tiles - 1}", [(f"V{(my_tiles - 1) % stages}", my_tiles - 1)])
         yield from end_turn(my_tiles)
         yield ("wgmma_wait", 0)
@@ -135,7 +146,7 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, prime: bo
             yield from skipped(j)
     for j in range(my_tiles, n_tiles + 1):
         if j > my_tiles or my_tiles == 0:
-            yield ("sync", mine)
+            yield from turn()
             yield from end_turn(j)
         if j < n_tiles and interleave_idle:
             yield from skipped(j)
@@ -172,27 +183,32 @@ class Trace:
     picks: list
 
 
-def simulate(n_tiles: int, my_tiles: tuple[int, int], stages: int = 2, seed: int = 0, **knobs) -> Trace:
-    """One run of ``flash_fwd_w3``'s block with the consumers' tile counts ``my_tiles``, the next process
+def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int = 0, **knobs) -> Trace:
+    """One run of ``flash_fwd_w3``'s block with the consumers' tile counts ``my_tiles`` (one per consumer:
+    two with ping-pong, three with ``pingpong=False``, the ``W3_CONSUMERS=3`` build), the next process
     picked at random (``seed``); ``knobs`` go to :func:`consumer_ops`. Raises :class:`ScheduleError`."""
-    if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2:
-        raise ValueError(f"need 0 <= my_tiles <= n_tiles and stages >= 2, got {my_tiles}, {n_tiles}, {stages}")
+    pingpong = knobs.get("pingpong", True)
+    if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2 or (pingpong and len(my_tiles) != 2):
+        raise ValueError(f"need 0 <= my_tiles <= n_tiles, stages >= 2 and two consumers with ping-pong, "
+                         f"got {my_tiles}, {n_tiles}, {stages}")
+    consumers = range(len(my_tiles))
     rng = random.Random(seed)
     bars = {"q_full": _MBarrier(1, 1)}
     for s in range(stages):
         for kind in "kv":
             bars[f"{kind}_full{s}"] = _MBarrier(1, 1)
-            bars[f"{kind}_empty{s}"] = _MBarrier(2 * WARPS, 2 * WARPS)
+            # every consumer warp releases every tile once (W3_CONSUMER_WARPS)
+            bars[f"{kind}_empty{s}"] = _MBarrier(len(my_tiles) * WARPS, len(my_tiles) * WARPS)
     named = {i: _Named() for i in TURN}
     procs = {"producer": producer_ops(n_tiles, stages)}
-    for cw in (0, 1):
+    for cw in consumers:
         procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, **knobs)
     nxt = {name: next(gen, None) for name, gen in procs.items()}
     buffers = {}                                  # buf -> (tile, landed)
     in_flight = []                                # copies: (bar, buf, tile)
-    groups = {0: [], 1: []}                       # unfinished wgmma groups: (name, reads)
-    in_turn = {0: False, 1: False}
-    turns, issued = [], {0: [], 1: []}
+    groups = {cw: [] for cw in consumers}         # unfinished wgmma groups: (name, reads)
+    in_turn = {cw: False for cw in consumers}
+    turns, issued = [], {cw: [] for cw in consumers}
     blocked_sync = set()                          # consumers inside bar.sync, not yet released
     picks = []
 
@@ -235,7 +251,7 @@ def simulate(n_tiles: int, my_tiles: tuple[int, int], stages: int = 2, seed: int
         kind = op[0]
         if kind == "load":
             bar, buf, tile = op[1:]
-            for cw in (0, 1):
+            for cw in consumers:
                 if any(b == buf for _, reads in groups[cw] for b, _ in reads):
                     fail(f"the copy of tile {tile} into {buf} starts while a wgmma of consumer {cw} reads it")
             bars[bar].pending -= 1
@@ -260,7 +276,7 @@ def simulate(n_tiles: int, my_tiles: tuple[int, int], stages: int = 2, seed: int
         elif kind == "end_turn":
             in_turn[name] = False
         elif kind == "issue":
-            if not in_turn[name]:
+            if pingpong and not in_turn[name]:
                 fail(f"consumer {name} issues {op[1]} outside its turn")
             for buf, tile in op[2]:
                 if buffers.get(buf) != (tile, True):
@@ -297,7 +313,7 @@ def simulate(n_tiles: int, my_tiles: tuple[int, int], stages: int = 2, seed: int
     for bid, gen in named.items():
         if gen.arrived:
             fail(f"named barrier {bid} is left with arrivals {gen.arrived} at exit")
-    for cw in (0, 1):
+    for cw in consumers:
         if groups[cw]:
             fail(f"consumer {cw} exits with unfinished wgmma groups {groups[cw]}")
     return Trace(turns, issued, picks)

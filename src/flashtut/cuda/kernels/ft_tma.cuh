@@ -14,7 +14,9 @@
 #pragma once
 #include "ft_wgmma_softmax.cuh"
 
-#define FT_TMA_BLOCK_M 128   // query rows per block: two consumer warpgroups of 64
+#ifndef FT_TMA_BLOCK_M
+#define FT_TMA_BLOCK_M 128   // query rows per block: two consumer warpgroups of 64 (W3 may take three)
+#endif
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
 #if FT_SM90A

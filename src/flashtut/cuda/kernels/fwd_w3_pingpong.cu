@@ -28,7 +28,8 @@
 //   highest register in the SASS is R198 at D = 128, R162 at D = 64, both under 240, no spills).
 // The pipelining's "second S" is P_{j-1}, kept in 16 bits. P_j is computed in S_j's own registers
 // (exp2 in place, float32) and packed into pf only after the P V reading P_{j-1} is done, so it adds
-// nothing to the peak. At D = 64: 136.
+// nothing to the peak. At D = 64: 136. With three consumers (D = 64 only) setmaxnreg gives each 160
+// and the highest register in the SASS is R151, no spills (nvcc 13.0).
 // Shared memory: Q (128 rows) and W3_STAGES stages of K and V as in W2, but K and V are released
 // separately (K_j once S_j is done, V_j a slot later once its P V is done): with one release for both,
 // a two-stage ring could refill the stage of tile j - 1 only after slot j, exposing the TMA latency to
@@ -37,6 +38,22 @@
 // Kept from W2: the producer warpgroup and its TMA tensor maps, setmaxnreg 24 / 240, the swizzled tiles,
 // causal block skipping with the heaviest query blocks first, grouped heads, either causal alignment,
 // masked tails for any Nq and Nk, o = 0 and lse = -inf for a row that sees no key, the launch interface.
+//
+// W3_CONSUMERS = 3 (the D = 64 variant, FlashAttention-3's choice at head dim 64): three consumer
+// warpgroups of 64 rows, 192-row blocks, 512 threads, setmaxnreg 24 / 160, and no ping-pong: with three
+// warpgroups on the tensor cores each one's softmax already runs under the others' products, and a turn
+// order among three would add a named-barrier round per slot. Each keeps the intra-warpgroup pipelining.
+#ifndef W3_CONSUMERS
+#define W3_CONSUMERS 2  // consumer warpgroups: 2 (ping-pong) or 3 (no turns)
+#endif
+#if W3_CONSUMERS != 2 && W3_CONSUMERS != 3
+#error "W3_CONSUMERS must be 2 or 3"
+#endif
+#if W3_CONSUMERS == 3 && HEAD_DIM != 64
+#error "three consumer warpgroups are built for HEAD_DIM 64: at 128 their 160 registers spill and ptxas serialises the wgmma (C7512)"
+#endif
+#define W3_PINGPONG (W3_CONSUMERS == 2)
+#define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
 
 #ifndef W3_BLOCK_N
@@ -46,13 +63,14 @@
 #define W3_STAGES 2     // K/V stages in the ring
 #endif
 #define W3_BLOCK_M FT_TMA_BLOCK_M
-#define W3_THREADS 384
+#define W3_THREADS (128 * (1 + W3_CONSUMERS))
 #define W3_PRODUCER_REGS 24
-#define W3_CONSUMER_REGS 240
+// the register file (64 K) less the producer's 128 x 24, shared by the consumers, rounded down to 8
+#define W3_CONSUMER_REGS (W3_CONSUMERS == 2 ? 240 : 160)
 #define W3_Q_BYTES (W3_BLOCK_M * HEAD_DIM * 2)
 #define W3_KV_BYTES (W3_BLOCK_N * HEAD_DIM * 2)
-#define W3_CONSUMER_WARPS 8     // arrivals that release a K or V stage: every consumer warp once
-// Named barriers: 0 is __syncthreads' (all 384 threads, once, before the roles split); 1 and 2 are the
+#define W3_CONSUMER_WARPS (4 * W3_CONSUMERS)   // arrivals that release a K or V stage: every consumer warp once
+// Named barriers: 0 is __syncthreads' (all the block's threads, once, before the roles split); 1 and 2 are the
 // turns of consumer warpgroups 0 and 1. Each counts 256 threads: the 128 of the warpgroup that waits
 // (bar.sync) and the 128 of the one that lets it go (bar.arrive), so it completes only when both did.
 #define W3_BAR_TURN0 1
@@ -61,17 +79,18 @@
 // The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
 // barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
 __device__ __forceinline__ void named_bar_sync(int id) {
-#if FT_SM90A
+#if FT_SM90A && W3_PINGPONG
     asm volatile("bar.sync %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
 __device__ __forceinline__ void named_bar_arrive(int id) {
-#if FT_SM90A
+#if FT_SM90A && W3_PINGPONG
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
 
-// grid (ceil(Nq / 128), B * H), block 384 threads, dynamic shared memory
+// grid (ceil(Nq / W3_BLOCK_M), B * H), block W3_THREADS threads (384, or 512 with three consumers),
+// dynamic shared memory
 // W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
 extern "C" __global__ void __launch_bounds__(W3_THREADS, 1)
 flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
@@ -139,7 +158,12 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
+#if W3_PINGPONG
     const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
+#else
+    const int my_turn = 0;   // named_bar_sync(my_turn) compiles to nothing without ping-pong
+    (void)cw;
+#endif
 
     // Tiles this warpgroup reads: the block's, less those (causal) right of its last row's diagonal, none
     // when all its rows are past Nq. Always a prefix 0 .. my_tiles - 1 of the block's n_tiles.
@@ -154,8 +178,14 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     // Consumer 0 issues first: consumer 1 gives it its first turn here. Consumer 1 does not give a turn
     // after its last slot (n_tiles): consumer 0 has no slot n_tiles + 1 to take it, and an arrival left on
     // the barrier would be a half-counted generation at exit.
+    // Without ping-pong (three consumers) the turns compile to nothing: named_bar_sync and
+    // named_bar_arrive are empty and W3_END_TURN gives no turn.
+#if W3_PINGPONG
     if (cw == 1) named_bar_arrive(W3_BAR_TURN0);
 #define W3_END_TURN(slot) do { if (cw == 0 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+#else
+#define W3_END_TURN(slot) do { } while (0)
+#endif
 
     float acc[HEAD_DIM / 2];
 #pragma unroll
