@@ -118,8 +118,9 @@ PRODUCERS = {
                                   "odd shapes (perflog_cuda_bwd, chapter 08)",
                                   "python -m flashtut.bench.cuda_ladder --bwd-only "
                                   "--out book/data/cuda_ladder_bwd_h200.json"),
-    "cuda_protocol_h200.json": ("cuda_attention against SDPA flash at the protocol's N 4096 and 16384 after issue 13",
-                                "python -m flashtut.bench run --impl cuda,sdpa-flash -D 128,64 -N 4096,16384 "
+    "cuda_protocol_h200.json": ("cuda_attention (its default, W3 forward on an H200, and forward_kernel='mma') "
+                                "against SDPA flash at the protocol's N 4096 and 16384, backward with the warp grid",
+                                "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash -D 128,64 -N 4096,16384 "
                                 "--dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "
                                 "--warmup-ms 5 --rep-ms 40 --no-progress --out book/data/cuda_protocol_h200.json"),
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
