@@ -487,7 +487,7 @@ W2_REGS = {"producer": 24, "consumer": 240}
 #: W3 with three consumer warpgroups (``hopper_config(..., consumers=3)``): 192-row blocks of 512
 #: threads, no ping-pong, each consumer's registers after setmaxnreg ((65536 - 128 * 24) / 384,
 #: rounded down to 8), built for D = 64 only (at D = 128 ptxas spills and serialises the wgmma)
-W3_WIDE = {"head_dims": (64,), "regs": 160, "block_m": 192, "threads": 512}
+W3_WIDE = {"head_dims": (64,), "regs": 160}
 
 #: head dims the Hopper forward is built for (its tiles are 64-column swizzled blocks)
 HOPPER_HEAD_DIMS = (64, 128)
