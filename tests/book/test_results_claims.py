@@ -266,7 +266,7 @@ def test_chapter_08_quotes_the_warp_grid_run():
     text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
     log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
     rows, _ = results_data.load_results("cuda_ladder_bwd_h200.json")
-    old, det = BWD_GRID_COLUMNS["old default (w8-1bar-v4 at D = 128, w8-1bar at 64)"], "cuda-bwd-separate-dq"
+    old, det = BWD_GRID_COLUMNS["old default"], "cuda-bwd-separate-dq"
     new = {D: "cuda-bwd-" + next(n for n, c in cf.experiment_configs(D).items()
                                  if c == cf.pick_config(D, 90, cf.SMEM_PER_BLOCK[90])) for D in (128, 64)}
     s = {(x["D"], x["impl"]): x for x in ratio_summary(rows, {det, *new.values(), *old.values()})}

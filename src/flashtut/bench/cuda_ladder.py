@@ -47,11 +47,11 @@ NEW = ("v4", "v5", "v6", "v7")
 #: the backward run as the book shows it (book/perflog_cuda_bwd.md, chapter 08), for
 #: ``flashtut.bench.report.case_table``: header -> implementation, or {D: implementation}
 BWD_GRID_COLUMNS = {
-    "separate-dq (deterministic)": "cuda-bwd-separate-dq",
-    "old default (w8-1bar-v4 at D = 128, w8-1bar at 64)": {128: "cuda-bwd-atomic-dq-w8-1bar-v4",
-                                                           64: "cuda-bwd-atomic-dq-w8-1bar"},
-    "split2x4 (default at D = 128)": "cuda-bwd-atomic-dq-w8-split2x4",
-    "split2x4-m128 (default at D = 64)": "cuda-bwd-atomic-dq-w8-split2x4-m128",
+    # headers short enough for a phone: what each is, the text around the table says
+    "separate dQ": "cuda-bwd-separate-dq",
+    "old default": {128: "cuda-bwd-atomic-dq-w8-1bar-v4", 64: "cuda-bwd-atomic-dq-w8-1bar"},
+    "grid": "cuda-bwd-atomic-dq-w8-split2x4",
+    "grid, 128 q": "cuda-bwd-atomic-dq-w8-split2x4-m128",
 }
 
 
