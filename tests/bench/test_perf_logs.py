@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
 from flashtut.figures.triton_plots import final_measurement_markdown
 from flashtut.results_data import load_results
 
@@ -42,19 +43,38 @@ def test_hopper_ladder_table_matches_the_data():
         assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
 
 
+def _assert_in_page(page: str, lines: list[str]) -> None:
+    text = (BOOK / page).read_text()
+    for line in lines:
+        assert line in text, f"{page}: generated line missing or changed:\n{line}"
+
+
 #: the Hopper log's W3 table: TFLOP/s (ratio to SDPA flash) of cuDNN and the TMA rungs, per case
 HOPPER_W3_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W2": "hopper-w2", "W3": "hopper-w3"}
+#: the Hopper log's ring-depth table: W3 with 2, 3 and 4 K/V stages (hopper_ring_h200.json)
+HOPPER_RING_COLUMNS = {"W3, 2 stages": "hopper-w3", "3 stages": "hopper-w3[s3]", "4 stages": "hopper-w3[s4]"}
+#: the CUDA logs' protocol tables: cuda_attention's default and its mma.sync forward
+CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda"}
+
+#: (page, data file, columns, mode, cases): the per-case tables the logs print with report.case_table
+CASE_TABLES = [
+    ("perflog_hopper.md", "hopper_h200.json", HOPPER_W3_COLUMNS, "fwd", 16),
+    ("perflog_hopper.md", "hopper_ring_h200.json", HOPPER_RING_COLUMNS, "fwd", 8),
+    ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", 16),
+    ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", 16),
+    ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", 16),
+]
 
 
-def test_hopper_w3_table_matches_the_data():
+@pytest.mark.parametrize("page,data,columns,mode,cases", CASE_TABLES,
+                         ids=[f"{p}:{d}:{m}" for p, d, _, m, _ in CASE_TABLES])
+def test_case_tables_match_the_data(page, data, columns, mode, cases):
     from flashtut.bench.report import case_table, format_table
 
-    text = (BOOK / "perflog_hopper.md").read_text()
-    rows, _ = load_results("hopper_h200.json")
-    table_lines = format_table(*case_table(rows, HOPPER_W3_COLUMNS, mode="fwd"), markdown=True).splitlines()
-    assert len(table_lines) == 2 + 16
-    for line in table_lines:
-        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+    rows, _ = load_results(data)
+    table_lines = format_table(*case_table(rows, columns, mode=mode), markdown=True).splitlines()
+    assert len(table_lines) == 2 + cases
+    _assert_in_page(page, table_lines)
 
 
 def test_hopper_tensor_map_ab_table_matches_the_data():
@@ -62,60 +82,30 @@ def test_hopper_tensor_map_ab_table_matches_the_data():
     from flashtut.bench.hopper_ab import ab_table
     from flashtut.bench.report import format_table
 
-    text = (BOOK / "perflog_hopper.md").read_text()
     rows, _ = load_results("hopper_ab_h200.json")
     table_lines = format_table(*ab_table(rows), markdown=True).splitlines()
     assert len(table_lines) == 2 + 16                 # 8 cases x 2 budgets
-    for line in table_lines:
-        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
+    _assert_in_page("perflog_hopper.md", table_lines)
 
 
-#: the Hopper log's ring-depth table: W3 with 2, 3 and 4 K/V stages (hopper_ring_h200.json)
-HOPPER_RING_COLUMNS = {"W3, 2 stages": "hopper-w3", "3 stages": "hopper-w3[s3]", "4 stages": "hopper-w3[s4]"}
-
-
-def test_hopper_ring_table_matches_the_data():
-    from flashtut.bench.report import case_table, format_table
-
-    text = (BOOK / "perflog_hopper.md").read_text()
-    rows, _ = load_results("hopper_ring_h200.json")
-    table_lines = format_table(*case_table(rows, HOPPER_RING_COLUMNS, mode="fwd"), markdown=True).splitlines()
-    assert len(table_lines) == 2 + 8
-    for line in table_lines:
-        assert line in text, f"perflog_hopper.md: generated row missing or changed:\n{line}"
-
-
-def test_warp_grid_backward_table_matches_the_data():
-    from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
-    from flashtut.bench.report import case_table, format_ratio_summary, format_table, ratio_summary
+@pytest.mark.parametrize("page,data,impls,mode", [
+    ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", None, "bwd"),
+    ("perflog_cuda.md", "cuda_protocol_h200.json", list(CUDA_PROTOCOL_COLUMNS), "fwd"),
+    ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", list(CUDA_PROTOCOL_COLUMNS), "bwd"),
+])
+def test_ratio_summaries_match_the_data(page, data, impls, mode):
+    # "D = 128: name gmean (min to max); ..." per head dim; the ladder's run lists every configuration
+    from flashtut.bench.report import format_ratio_summary, ratio_summary
     from flashtut.cuda.configs import experiment_configs
 
-    text = (BOOK / "perflog_cuda_bwd.md").read_text()
-    rows, _ = load_results("cuda_ladder_bwd_h200.json")
-    header, body = case_table(rows, BWD_GRID_COLUMNS)
-    table_lines = format_table(header, body, markdown=True).splitlines()
-    assert len(table_lines) == 2 + 16
-    impls = [f"cuda-bwd-{name}" for name in experiment_configs(64)]
-    summary = format_ratio_summary(ratio_summary(rows, impls), {i: i[len("cuda-bwd-"):] for i in impls})
+    rows, _ = load_results(data)
+    names = {}
+    if impls is None:
+        impls = [f"cuda-bwd-{name}" for name in experiment_configs(64)]
+        names = {i: i[len("cuda-bwd-"):] for i in impls}
+    summary = format_ratio_summary(ratio_summary(rows, impls, mode=mode), names)
     assert len(summary) == 2
-    for line in table_lines + summary:
-        assert line in text, f"perflog_cuda_bwd.md: generated line missing or changed:\n{line}"
-
-
-@pytest.mark.parametrize("page,mode", [("perflog_cuda.md", "fwd"), ("perflog_cuda_bwd.md", "bwd")])
-def test_cuda_protocol_tables_match_the_data(page, mode):
-    # the protocol of cuda_attention (cuda: its default; cuda-mma: the mma.sync forward) against SDPA flash
-    from flashtut.bench.report import case_table, format_ratio_summary, format_table, ratio_summary
-
-    text = (BOOK / page).read_text()
-    rows, _ = load_results("cuda_protocol_h200.json")
-    columns = {"cuda-mma": "cuda-mma", "cuda": "cuda"}
-    table_lines = format_table(*case_table(rows, columns, mode=mode), markdown=True).splitlines()
-    assert len(table_lines) == 2 + 16
-    summary = format_ratio_summary(ratio_summary(rows, list(columns), mode=mode))
-    assert len(summary) == 2
-    for line in table_lines + summary:
-        assert line in text, f"{page}: generated line missing or changed:\n{line}"
+    _assert_in_page(page, summary)
 
 
 def test_issue_13_targets_hold_on_the_committed_protocol():
