@@ -47,7 +47,14 @@ def _cpu_name() -> str:
 
 
 def git_commit() -> dict | None:
-    """The commit of the repository this package was imported from (None outside a checkout)."""
+    """The commit of the repository this package was imported from (None outside a checkout).
+
+    FLASHTUT_SOURCE_COMMIT overrides it: a copy of the working tree on another machine may carry a
+    stale .git, and the commit it was copied from is then known only to whoever copied it.
+    """
+    given = os.environ.get("FLASHTUT_SOURCE_COMMIT", "").strip()
+    if given:
+        return {"commit": given, "dirty": False, "from": "FLASHTUT_SOURCE_COMMIT"}
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
