@@ -350,6 +350,7 @@ def test_auto_takes_wgmma_exactly_where_the_hopper_rungs_run(arch, dtype, D, nvr
     runs_wgmma = arch == 90 and D in (64, 128) and nvrtc is not None and nvrtc >= (12, 0)
     if runs_wgmma:
         assert choice[:2] == ("wgmma", "w3")
+        assert choice.consumers == (3 if D == 64 else 2)
     else:
         assert choice.kernel == "mma" and choice.variant == configs.fast_variant(D, arch)
         assert choice.reason  # says why wgmma was not taken
@@ -388,8 +389,9 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
 
     calls = []
 
-    def fake_hopper(q, k, v, causal, scale, variant="w1", diag_offset=0, block_n=128, pv_split=True):
-        calls.append(("wgmma", variant, q.shape[-1], k.shape[1], causal, diag_offset))
+    def fake_hopper(q, k, v, causal, scale, variant="w1", diag_offset=0, block_n=128, pv_split=True,
+                    stages=2, consumers=2):
+        calls.append(("wgmma", f"{variant}c{consumers}", q.shape[-1], k.shape[1], causal, diag_offset))
         return torch.zeros_like(q), torch.zeros(q.shape[:3])
 
     def fake_mma(q, k, v, causal, scale, variant="v3", *rest, kv_group=None, diag_offset=0):
@@ -411,16 +413,17 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
 
 
 def test_cuda_attention_runs_w3_on_sm90(monkeypatch):
+    # two consumer warpgroups with ping-pong at D = 128, three at D = 64 (configs.HOPPER_CONSUMERS)
     run = _dispatch(monkeypatch, 90)
-    assert run(128) == ("wgmma", "w3", 128, 4, False, 0)
-    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w3", 64, 4, False, 0)       # padded to 64
-    assert run(64, "top-left", Hkv=2) == ("wgmma", "w3", 64, 2, True, 0)           # grouped heads
-    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w3", 128, 1, True, 4)
-    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w3", 128, 4, True, -4)
+    assert run(128) == ("wgmma", "w3c2", 128, 4, False, 0)
+    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w3c3", 64, 4, False, 0)     # padded to 64
+    assert run(64, "top-left", Hkv=2) == ("wgmma", "w3c3", 64, 2, True, 0)         # grouped heads
+    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w3c2", 128, 1, True, 4)
+    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w3c2", 128, 4, True, -4)
     assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W3 has no D = 256
     assert run(80)[:3] == ("mma", configs.fast_variant(96, 90), 96)                # nor the padded D = 96
     assert run(128, forward_kernel="mma") == ("mma", "v5", 128, 4, False, 0)
-    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w3", 64, 4, True, 0)
+    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w3c3", 64, 4, True, 0)
 
 
 @pytest.mark.parametrize("arch", [75, 80, 89, 100])
@@ -523,7 +526,8 @@ def test_cuda_attention_runs_w1_on_sm90_and_its_gradients_pass(case, dtype):
     q = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
     k, v = (torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype) for _ in range(2))
     do = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
-    assert ca.forward_kernel_for(q)[:2] == ("wgmma", "w3")
+    assert tuple(ca.forward_kernel_for(q)[::3]) == ("wgmma", 3 if D == 64 else 2)
+    assert ca.forward_kernel_for(q).variant == "w3"
     scale = 0.9 / math.sqrt(D)
     is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
     rep = H // Hkv
@@ -627,9 +631,10 @@ def test_tma_rung_matches_the_reference_and_w1(variant, consumers, dtype_name):
 
 
 def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_fastest(monkeypatch):
-    """``hopper-w3`` is in the ``hopper`` preset (launched as variant "w3"), and ``cuda_attention``'s
-    forward on sm_90 is the rung the committed H200 run (``hopper_h200.json``) found fastest at every
-    protocol case, against every other Hopper rung and the mma.sync forward."""
+    """``hopper-w3`` and ``hopper-w3[c3]`` are in the ``hopper`` preset (launched as variant "w3" with two
+    or three consumers), and ``cuda_attention``'s forward on sm_90 is, per head dim, the build the committed
+    H200 run (``hopper_h200.json``) found fastest at every protocol case, against every other Hopper rung
+    and the mma.sync forward."""
     from flashtut import results_data
     from flashtut.bench import registry, sweeps
 
@@ -640,10 +645,16 @@ def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_faste
     q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)
     assert impls["hopper-w3"].forward(q, q, q, True, 0.125) == "o"
     assert calls == [dict(causal=True, scale=0.125, variant="w3", block_n=128, pv_split=True)]
+    assert impls["hopper-w3[c3]"].forward(q, q, q, False, 0.125) == "o"
+    assert calls[1] == dict(causal=False, scale=0.125, variant="w3", block_n=128, pv_split=True, consumers=3)
+    default_impl = {}
     for dtype in (torch.float16, torch.bfloat16):
         for D in configs.HOPPER_HEAD_DIMS:
             for kernel in ("auto", "wgmma"):
-                assert configs.choose_forward(kernel, 90, dtype, D, (12, 8)).variant == configs.HOPPER_DEFAULT
+                choice = configs.choose_forward(kernel, 90, dtype, D, (12, 8))
+                assert (choice.variant, choice.consumers) == (configs.HOPPER_DEFAULT, configs.HOPPER_CONSUMERS[D])
+            default_impl[D] = f"hopper-{choice.variant}" + ("[c3]" if choice.consumers == 3 else "")
+    assert default_impl == {128: "hopper-w3", 64: "hopper-w3[c3]"}
     rows, _ = results_data.load_results("hopper_h200.json")
     cases = {}
     for r in rows:
@@ -651,4 +662,4 @@ def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_faste
             cases.setdefault((r["dtype"], r["D"], r["N"], r["causal"]), {})[r["impl"]] = r["tflops"]
     assert len(cases) == 16
     for case, speeds in cases.items():
-        assert max(speeds, key=speeds.get) == f"hopper-{configs.HOPPER_DEFAULT}", (case, speeds)
+        assert max(speeds, key=speeds.get) == default_impl[case[1]], (case, speeds)

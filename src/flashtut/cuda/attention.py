@@ -20,8 +20,9 @@
   forward and the backward behind one autograd Function, which saves only ``q, k, v, o`` and the
   log-sum-exp ``lse`` (B*H*Nq floats). The forward is chosen by ``configs.choose_forward``: on an
   sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper_launch.run_hopper``, rung
-  W3 of chapter 11, ``configs.HOPPER_DEFAULT``) wherever it supports the case, elsewhere the mma.sync ladder's fast step
-  (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
+  W3 of chapter 11, ``configs.HOPPER_DEFAULT``, with three consumer warpgroups at D = 64:
+  ``configs.HOPPER_CONSUMERS``) wherever it supports the case, elsewhere the mma.sync ladder's
+  fast step (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
   backward is the mma.sync one either way: it needs only ``lse``, which both forwards write.
 
 Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
@@ -315,7 +316,8 @@ class CudaAttention(torch.autograd.Function):
         choice = forward_kernel_for(q, forward_kernel)
         offset = diag_offset(alignment, q.shape[2], k.shape[2])
         if choice.kernel == "wgmma":
-            o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset)
+            o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset,
+                                consumers=choice.consumers)
         else:
             o, lse = _forward(q, k, v, alignment is not None, scale, choice.variant,
                               kv_group=q.shape[1] // k.shape[1], diag_offset=offset)

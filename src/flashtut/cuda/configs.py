@@ -583,8 +583,11 @@ def hopper_builds() -> list[HopperConfig]:
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
 #: the Hopper rung ``cuda_attention`` runs on sm_90: W3, the fastest measured (book/perflog_hopper.md:
-#: 1.53-1.83x SDPA flash at D = 128, 1.32-1.43x at D = 64, where W1 gives 0.97-1.15x and 0.86-0.91x)
+#: 1.53-1.83x SDPA flash at D = 128, where W1 gives 0.97-1.15x)
 HOPPER_DEFAULT = "w3"
+#: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
+#: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
+HOPPER_CONSUMERS = {64: 3, 128: 2}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
@@ -600,10 +603,12 @@ HOPPER_NVRTC = (12, 0)
 
 class ForwardChoice(NamedTuple):
     """The forward one ``cuda_attention`` call runs: ``kernel`` ``"mma"`` or ``"wgmma"``, ``variant``
-    the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why."""
+    the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why, and for
+    wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`)."""
     kernel: str
     variant: str
     reason: str
+    consumers: int = 2
 
 
 def check_forward_kernel(forward_kernel) -> str:
@@ -622,7 +627,7 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
     """Which forward runs for a (padded) ``head_dim`` and ``dtype`` on a GPU of ``arch`` (75, 90 ...)
     whose NVRTC is ``nvrtc_version`` (``(major, minor)``; None: unknown, as good as too old).
 
-    ``"auto"`` takes wgmma (rung :data:`HOPPER_DEFAULT`) wherever it supports the case and falls
+    ``"auto"`` takes wgmma (rung :data:`HOPPER_DEFAULT` with :data:`HOPPER_CONSUMERS`) wherever it supports the case and falls
     back to mma.sync otherwise; ``"wgmma"`` raises where it cannot run: ``ValueError`` for a head
     dim or dtype the Hopper rungs are not built for, ``RuntimeError`` for a GPU other than sm_90 or an NVRTC too old for sm_90a."""
     check_forward_kernel(forward_kernel)
@@ -642,7 +647,8 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
                                  f"before {HOPPER_NVRTC[0]}.{HOPPER_NVRTC[1]}; install a CuPy for CUDA 12 or 13 "
                                  "(pip install cupy-cuda12x)")
     if why_not is None:
-        return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a")
+        return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a",
+                             HOPPER_CONSUMERS[head_dim])
     if forward_kernel == "wgmma":
         error, message = why_not
         raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")
