@@ -3,16 +3,16 @@
 # with torch, triton and cupy (no venv needed):
 #   tests      tests/kernels/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
 #              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
-#   sass       each W1, W2 and W3 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, and for
-#              W2 and W3 UTMALDG / SYNCS / USETMAXREG / BAR and the wgmma waits (DEPBAR), ptxas
+#   sass       each W1 to W4 build by nvcc for sm_90a and cuobjdump: HGMMA / HMMA / WARPGROUP counts, and for
+#              W2, W3 and W4 UTMALDG / SYNCS / USETMAXREG / BAR and the wgmma waits (DEPBAR), ptxas
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
 #              cuDNN and the fast mma.sync CUDA kernel (cuda-mma) in one process (QUICK=1: N 4096, float16 only)
-#   ncu        Nsight Compute on one launch each of W1, W2, W3, the mma.sync CUDA forward and SDPA flash at
+#   ncu        Nsight Compute on one launch each of W1 to W4, the mma.sync CUDA forward and SDPA flash at
 #              N = 4096, D = 128 and 64 (tools/ncu_launches.py): the sections (speed of light, warp states,
 #              occupancy), then the tensor-pipe, wgmma and stall metrics by name
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
-#              (which launches every Hopper build on an sm_90 GPU; W2 and W3 only when the tests stage passed,
-#              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 are set: a rung that hangs would cost
+#              (which launches every Hopper build on an sm_90 GPU; the TMA rungs only when the tests stage passed,
+#              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 / _W4=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
 # Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
@@ -40,12 +40,13 @@ machine_info
 
 if want tests; then
     stage tests
-    timeout "${T_TESTS:-240}" python3 -m pytest tests/kernels/test_cuda_hopper.py -q -rfE --tb=short -p no:cacheprovider \
+    w=""; python3 -c "import xdist" 2>/dev/null && w="-n 8"
+    timeout "${T_TESTS:-240}" python3 -m pytest tests/kernels/test_cuda_hopper.py $w -q -rfE --tb=short -p no:cacheprovider \
         > "$OUT/tests.log" 2>&1
     rc=$?
     echo "pytest rc=$rc" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"
     # the TMA rungs finished their gpu tests (in child processes with timeouts): the sanitizer may run them
-    [ "$rc" = 0 ] && export FLASHTUT_SANITIZE_W2=1 FLASHTUT_SANITIZE_W3=1 FLASHTUT_SANITIZE_W3C3=1
+    [ "$rc" = 0 ] && export FLASHTUT_SANITIZE_W2=1 FLASHTUT_SANITIZE_W3=1 FLASHTUT_SANITIZE_W3C3=1 FLASHTUT_SANITIZE_W4=1
 fi
 
 if want sass && command -v nvcc > /dev/null; then
@@ -64,10 +65,13 @@ if want sass && command -v nvcc > /dev/null; then
     done; done; done
     # the TMA rungs at their defaults: W3 should show two copies of each product, one DEPBAR 0x1 (the
     # pipelined wait), named barriers (BAR.SYNC / BAR.ARV with 0x100 threads) and no C75xx ptxas line
-    # (and W3 with three consumer warpgroups, D = 64: "w3c3", no named barrier, setmaxnreg 160)
-    for SRC in fwd_w2_tma fwd_w3_pingpong w3c3; do for D in 64 128; do for BF in 0 1; do
-        [ $SRC = w3c3 ] && [ $D = 128 ] && continue
-        EXTRA=""; FILE=$SRC; [ $SRC = w3c3 ] && EXTRA="-DW3_CONSUMERS=3" && FILE=fwd_w3_pingpong
+    # (and W3 with three consumer warpgroups, D = 64: "w3c3", no named barrier, setmaxnreg 160; W4 the same
+    # counts as W3, "w4c3" as "w3c3")
+    for SRC in fwd_w2_tma fwd_w3_pingpong w3c3 fwd_w4_persistent w4c3; do for D in 64 128; do for BF in 0 1; do
+        case $SRC in w3c3|w4c3) [ $D = 128 ] && continue;; esac
+        EXTRA=""; FILE=$SRC
+        [ $SRC = w3c3 ] && EXTRA="-DW3_CONSUMERS=3" && FILE=fwd_w3_pingpong
+        [ $SRC = w4c3 ] && EXTRA="-DW3_CONSUMERS=3" && FILE=fwd_w4_persistent
         name="sass_${SRC}_d${D}_bf${BF}"
         timeout "${T_SASS:-60}" nvcc -std=c++17 -cubin -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
             -DHEAD_DIM=$D -DFT_BF16=$BF $EXTRA -o "$OUT/$name.cubin" "src/flashtut/cuda/kernels/$FILE.cu" > "$OUT/$name.ptxas" 2>&1

@@ -1,7 +1,7 @@
 """One launch of each forward that chapter 11 compares, for Nsight Compute: SDPA flash, the
 mma.sync forward ``cuda_attention(..., forward_kernel="mma")`` runs, and Hopper rungs W1, W2, W3 (at
-D = 64 also W3 with three consumer warpgroups),
-at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal, random inputs:
+D = 64 also W3 with three consumer warpgroups), W4 (three consumers at D = 64), then W3 and W4 causal,
+at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal unless said, random inputs:
 
     python3 tools/ncu_launches.py 128            # once without ncu: fills CuPy's kernel cache
     ncu -k regex:flash_fwd --metrics ... python3 tools/ncu_launches.py 128
@@ -27,5 +27,10 @@ for variant in ("w1", "w2", "w3"):
     forward_hopper(q, k, v, variant=variant)
 if D == 64:     # W3 with three consumer warpgroups, built for D = 64 only
     forward_hopper(q, k, v, variant="w3", consumers=3)
+# W4 (persistent blocks) with cuda_attention's consumers at this D, not causal, then W3 and W4 causal
+wide = 3 if D == 64 else 2
+forward_hopper(q, k, v, variant="w4", consumers=wide)
+forward_hopper(q, k, v, causal=True, variant="w3", consumers=wide)
+forward_hopper(q, k, v, causal=True, variant="w4", consumers=wide)
 torch.cuda.synchronize()
 print(f"ncu launches done (D = {D})")

@@ -100,5 +100,15 @@ if torch.cuda.get_device_capability() == (9, 0):
                     forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w3",
                                    consumers=3)
                 forward_hopper(k[:, :, :131], k, v, causal=True, variant="w3", block_n=64, consumers=3)
+            # W4 (W3 with persistent blocks), behind FLASHTUT_SANITIZE_W4=1: the default grid, and one and
+            # three blocks that each walk many query blocks (the ring's phases and Q's refills carry over)
+            if os.environ.get("FLASHTUT_SANITIZE_W4") == "1":
+                for consumers in ((2, 3) if D == 64 else (2,)):
+                    for causal, ctas in ((False, None), (True, 1), ("bottom-right", 3)):
+                        forward_hopper(q, k, v, causal=causal, variant="w4", consumers=consumers, ctas=ctas)
+                        forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w4",
+                                       consumers=consumers, ctas=ctas)
+                    forward_hopper(k[:, :, :131], k, v, causal=True, variant="w4", block_n=64, consumers=consumers,
+                                   ctas=2)
 torch.cuda.synchronize()
 print("sanitizer launches done")

@@ -1,4 +1,5 @@
-"""Hopper rungs W1, W2 and W3 (fwd_w1_wgmma.cu, fwd_w2_tma.cu, fwd_w3_pingpong.cu, flashtut.cuda.hopper):
+"""Hopper rungs W1 to W4 (fwd_w1_wgmma.cu, fwd_w2_tma.cu, fwd_w3_pingpong.cu, fwd_w4_persistent.cu,
+flashtut.cuda.hopper):
 CPU evidence, and GPU correctness on sm_90.
 
 On the CPU (nvcc and the NVRTC wheel, no driver needed):
@@ -10,13 +11,14 @@ On the CPU (nvcc and the NVRTC wheel, no driver needed):
 * ptxas reports no spills, no warning and no C75xx performance message: a serialised wgmma (C7510 to
   C7515) and an ignored setmaxnreg (C7508) are reported as "info", not as warnings; at least the
   registers that the accumulators need;
-* W2 and W3: the TMA loads (UTMALDG), mbarriers (SYNCS) and both register reallocations (USETMAXREG);
-  W3 also its named barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads), the one pipelined
+* W2, W3 and W4: the TMA loads (UTMALDG), mbarriers (SYNCS) and both register reallocations (USETMAXREG);
+  W3 and W4 also their named barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads), the one pipelined
   wgmma wait (WARPGROUP.DEPBAR.LE gsb0, 0x1) and no register above the consumers' 240;
 * the kernel's own address and descriptor functions, compiled for the host, agree with the CPU
   model ``flashtut.cuda.hopper_layout``.
 On an sm_90 GPU (``gpu`` tests): the FlashAttention error criterion on odd shapes, causal both
-alignments, grouped heads, rows that see no key, and the lse.
+alignments, grouped heads, rows that see no key, and the lse; W4 also with few persistent blocks,
+each walking many query blocks.
 """
 from __future__ import annotations
 
@@ -61,14 +63,18 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 128, stages=3),
     configs.hopper_config("w3", torch.bfloat16, 64, block_n=64, stages=4),
     configs.hopper_config("w3", torch.float16, 128, block_n=64),
+    configs.hopper_config("w4", torch.float16, 128, stages=3),
+    configs.hopper_config("w4", torch.bfloat16, 64, block_n=64, stages=4, consumers=3),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
-TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3")
+TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
+#: the kernels with W3's consumers (pipelined, ping-pong or three warpgroups); W4 is W3 made persistent
+W3_KERNELS = ("flash_fwd_w3", "flash_fwd_w4")
 _TMP = Path(tempfile.mkdtemp(prefix="flashtut_hopper_"))
 
 
 def _label(cfg) -> str:
-    return ",".join(f"{k}={v}" for k, v in cfg.defines)
+    return cfg.kernel + ":" + ",".join(f"{k}={v}" for k, v in cfg.defines)
 
 
 def sass(cubin: Path) -> str:
@@ -124,7 +130,7 @@ def hgmma_counts(text: str) -> dict:
 
 def expected_hgmma(cfg) -> dict:
     d = cfg.define_dict
-    prefix = {"flash_fwd_w1": "W1", "flash_fwd_w2": "W2", "flash_fwd_w3": "W3"}[cfg.kernel]
+    prefix = {"flash_fwd_w1": "W1", "flash_fwd_w2": "W2", "flash_fwd_w3": "W3", "flash_fwd_w4": "W3"}[cfg.kernel]
     D, bn, bf = d["HEAD_DIM"], d[f"{prefix}_BLOCK_N"], bool(d["FT_BF16"])
     split = (prefix != "W1" or d["W1_PV_SPLIT"]) and D == 128
     pv_n = 64 if split else D
@@ -136,7 +142,7 @@ def expected_hgmma(cfg) -> dict:
 
 
 def consumers(cfg) -> int:
-    """The build's consumer warpgroups: 2, or 3 for W3's 192-row variant."""
+    """The build's consumer warpgroups: 2, or 3 for W3's (and W4's) 192-row variant."""
     return cfg.define_dict.get("W3_CONSUMERS", 2)
 
 
@@ -159,7 +165,7 @@ def check_resources(log: str, cfg) -> dict:
         # 384 threads (512 with three consumers): ptxas reports the launch's share (65536 / threads,
         # rounded down to 8: 168 or 128); the consumers' 240 (160) after setmaxnreg are a run-time
         # grant, so the accumulators are checked against that
-        w3 = cfg.kernel == "flash_fwd_w3"
+        w3 = cfg.kernel in W3_KERNELS
         budget = hl.w3_register_budget if w3 else hl.w1_register_budget
         need = sum(budget(d["HEAD_DIM"], d["W3_BLOCK_N" if w3 else "W2_BLOCK_N"]).values())
         assert r["regs"] == 65536 // cfg.threads // 8 * 8 and need <= consumer_regs(cfg), (need, r)
@@ -185,7 +191,7 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         grant = f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {consumer_regs(cfg):#x}"
         assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and grant in text
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text and "SYNCS.ARRIVE.TRANS64" in text  # mbarriers
-    if cfg.kernel == "flash_fwd_w3":
+    if cfg.kernel in W3_KERNELS:
         check_w3_sass(text, consumers(cfg), consumer_regs(cfg))
 
 
@@ -349,7 +355,7 @@ def test_auto_takes_wgmma_exactly_where_the_hopper_rungs_run(arch, dtype, D, nvr
     choice = configs.choose_forward("auto", arch, dtype, D, nvrtc)
     runs_wgmma = arch == 90 and D in (64, 128) and nvrtc is not None and nvrtc >= (12, 0)
     if runs_wgmma:
-        assert choice[:2] == ("wgmma", "w3")
+        assert choice[:2] == ("wgmma", configs.HOPPER_DEFAULT)
         assert choice.consumers == (3 if D == 64 else 2)
     else:
         assert choice.kernel == "mma" and choice.variant == configs.fast_variant(D, arch)
@@ -360,7 +366,7 @@ def test_auto_takes_wgmma_exactly_where_the_hopper_rungs_run(arch, dtype, D, nvr
 
 
 def test_asking_for_wgmma_where_it_cannot_run_says_why():
-    assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", "w3")
+    assert configs.choose_forward("wgmma", 90, torch.bfloat16, 64, (12, 4))[:2] == ("wgmma", configs.HOPPER_DEFAULT)
     with pytest.raises(RuntimeError, match="sm_90 GPUs only.*sm_80.*forward_kernel='mma'"):
         configs.choose_forward("wgmma", 80, torch.float16, 128, (12, 4))
     with pytest.raises(ValueError, match="head dims 64 and 128.*D = 256"):
@@ -412,18 +418,20 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
     return run
 
 
-def test_cuda_attention_runs_w3_on_sm90(monkeypatch):
-    # two consumer warpgroups with ping-pong at D = 128, three at D = 64 (configs.HOPPER_CONSUMERS)
+def test_cuda_attention_runs_the_hopper_forward_on_sm90(monkeypatch):
+    # rung HOPPER_DEFAULT with two consumer warpgroups (ping-pong) at D = 128, three at D = 64
+    # (configs.HOPPER_CONSUMERS)
     run = _dispatch(monkeypatch, 90)
-    assert run(128) == ("wgmma", "w3c2", 128, 4, False, 0)
-    assert run(40, dtype=torch.bfloat16) == ("wgmma", "w3c3", 64, 4, False, 0)     # padded to 64
-    assert run(64, "top-left", Hkv=2) == ("wgmma", "w3c3", 64, 2, True, 0)         # grouped heads
-    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", "w3c2", 128, 1, True, 4)
-    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", "w3c2", 128, 4, True, -4)
-    assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # W3 has no D = 256
+    c2, c3 = f"{configs.HOPPER_DEFAULT}c2", f"{configs.HOPPER_DEFAULT}c3"
+    assert run(128) == ("wgmma", c2, 128, 4, False, 0)
+    assert run(40, dtype=torch.bfloat16) == ("wgmma", c3, 64, 4, False, 0)         # padded to 64
+    assert run(64, "top-left", Hkv=2) == ("wgmma", c3, 64, 2, True, 0)             # grouped heads
+    assert run(128, "bottom-right", Hkv=1, Nq=7, Nk=11) == ("wgmma", c2, 128, 1, True, 4)
+    assert run(128, "bottom-right", Nq=11, Nk=7) == ("wgmma", c2, 128, 4, True, -4)
+    assert run(256) == ("mma", "v3", 256, 4, False, 0)                               # no Hopper D = 256
     assert run(80)[:3] == ("mma", configs.fast_variant(96, 90), 96)                # nor the padded D = 96
     assert run(128, forward_kernel="mma") == ("mma", "v5", 128, 4, False, 0)
-    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", "w3c3", 64, 4, True, 0)
+    assert run(64, "top-left", forward_kernel="wgmma") == ("wgmma", c3, 64, 4, True, 0)
 
 
 @pytest.mark.parametrize("arch", [75, 80, 89, 100])
@@ -527,7 +535,7 @@ def test_cuda_attention_runs_w3_on_sm90_and_its_gradients_pass(case, dtype):
     k, v = (torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype) for _ in range(2))
     do = torch.randn(B, H, Nq, D, generator=g).cuda().to(dtype)
     assert tuple(ca.forward_kernel_for(q)[::3]) == ("wgmma", 3 if ca.padded_dim(D) == 64 else 2)
-    assert ca.forward_kernel_for(q).variant == "w3"
+    assert ca.forward_kernel_for(q).variant == configs.HOPPER_DEFAULT
     scale = 0.9 / math.sqrt(D)
     is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
     rep = H // Hkv
@@ -566,17 +574,28 @@ W3_EXTRA_CASES = [(1, 2, 2, 190, 190, 128, True), (1, 2, 1, 64, 700, 64, "bottom
 _TMA_HUNG: list = []   # ((variant, consumers), dtype) whose child process timed out: the next one is skipped, not waited for
 
 
+#: W4's cases with more query blocks than an H200 has SMs (132), so that blocks walk several at the default
+#: grid too: causal of both alignments (the heaviest first), grouped heads, and not causal
+W4_EXTRA_CASES = [(2, 8, 2, 1100, 1100, 128, True), (1, 16, 4, 2100, 1500, 64, "bottom-right"),
+                  (3, 8, 8, 700, 900, 64, False)]
+#: W4's grids besides the default (one block per SM): one block walking every query block, and five
+W4_CTAS = (None, 1, 5)
+
+
 def tma_cases(variant: str, consumers: int = 2) -> list:
-    """The GPU cases a TMA rung runs: W3 adds its extra causal cases; three consumers take D = 64 only."""
-    cases = GPU_CASES + (W3_EXTRA_CASES if variant == "w3" else [])
+    """The GPU cases a TMA rung runs: W3 and W4 add W3's extra causal cases, W4 its cases with many query
+    blocks; three consumers take D = 64 only."""
+    cases = GPU_CASES + (W3_EXTRA_CASES if variant in configs.W3_FAMILY else [])
+    cases += W4_EXTRA_CASES if variant == "w4" else []
     return [c for c in cases if consumers == 2 or c[5] in configs.W3_WIDE["head_dims"]]
 
 
 def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
-    """Every GPU case through TMA rung ``variant`` ("w2" or "w3", W3 with 2 or 3 consumer warpgroups)
-    at each of :data:`TMA_SETTINGS`, with W1's criteria; run in a child process by the test below, so
-    that a rung that never finishes (a lost mbarrier phase, a named barrier short of arrivals) or faults
-    costs that process, not the test session."""
+    """Every GPU case through TMA rung ``variant`` ("w2", "w3" or "w4", W3 and W4 with 2 or 3 consumer
+    warpgroups) at each of :data:`TMA_SETTINGS`, with W1's criteria; W4 at each grid of :data:`W4_CTAS`
+    must also equal W3 bit for bit (the same arithmetic per query block, only the block that runs it
+    differs). Run in a child process by the test below, so that a rung that never finishes (a lost
+    mbarrier phase, a named barrier short of arrivals) or faults costs that process, not the session."""
     dtype = getattr(torch, dtype_name)
     for block_n, stages in TMA_SETTINGS:
         for case in tma_cases(variant, consumers):
@@ -589,29 +608,34 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
             k = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
             v = torch.randn(B, Hkv, Nk, D, generator=g).cuda().to(dtype)
             scale = 1.3 / math.sqrt(D)
-            o, lse = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, variant=variant, block_n=block_n,
-                                           stages=stages, consumers=consumers)
-            torch.cuda.synchronize()
             is_causal, diag = hopper._causal_offset(causal, Nq, Nk)
             ref, ref_lse, rows = reference(q, k, v, scale, is_causal, diag)
-            err = (o.double() - ref).abs().max().item()
             t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
-            name = f"{variant.upper()} c{consumers} n{block_n} s{stages} {dtype_name} {case}"
-            assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
-            assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
-            if not rows.all():
-                assert (o[..., ~rows, :] == 0).all() and torch.isneginf(lse[..., ~rows]).all(), name
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
-            # W1's arithmetic per tile in the same order (W3 only moves the rescale of O after the P V of
-            # the tile before, where W1 does it too): equal to rounding
-            torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
-            print("ok", name, f"error {err:.2e} (PyTorch {t_err:.2e})", flush=True)
+            run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
+                                    stages=stages, consumers=consumers)
+            w3 = run(variant="w3")[0] if variant == "w4" else None
+            for ctas in (W4_CTAS if variant == "w4" else (None,)):
+                o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
+                torch.cuda.synchronize()
+                err = (o.double() - ref).abs().max().item()
+                name = f"{variant.upper()} c{consumers} n{block_n} s{stages} ctas {ctas} {dtype_name} {case}"
+                assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
+                assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
+                if not rows.all():
+                    assert (o[..., ~rows, :] == 0).all() and torch.isneginf(lse[..., ~rows]).all(), name
+                # W1's arithmetic per tile in the same order (W3 only moves the rescale of O after the P V
+                # of the tile before, where W1 does it too): equal to rounding
+                torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
+                if w3 is not None:
+                    assert torch.equal(o, w3), f"{name}: W4 differs from W3"
+                print("ok", name, f"error {err:.2e} (PyTorch {t_err:.2e})", flush=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant,consumers", [("w2", 2), ("w3", 2), ("w3", 3)])
+@pytest.mark.parametrize("variant,consumers", [("w2", 2), ("w3", 2), ("w3", 3), ("w4", 2), ("w4", 3)])
 def test_tma_rung_matches_the_reference_and_w1(variant, consumers, dtype_name):
     hung = [d for v, d in _TMA_HUNG if v == (variant, consumers)]
     if hung:
@@ -620,19 +644,20 @@ def test_tma_rung_matches_the_reference_and_w1(variant, consumers, dtype_name):
     code = (f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; "
             f"t.tma_check({variant!r}, {dtype_name!r}, {consumers})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    limit = 180 if variant == "w4" else 90   # W4 runs each case at three grids, with W3 beside it
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as exc:
         _TMA_HUNG.append(((variant, consumers), dtype_name))
-        pytest.fail(f"{variant.upper()} did not finish in 90 s (a deadlock in its barriers?); output so far:\n"
+        pytest.fail(f"{variant.upper()} did not finish in {limit} s (a deadlock in its barriers?); output so far:\n"
                     f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     assert res.stdout.count(f"ok {variant.upper()} c{consumers} ") >= len(tma_cases(variant, consumers)), res.stdout
 
 
-def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_fastest(monkeypatch):
-    """``hopper-w3`` and ``hopper-w3[c3]`` are in the ``hopper`` preset (launched as variant "w3" with two
-    or three consumers), and ``cuda_attention``'s forward on sm_90 is, per head dim, the build the committed
+def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
+    """``hopper-w3``, ``hopper-w3[c3]`` and W4's are in the ``hopper`` preset (launched as variant "w3"
+    or "w4" with two or three consumers), and ``cuda_attention``'s forward on sm_90 is, per head dim, the build the committed
     H200 run (``hopper_h200.json``) found fastest at every protocol case, against every other Hopper rung
     and the mma.sync forward."""
     from flashtut import results_data
@@ -647,6 +672,8 @@ def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_faste
     assert calls == [dict(causal=True, scale=0.125, variant="w3", block_n=128, pv_split=True)]
     assert impls["hopper-w3[c3]"].forward(q, q, q, False, 0.125) == "o"
     assert calls[1] == dict(causal=False, scale=0.125, variant="w3", block_n=128, pv_split=True, consumers=3)
+    assert impls["hopper-w4[c3]"].forward(q, q, q, False, 0.125) == "o"
+    assert calls[2] == dict(causal=False, scale=0.125, variant="w4", block_n=128, pv_split=True, consumers=3)
     default_impl = {}
     for dtype in (torch.float16, torch.bfloat16):
         for D in configs.HOPPER_HEAD_DIMS:
@@ -654,7 +681,7 @@ def test_w3_is_in_the_hopper_benchmark_and_the_default_because_it_measured_faste
                 choice = configs.choose_forward(kernel, 90, dtype, D, (12, 8))
                 assert (choice.variant, choice.consumers) == (configs.HOPPER_DEFAULT, configs.HOPPER_CONSUMERS[D])
             default_impl[D] = f"hopper-{choice.variant}" + ("[c3]" if choice.consumers == 3 else "")
-    assert default_impl == {128: "hopper-w3", 64: "hopper-w3[c3]"}
+    assert default_impl == {128: f"hopper-{configs.HOPPER_DEFAULT}", 64: f"hopper-{configs.HOPPER_DEFAULT}[c3]"}
     rows, _ = results_data.load_results("hopper_h200.json")
     cases = {}
     for r in rows:

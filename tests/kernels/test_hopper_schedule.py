@@ -136,3 +136,75 @@ def test_without_turns_releasing_skipped_tiles_first_is_harmless():
 def test_ping_pong_takes_exactly_two_consumers():
     with pytest.raises(ValueError, match="two consumers"):
         hs.simulate(3, (3, 3, 3), 2, 0)
+
+
+# ------------------------------------------------------------------ W4: one block walks many query blocks
+
+def expected_issue_from(kv0: int, my_tiles: int) -> list[str]:
+    # the names count on across query blocks: tile g of the block's K/V stream is S{g} / PV{g}
+    return [name[:1 + (name[1] == "V")] + str(int(name.lstrip("SPV")) + kv0) for name in expected_issue(my_tiles)]
+
+
+def _walks(consumers: int, count: int, seed: int) -> list:
+    """``count`` random sequences of 1 to 4 query blocks (tile counts 0 to 4, each consumer's own)."""
+    import random
+
+    rng = random.Random(seed)
+    walks = []
+    for _ in range(count):
+        walk = []
+        for _ in range(rng.randint(1, 4)):
+            n = rng.randint(0, 4)
+            walk.append((n, tuple(rng.randint(0, n) for _ in range(consumers))))
+        walks.append(walk)
+    return walks
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_persistent_blocks_finish_every_walk(stages, consumers):
+    pingpong = consumers == 2
+    for walk in _walks(consumers, 60, seed=stages * 10 + consumers):
+        for seed in range(3):
+            trace = hs.simulate_persistent(walk, stages, seed, pingpong=pingpong)
+            slots = sum(n + 1 for n, _ in walk)
+            # the turns alternate across query blocks as within one: n_tiles + 1 each per block
+            assert trace.turns == ([(cw, s) for s in range(slots) for cw in (0, 1)] if pingpong else []), walk
+            kv0, want = 0, {cw: [] for cw in range(consumers)}
+            for n, mine in walk:
+                for cw in range(consumers):
+                    want[cw] += expected_issue_from(kv0, mine[cw])
+                kv0 += n
+            assert trace.issued == want, walk
+
+
+def test_persistent_equals_w3_for_one_query_block():
+    # a walk of one query block is W3's block: the same operations, plus the Q release nobody waits for
+    for n_tiles, mine in SHAPES[:40]:
+        assert hs.simulate_persistent([(n_tiles, mine)], 2, 1).turns == hs.simulate(n_tiles, mine, 2, 1).turns
+
+
+def test_q_never_released_deadlocks_the_next_query_block():
+    with pytest.raises(hs.ScheduleError, match="deadlock.*q_empty"):
+        hs.simulate_persistent([(2, (2, 1)), (1, (1, 1))], 2, 0, q_release="never")
+
+
+def test_q_released_before_its_last_product_finished_is_caught():
+    found = set()
+    for walk in _walks(2, 30, seed=5):
+        for seed in range(3):
+            try:
+                hs.simulate_persistent(walk, 2, seed, q_release="at_issue")
+            except hs.ScheduleError as exc:
+                found.add(str(exc).split(": ", 1)[1])
+    assert found and all("releases Q while its wgmma still reads it" in m or "into Q starts while" in m
+                          for m in found), found
+
+
+def test_persistent_argument_checks():
+    with pytest.raises(ValueError, match="same number of consumers"):
+        hs.simulate_persistent([(2, (2, 2)), (2, (2, 2, 2))], pingpong=False)
+    with pytest.raises(ValueError, match="at least one"):
+        hs.simulate_persistent([])
+    with pytest.raises(ValueError, match="my_tiles"):
+        hs.simulate_persistent([(1, (2, 0))])

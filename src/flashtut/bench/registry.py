@@ -14,8 +14,10 @@ time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 ``warps``, ``block_n`` and ``m_tiles``), and the Hopper rungs of chapter 11 (sm_90 only, forward only):
 ``hopper-w1`` and its variants ``hopper-w1[pv128]`` (one 128-column wgmma for P V) and
 ``hopper-w1[n64]`` (64-key tiles), rung W2 (TMA loads, mbarrier ring, producer warpgroup), ``hopper-w2``, and
-rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and ping-pong consumers), ``hopper-w3``. Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the
-shapes of :data:`TILE_CHOICES`), ``hopper``.
+rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and ping-pong consumers),
+``hopper-w3``, with three consumer warpgroups at D = 64 ``hopper-w3[c3]``, and rung W4 (W3 with
+persistent blocks) ``hopper-w4`` and ``hopper-w4[c3]``. Groups: ``all``, ``sdpa``, ``cuda-ladder``,
+``cuda-tiles`` (the shapes of :data:`TILE_CHOICES`), ``hopper``.
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
 to see the correctness check catch it).
@@ -241,9 +243,11 @@ def _ladder_fwd(variant: str):
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
-                "hopper-w3[s3]": ("w3", 128, True, 3, 2), "hopper-w3[s4]": ("w3", 128, True, 4, 2)}
+                "hopper-w3[s3]": ("w3", 128, True, 3, 2), "hopper-w3[s4]": ("w3", 128, True, 4, 2),
+                "hopper-w4": ("w4", 128, True, 2, 2), "hopper-w4[c3]": ("w4", 128, True, 2, 3)}
 #: what each rung adds to wgmma, for the implementation's description
-_HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups"}
+_HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
+                "w4": ", TMA, softmax overlapped, persistent blocks"}
 
 
 def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: int, consumers: int) -> Impl:
@@ -266,7 +270,8 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
             return False, "three consumer warpgroups are built for D = 64 only (at 128 their registers spill)"
         return ok, reason
 
-    adds = _HOPPER_ADDS[variant] if consumers == 2 else ", TMA, three pipelined consumer warpgroups, no ping-pong"
+    adds = _HOPPER_ADDS[variant] if consumers == 2 else ", TMA, three pipelined consumer warpgroups, no ping-pong" \
+        + (", persistent blocks" if variant == "w4" else "")
     return Impl(name, f"Hopper rung {variant.upper()} (wgmma{adds}), {block_n} keys per tile"
                 + ("" if pv_split else ", one 128-column wgmma for P V")
                 + ("" if stages == 2 else f", a ring of {stages} K/V stages")

@@ -479,6 +479,8 @@ HOPPER_VARIANTS = {
     "w3": "W2 with the softmax overlapped with the tensor cores: each consumer issues the next tile's Q K^T "
           "before its softmax and P V (two wgmma groups in flight), and the two consumers take turns on the "
           "tensor cores through named barriers (ping-pong)",
+    "w4": "W3 made persistent: one block per SM takes query blocks from a counter (causal: the heaviest "
+          "first), loading the next one's Q and K/V while its consumers finish the last one",
 }
 #: W2's (and W3's) register split per thread after setmaxnreg: producer warpgroup, each consumer warpgroup
 #: (128 * 24 + 256 * 240 = 64512 of an SM's 65536 32-bit registers)
@@ -530,9 +532,18 @@ def w3_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: i
     return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 4 * stages)
 
 
+def w4_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: int = 128) -> int:
+    """W3's, one more mbarrier (W4 refills Q for each query block once the consumers release it) and
+    two 4-byte slots in which the producer hands the consumers the number of their next query block."""
+    return w3_smem_bytes(head_dim, block_n, stages, block_m) + 8 + 8
+
+
 #: the TMA rungs: variant -> (source, kernel, the prefix of its -D macros, its shared-memory size)
 _TMA_RUNGS = {"w2": ("fwd_w2_tma.cu", "flash_fwd_w2", "W2", w2_smem_bytes),
-              "w3": ("fwd_w3_pingpong.cu", "flash_fwd_w3", "W3", w3_smem_bytes)}
+              "w3": ("fwd_w3_pingpong.cu", "flash_fwd_w3", "W3", w3_smem_bytes),
+              "w4": ("fwd_w4_persistent.cu", "flash_fwd_w4", "W3", w4_smem_bytes)}
+#: the rungs built on W3's consumers, which may have three consumer warpgroups at D = 64
+W3_FAMILY = ("w3", "w4")
 
 
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
@@ -541,7 +552,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
-    ``consumers`` (W3 only): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
+    ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
     without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`)."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
@@ -551,8 +562,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HOPPER_HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
-    if consumers != 2 and not (variant == "w3" and consumers == 3):
-        raise ValueError(f"consumers must be 2, or 3 with variant 'w3', got {consumers!r} with {variant!r}")
+    if consumers != 2 and not (variant in W3_FAMILY and consumers == 3):
+        raise ValueError(f"consumers must be 2, or 3 with variant 'w3' or 'w4', got {consumers!r} with {variant!r}")
     if consumers == 3 and head_dim not in W3_WIDE["head_dims"]:
         raise ValueError(f"consumers=3 is built for head dim {W3_WIDE['head_dims'][0]} only (at D = 128 "
                          f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
@@ -577,14 +588,15 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
 def hopper_builds() -> list[HopperConfig]:
     """Every build the Hopper forward makes at its defaults (the CPU tests compile exactly these)."""
     return ([hopper_config(v, dt, d) for v in HOPPER_VARIANTS for dt in DTYPES for d in HOPPER_HEAD_DIMS]
-            + [hopper_config("w3", dt, d, consumers=3) for dt in DTYPES for d in W3_WIDE["head_dims"]])
+            + [hopper_config(v, dt, d, consumers=3) for v in W3_FAMILY for dt in DTYPES for d in W3_WIDE["head_dims"]])
 
 
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
-#: the Hopper rung ``cuda_attention`` runs on sm_90: W3, the fastest measured (book/perflog_hopper.md:
-#: 1.53-1.83x SDPA flash at D = 128, where W1 gives 0.97-1.15x)
-HOPPER_DEFAULT = "w3"
+#: the Hopper rung ``cuda_attention`` runs on sm_90 (book/perflog_hopper.md: W3 1.57-1.77x SDPA flash
+#: at D = 128, W1 0.97-1.13x; W4, W3 with persistent blocks, is taken here before its first GPU run,
+#: which decides whether it stays)
+HOPPER_DEFAULT = "w4"
 #: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}

@@ -1,9 +1,13 @@
 """The Hopper forward ladder (chapter 11): ``forward_hopper(q, k, v, variant=...)`` runs a rung on an sm_90 GPU.
 
+Rung W4 (``kernels/fwd_w4_persistent.cu``, ``variant="w4"``) is W3 made persistent: a grid of at most
+one block per SM, each walking query blocks (causal: the heaviest of every head first), so that the
+next block's Q and K/V load while the consumers finish the last one.
+
 Rung W3 (``kernels/fwd_w3_pingpong.cu``, ``variant="w3"``) keeps W2's loads and overlaps the softmax
 with the tensor cores: each consumer warpgroup issues the next tile's ``Q K^T`` before its softmax, and
-the two consumers take turns on the tensor cores (ping-pong, ordered by named barriers). Same launch
-interface as W2; not what ``cuda_attention`` runs (unmeasured).
+the two consumers take turns on the tensor cores (ping-pong, ordered by named barriers); at D = 64 it
+may have three consumers instead, without turns. ``cuda_attention`` runs it on sm_90.
 
 Rung W2 (``kernels/fwd_w2_tma.cu``, ``variant="w2"``) keeps W1's math and replaces its loads: a
 producer warpgroup issues TMA copies into a ring of shared-memory stages guarded by mbarriers, and
@@ -22,7 +26,7 @@ import torch
 
 from .attention import _ready, prepare_inputs
 from .compile import capability
-from .configs import HOPPER_VARIANTS
+from .configs import HOPPER_VARIANTS, W3_FAMILY
 from .hopper_launch import run_hopper
 
 
@@ -57,20 +61,26 @@ def _heads_like(t, q):
 
 
 def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
-                   block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2):
+                   block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2,
+                   ctas: int | None = None):
     """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
 
     ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
     key/value head ``h // (H // Hkv)``); ``causal`` is ``False``, ``True`` / ``"top-left"`` or
-    ``"bottom-right"``. ``block_n``, ``pv_split``, ``stages`` (W2's and W3's ring) and ``consumers``
-    (W3's consumer warpgroups: 2, or 3 at D = 64): see ``flashtut.cuda.configs.hopper_config``.
+    ``"bottom-right"``. ``block_n``, ``pv_split``, ``stages`` (the TMA rungs' ring) and ``consumers``
+    (W3's and W4's consumer warpgroups: 2, or 3 at D = 64): see ``flashtut.cuda.configs.hopper_config``.
+    ``ctas`` (W4 only): how many persistent blocks to launch, at most one per query block; default
+    the GPU's SM count (fewer make each block walk more query blocks, which the tests use).
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
-    if consumers not in (2, 3) or (consumers == 3 and variant != "w3"):
-        raise ValueError(f"consumers must be 2, or 3 with variant 'w3', got {consumers!r} with {variant!r}")
+    if consumers not in (2, 3) or (consumers == 3 and variant not in W3_FAMILY):
+        raise ValueError(f"consumers must be 2, or 3 with variant 'w3' or 'w4', got {consumers!r} with {variant!r}")
+    if ctas is not None and (variant != "w4" or isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
+        raise ValueError(f"ctas (the persistent blocks) takes a positive int with variant 'w4', got {ctas!r} "
+                         f"with {variant!r}")
     grouped = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) and k.shape[1] != q.shape[1]
     if grouped:
         H, Hkv = q.shape[1], k.shape[1]
@@ -88,4 +98,4 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     # grouped k / v go to the kernel as they are; prepare_inputs checked (and copied) stride-0 views of
     # them with H heads, a copy to drop once the shared checks take Hkv heads
     q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
-    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages, consumers)
+    return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages, consumers, ctas)

@@ -63,16 +63,23 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
     return ctypes.string_at(addr, TENSOR_MAP_BYTES)
 
 
-def tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
+def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False) -> torch.Tensor:
     """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 and W3 take).
 
-    The 384 bytes travel from pinned memory without blocking: a copy from pageable memory makes
+    The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy from pageable memory makes
     torch wait for the stream to drain, so every call would leave the GPU idle while the host
     prepares the next one (book/perflog_hopper.md measures what that cost). torch's pinned-memory
     allocator keeps the host buffer until the copy has run."""
     blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
+    if counter:   # W4's scheduler: a zero int32 after the maps, which its blocks count up (atomicAdd)
+        blob += bytes(16)
     host = torch.frombuffer(bytearray(blob), dtype=torch.uint8).pin_memory()
     return host.to(q.device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,20 +96,25 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, bl
 
 
 def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
-               block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2):
+               block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2,
+               ctas: int | None = None):
     """``hopper.forward_hopper`` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
-    ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset)."""
+    ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset);
+    ``ctas``: W4's persistent blocks (default the SM count)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
         cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
-        grid = (math.ceil(Nq / cfg.block_m), B * H, 1)
-        # W2 and W3 read q, k and v through their tensor maps; the buffer lives until the launch is queued,
-        # and torch's caching allocator keeps its memory from reuse until the stream has passed it
-        inputs = (q, k, v) if variant == "w1" else (tensor_maps(q, k, v, cfg.block_m, cfg.block_n),)
+        blocks = math.ceil(Nq / cfg.block_m)
+        grid, extra = (blocks, B * H, 1), ()
+        if variant == "w4":   # persistent: blocks take the query blocks of all B * H heads from a counter
+            grid, extra = (min(blocks * B * H, ctas or _sm_count(q.device.index)), 1, 1), (B * H,)
+        # the TMA rungs read q, k and v through their tensor maps; the buffer lives until the launch is
+        # queued, and torch's caching allocator keeps its memory from reuse until the stream has passed it
+        inputs = (q, k, v) if variant == "w1" else (tensor_maps(q, k, v, cfg.block_m, cfg.block_n, variant == "w4"),)
         launch(fn, grid, (cfg.threads, 1, 1),
-               (*inputs, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset)),
+               (*inputs, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset), *extra),
                cfg.dynamic_smem)
     return o, lse

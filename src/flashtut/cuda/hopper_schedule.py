@@ -27,6 +27,11 @@ act together here (the kernel's release barriers count 8 = 2 warpgroups x 4 warp
 
 The three-consumer build (``W3_CONSUMERS=3``, 192-row blocks at D = 64) runs the same operations with
 no turns: ``simulate(..., pingpong=False)`` with three tile counts, release barriers of 12 arrivals.
+
+Rung W4 (``kernels/fwd_w4_persistent.cu``) runs W3's operations for a sequence of query blocks in one
+block: :func:`simulate_persistent`. The ring's tile count carries on across query blocks (tile g in
+stage g % S, phase g / S), the turns go on alternating, and the Q buffer is refilled for the next query
+block once every consumer warp has released it (one more mbarrier, ``q_empty``) after its last Q K^T.
 """
 from __future__ import annotations
 
@@ -57,23 +62,44 @@ def parity(j: int, stages: int) -> int:
 # ("wgmma_wait", n)              all but the n newest groups of this warpgroup are complete
 # ("regs", what)                 ordinary instructions on the registers: "softmax S3", "rescale+pack"
 
+def _producer_block(n_tiles: int, stages: int, kv0: int, it: int, persistent: bool):
+    # one query block: its Q (W4: once the consumers released the last block's), then K_j and V_j of
+    # every tile, each after the release of the tile ``stages`` earlier in its stage; kv0 counts the
+    # block's K/V tiles before this query block, it the query blocks before it
+    if persistent and it > 0:
+        yield ("wait", "q_empty", (it - 1) & 1, it - 1)
+    yield ("load", "q_full", "Q", it)
+    for g in range(kv0, kv0 + n_tiles):
+        s = g % stages
+        if g >= stages:
+            yield ("wait", f"k_empty{s}", parity(g, stages) ^ 1, g // stages - 1)
+        yield ("load", f"k_full{s}", f"K{s}", g)
+        if g >= stages:
+            yield ("wait", f"v_empty{s}", parity(g, stages) ^ 1, g // stages - 1)
+        yield ("load", f"v_full{s}", f"V{s}", g)
+
+
 def producer_ops(n_tiles: int, stages: int):
     """The producer thread of ``flash_fwd_w3``: Q, then K_j and V_j of every tile, each after the release
     of the tile ``stages`` earlier in its stage."""
-    yield ("load", "q_full", "Q", 0)
-    for j in range(n_tiles):
-        s = j % stages
-        if j >= stages:
-            yield ("wait", f"k_empty{s}", parity(j, stages) ^ 1, j // stages - 1)
-        yield ("load", f"k_full{s}", f"K{s}", j)
-        if j >= stages:
-            yield ("wait", f"v_empty{s}", parity(j, stages) ^ 1, j // stages - 1)
-        yield ("load", f"v_full{s}", f"V{s}", j)
+    yield from _producer_block(n_tiles, stages, 0, 0, False)
 
 
-def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, pingpong: bool = True,
-                 prime: bool = True, final_arrive: bool = False, interleave_idle: bool = True,
-                 own_barriers: bool = True, wait_before_release: bool = True):
+def persistent_producer_ops(blocks, stages: int):
+    """The producer thread of ``flash_fwd_w4``: W3's loads for each query block of ``blocks`` (``(n_tiles,
+    my_tiles)`` pairs) in turn, the ring's tile count carried on, each Q after the consumers' release;
+    then q_full completed with no copy, which tells the consumers that no query block is left."""
+    kv0 = 0
+    for it, (n_tiles, _) in enumerate(blocks):
+        yield from _producer_block(n_tiles, stages, kv0, it, True)
+        kv0 += n_tiles
+    # no query block left: once Q is released, q_full completes with no copy (the slot says -1)
+    it = len(blocks)
+    yield ("wait", "q_empty", (it - 1) & 1, it - 1)
+    yield ("arrive", "q_full", 1)
+
+
+def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, **knobs):
     """Consumer warpgroup ``cw`` of ``flash_fwd_w3`` with ``my_tiles`` of the block's ``n_tiles``.
 
     ``pingpong``: the two-consumer build, whose consumers take turns on named barriers (``cw`` 0 or
@@ -83,6 +109,24 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, pingpong:
     its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before the idle
     turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait before a
     stage is released)."""
+    yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, **knobs)
+
+
+def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", **knobs):
+    """Consumer warpgroup ``cw`` of ``flash_fwd_w4``: W3's operations for each query block of ``blocks``
+    in turn (its own tile count ``my_tiles[cw]`` of each), releasing Q once its last Q K^T is complete.
+    ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait)."""
+    kv0 = 0
+    for it, (n_tiles, my_tiles) in enumerate(blocks):
+        yield from _consumer_block(cw, n_tiles, my_tiles[cw], stages, kv0, it, True, q_release=q_release, **knobs)
+        kv0 += n_tiles
+    yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
+
+
+def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool, *,
+                    pingpong: bool = True, prime: bool = True, final_arrive: bool = False,
+                    interleave_idle: bool = True, own_barriers: bool = True, wait_before_release: bool = True,
+                    q_release: str = "after_last_s"):
     mine, other = (TURN[cw], TURN[1 - cw]) if own_barriers and pingpong else (TURN[0], TURN[0])
 
     def end_turn(slot):
@@ -98,42 +142,61 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, *, pingpong:
             yield ("sync", mine)
 
     def release(kind, j):
-        yield ("arrive", f"{kind}_empty{j % stages}", WARPS)
+        yield ("arrive", f"{kind}_empty{(kv0 + j) % stages}", WARPS)
 
     def full(kind, j):
-        yield ("wait", f"{kind}_full{j % stages}", parity(j, stages), j // stages)
+        g = kv0 + j
+        yield ("wait", f"{kind}_full{g % stages}", parity(g, stages), g // stages)
+
+    def release_q(when):
+        if persistent and q_release == when:
+            yield ("arrive", "q_empty", WARPS)
+
+    def stage(j):
+        return f"{(kv0 + j) % stages}"
 
     if cw == 1 and prime and pingpong:
         yield ("bar_arrive", TURN[0])
-    yield ("wait", "q_full", 0, 0)
+    yield ("wait", "q_full", it & 1, it)
     if my_tiles > 0:
         yield from full("k", 0)
         yield from turn()
-        yield ("issue", "S0", [("Q", 0), ("K0", 0)])
+        yield ("issue", f"S{kv0}", [("Q", it), ("K" + stage(0), kv0)])
+        if my_tiles == 1:
+            yield from release_q("at_issue")
         yield from end_turn(0)
         if wait_before_release:
             yield ("wgmma_wait", 0)
         yield from release("k", 0)
-        yield ("regs", "softmax S0")
+        if my_tiles == 1:
+            yield from release_q("after_last_s")
+        yield ("regs", f"softmax S{kv0}")
         for j in range(1, my_tiles):
             yield from full("k", j)
             yield from full("v", j - 1)
             yield from turn()
-            yield ("issue", f"S{j}", [("Q", 0), (f"K{j % stages}", j)])
-            yield ("issue", f"PV{j - 1}", [(f"V{(j - 1) % stages}", j - 1)])
+            yield ("issue", f"S{kv0 + j}", [("Q", it), ("K" + stage(j), kv0 + j)])
+            yield ("issue", f"PV{kv0 + j - 1}", [("V" + stage(j - 1), kv0 + j - 1)])
+            if j == my_tiles - 1:
+                yield from release_q("at_issue")
             yield from end_turn(j)
             yield ("wgmma_wait", 1)
             yield from release("k", j)
-            yield ("regs", f"softmax S{j}")
+            if j == my_tiles - 1:
+                yield from release_q("after_last_s")
+            yield ("regs", f"softmax S{kv0 + j}")
             yield ("wgmma_wait", 0)
             yield from release("v", j - 1)
             yield ("regs", "rescale+pack")
         yield from full("v", my_tiles - 1)
         yield from turn()
-        yield ("issue", f"PV{my_tiles - 1}", [(f"V{(my_tiles - 1) % stages}", my_tiles - 1)])
+        yield ("issue", f"PV{kv0 + my_tiles - 1}", [("V" + stage(my_tiles - 1), kv0 + my_tiles - 1)])
         yield from end_turn(my_tiles)
         yield ("wgmma_wait", 0)
         yield from release("v", my_tiles - 1)
+    else:
+        yield from release_q("after_last_s")
+        yield from release_q("at_issue")
 
     def skipped(j):
         yield from full("k", j)
@@ -187,10 +250,31 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
     """One run of ``flash_fwd_w3``'s block with the consumers' tile counts ``my_tiles`` (one per consumer:
     two with ping-pong, three with ``pingpong=False``, the ``W3_CONSUMERS=3`` build), the next process
     picked at random (``seed``); ``knobs`` go to :func:`consumer_ops`. Raises :class:`ScheduleError`."""
-    pingpong = knobs.get("pingpong", True)
+    _check_block(n_tiles, my_tiles, stages, knobs.get("pingpong", True))
+    return _simulate([(n_tiles, tuple(my_tiles))], stages, seed, False, knobs)
+
+
+def simulate_persistent(blocks, stages: int = 2, seed: int = 0, **knobs) -> Trace:
+    """One run of a ``flash_fwd_w4`` block that walks the query blocks ``blocks``, each ``(n_tiles,
+    my_tiles)`` as in :func:`simulate` (the same number of consumers in each); ``knobs`` go to
+    :func:`persistent_consumer_ops`. Raises :class:`ScheduleError`."""
+    blocks = [(n, tuple(mine)) for n, mine in blocks]
+    if not blocks or len({len(mine) for _, mine in blocks}) != 1:
+        raise ValueError(f"need at least one query block, each with the same number of consumers, got {blocks}")
+    for n_tiles, mine in blocks:
+        _check_block(n_tiles, mine, stages, knobs.get("pingpong", True))
+    return _simulate(blocks, stages, seed, True, knobs)
+
+
+def _check_block(n_tiles, my_tiles, stages, pingpong):
     if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2 or (pingpong and len(my_tiles) != 2):
         raise ValueError(f"need 0 <= my_tiles <= n_tiles, stages >= 2 and two consumers with ping-pong, "
                          f"got {my_tiles}, {n_tiles}, {stages}")
+
+
+def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> Trace:
+    pingpong = knobs.get("pingpong", True)
+    n_tiles, my_tiles = blocks[0]
     consumers = range(len(my_tiles))
     rng = random.Random(seed)
     bars = {"q_full": _MBarrier(1, 1)}
@@ -199,10 +283,17 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
             bars[f"{kind}_full{s}"] = _MBarrier(1, 1)
             # every consumer warp releases every tile once (W3_CONSUMER_WARPS)
             bars[f"{kind}_empty{s}"] = _MBarrier(len(my_tiles) * WARPS, len(my_tiles) * WARPS)
+    if persistent:
+        bars["q_empty"] = _MBarrier(len(my_tiles) * WARPS, len(my_tiles) * WARPS)
     named = {i: _Named() for i in TURN}
-    procs = {"producer": producer_ops(n_tiles, stages)}
-    for cw in consumers:
-        procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, **knobs)
+    if persistent:
+        procs = {"producer": persistent_producer_ops(blocks, stages)}
+        for cw in consumers:
+            procs[cw] = persistent_consumer_ops(cw, blocks, stages, **knobs)
+    else:
+        procs = {"producer": producer_ops(n_tiles, stages)}
+        for cw in consumers:
+            procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, **knobs)
     nxt = {name: next(gen, None) for name, gen in procs.items()}
     buffers = {}                                  # buf -> (tile, landed)
     in_flight = []                                # copies: (bar, buf, tile)
@@ -213,7 +304,8 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
     picks = []
 
     def fail(msg):
-        raise ScheduleError(f"n_tiles={n_tiles} my_tiles={my_tiles} stages={stages} seed={seed}: {msg}")
+        where = f"blocks={blocks}" if persistent else f"n_tiles={n_tiles} my_tiles={my_tiles}"
+        raise ScheduleError(f"{where} stages={stages} seed={seed}: {msg}")
 
     def named_arrive(cw, bid, waits):
         gen = named[bid]
@@ -261,7 +353,7 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
         elif kind == "arrive":
             bar = bars[op[1]]
             buf = op[1].replace("_empty", "").upper()
-            if any(b == buf for _, reads in groups[name] for b, _ in reads):
+            if any(b == buf for _, reads in groups.get(name, ()) for b, _ in reads):
                 fail(f"consumer {name} releases {buf} while its wgmma still reads it")
             bar.pending -= op[2]
             if bar.pending < 0:

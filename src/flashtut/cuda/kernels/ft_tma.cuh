@@ -96,19 +96,25 @@ __device__ __forceinline__ unsigned char* smem_align1024(unsigned char* raw) {
     return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u);
 }
 
-// The block's query rows and the key tiles any of them may see: causal blocks run the heaviest (last)
-// query block first so that it does not finish last, and skip the tiles right of the block's diagonal.
+// Query block mb's rows and the key tiles any of them may see: causal blocks skip the tiles right of the
+// block's diagonal.
 struct ft_tma_block {
     int m0;        // first query row
     int n_tiles;   // key tiles of BN keys that some row of the block sees
 };
 template <int BN>
-__device__ __forceinline__ ft_tma_block tma_block(int Nq, int Nk, int causal, int diag_offset) {
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+__device__ __forceinline__ ft_tma_block tma_block_at(int mb, int Nq, int Nk, int causal, int diag_offset) {
     const int m0 = mb * FT_TMA_BLOCK_M;
     int n_end = Nk;
     if (causal) n_end = min(Nk, max(0, min(m0 + FT_TMA_BLOCK_M, Nq) + diag_offset));
     return {m0, (n_end + BN - 1) / BN};
+}
+// The query block of a grid with one block per query block (gridDim.x of them): causal grids run the
+// heaviest (last) query block first so that it does not finish last.
+template <int BN>
+__device__ __forceinline__ ft_tma_block tma_block(int Nq, int Nk, int causal, int diag_offset) {
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    return tma_block_at<BN>(mb, Nq, Nk, causal, diag_offset);
 }
 
 // A consumer thread's place: consumer warpgroup cw = wg - 1 (0 or 1: warpgroups 1 and 2) owns rows

@@ -52,6 +52,9 @@
 #if W3_CONSUMERS == 3 && HEAD_DIM != 64
 #error "three consumer warpgroups are built for HEAD_DIM 64: at 128 their 160 registers spill and ptxas serialises the wgmma (C7512)"
 #endif
+#ifndef W3_PERSISTENT
+#define W3_PERSISTENT 0  // 1: rung W4, one block per SM walking the query blocks (flash_fwd_w4)
+#endif
 #define W3_PINGPONG (W3_CONSUMERS == 2)
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
@@ -89,72 +92,59 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
 #endif
 }
 
-// grid (ceil(Nq / W3_BLOCK_M), B * H), block W3_THREADS threads (384, or 512 with three consumers),
-// dynamic shared memory
-// W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
-extern "C" __global__ void __launch_bounds__(W3_THREADS, 1)
-flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
-             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
-#if FT_SM90A
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = smem_align1024(smem_raw);
-    const unsigned q_s = smem_addr(smem);                          // [HEAD_DIM / 64][128][64]
-    const unsigned k_s = q_s + W3_Q_BYTES;                         // [W3_STAGES][HEAD_DIM / 64][W3_BLOCK_N][64]
-    const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
-    const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;  // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
-    const unsigned q_full = bars;
+// The mbarriers, after the tiles: q_full, k_full[S], v_full[S], k_empty[S], v_empty[S] and, persistent
+// (W4), q_empty. Tile g of the block's K/V stream (g counts on across the query blocks of a persistent
+// block) sits in stage g % S and is the (g / S)-th fill of that stage, so the full barriers' phase for
+// it is g / S and a consumer waits on parity (g / S) & 1; the producer refills the stage with tile g
+// only after the release of tile g - S, phase g / S - 1 of the empty barrier.
+#define W3_Q_FULL(bars) (bars)
 #define W3_K_FULL(s) (bars + 8u * (1 + (s)))
 #define W3_V_FULL(s) (bars + 8u * (1 + W3_STAGES + (s)))
 #define W3_K_EMPTY(s) (bars + 8u * (1 + 2 * W3_STAGES + (s)))
 #define W3_V_EMPTY(s) (bars + 8u * (1 + 3 * W3_STAGES + (s)))
-// Tile j sits in stage j % S and is the (j / S)-th fill of that stage, so the full barriers' phase for it
-// is j / S and a consumer waits on parity (j / S) & 1; the producer refills the stage with tile j only
-// after the release of tile j - S, phase j / S - 1 of the empty barrier.
-#define W3_PARITY(j) ((unsigned)((j) / W3_STAGES) & 1u)
+#define W3_Q_EMPTY (bars + 8u * (1 + 4 * W3_STAGES))
+#define W3_STAGE(j) ((kv0 + (j)) % W3_STAGES)
+#define W3_PARITY(j) ((unsigned)((kv0 + (j)) / W3_STAGES) & 1u)
 
-    const int wg = threadIdx.x / 128;
-    const int bh = blockIdx.y;
-    const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
-    const int m0 = blk.m0, n_tiles = blk.n_tiles;
-
-    if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        for (int s = 0; s < W3_STAGES; ++s) {
-            mbar_init(W3_K_FULL(s), 1);    // the producer's arrive.expect_tx, then the copy's bytes
-            mbar_init(W3_V_FULL(s), 1);
-            mbar_init(W3_K_EMPTY(s), W3_CONSUMER_WARPS);
-            mbar_init(W3_V_EMPTY(s), W3_CONSUMER_WARPS);
-        }
-        mbar_init_fence();
+// The producer's share of one query block (thread 0 of warpgroup 0): Q, then in the order the consumers
+// need them K_j (slot j) and V_j (slot j + 1); each waits for the release of the tile S earlier in its
+// stage, which every consumer gives in slot j - S (K) and j - S + 1 (V), so with S = 2 K_j is requested
+// a whole slot before slot j needs it. kv0: K/V tiles this block loaded before this query block; it:
+// query blocks before it (W4's Q buffer is refilled once every consumer has issued its last Q K^T).
+__device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned q_s, unsigned k_s, unsigned v_s,
+                                           unsigned bars, int m0, int bh, int kv_head, int n_tiles, int kv0, int it) {
+    const void* tq = tmaps;
+    const void* tk = tmaps + 128;
+    const void* tv = tmaps + 256;
+#if W3_PERSISTENT
+    if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);
+#endif
+    mbar_arrive_expect_tx(W3_Q_FULL(bars), W3_Q_BYTES);
+    tma_tile<W3_BLOCK_M>(q_s, tq, m0, bh, W3_Q_FULL(bars));
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = W3_STAGE(j);
+        if (kv0 + j >= W3_STAGES) mbar_wait(W3_K_EMPTY(s), W3_PARITY(j) ^ 1u);
+        mbar_arrive_expect_tx(W3_K_FULL(s), W3_KV_BYTES);
+        tma_tile<W3_BLOCK_N>(k_s + s * W3_KV_BYTES, tk, j * W3_BLOCK_N, kv_head, W3_K_FULL(s));
+        if (kv0 + j >= W3_STAGES) mbar_wait(W3_V_EMPTY(s), W3_PARITY(j) ^ 1u);
+        mbar_arrive_expect_tx(W3_V_FULL(s), W3_KV_BYTES);
+        tma_tile<W3_BLOCK_N>(v_s + s * W3_KV_BYTES, tv, j * W3_BLOCK_N, kv_head, W3_V_FULL(s));
     }
-    __syncthreads();  // the barriers are initialised before anyone waits on them; none is needed later
+}
 
-    if (wg == 0) {
-        setmaxnreg_dec<W3_PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
-            const void* tq = tmaps;
-            const void* tk = tmaps + 128;
-            const void* tv = tmaps + 256;
-            const int kv_head = bh / kv_group;
-            mbar_arrive_expect_tx(q_full, W3_Q_BYTES);
-            tma_tile<W3_BLOCK_M>(q_s, tq, m0, bh, q_full);
-            // in the order the consumers need them: K_j (slot j), V_j (slot j + 1); each waits for the
-            // release of the tile S earlier in its stage, which both consumers give in slot j - S (K) and
-            // j - S + 1 (V), so with S = 2 K_j is requested a whole slot before slot j needs it
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % W3_STAGES;
-                if (j >= W3_STAGES) mbar_wait(W3_K_EMPTY(s), W3_PARITY(j) ^ 1u);
-                mbar_arrive_expect_tx(W3_K_FULL(s), W3_KV_BYTES);
-                tma_tile<W3_BLOCK_N>(k_s + s * W3_KV_BYTES, tk, j * W3_BLOCK_N, kv_head, W3_K_FULL(s));
-                if (j >= W3_STAGES) mbar_wait(W3_V_EMPTY(s), W3_PARITY(j) ^ 1u);
-                mbar_arrive_expect_tx(W3_V_FULL(s), W3_KV_BYTES);
-                tma_tile<W3_BLOCK_N>(v_s + s * W3_KV_BYTES, tv, j * W3_BLOCK_N, kv_head, W3_V_FULL(s));
-            }
-        }
-        return;
-    }
-    setmaxnreg_inc<W3_CONSUMER_REGS>();
+// W4 releases Q once the warpgroup's last Q K^T is complete (its softmax, last P V and store then run
+// while the producer loads the next block's Q); W3 loads Q once and never releases it.
+#if W3_PERSISTENT
+#define W3_RELEASE_Q() warp_release(W3_Q_EMPTY, lane)
+#else
+#define W3_RELEASE_Q() do { } while (0)
+#endif
 
+// One consumer warpgroup's share of one query block: its slots, its idle turns and the store.
+__device__ __forceinline__ void w3_consume(int wg, unsigned q_s, unsigned k_s, unsigned v_s, unsigned bars,
+                                           ft_raw* __restrict__ o, float* __restrict__ lse, int m0, int bh,
+                                           int n_tiles, int kv0, int it, int Nq, int Nk, float scale_log2,
+                                           int causal, int diag_offset) {
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
@@ -177,7 +167,8 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     // had one warpgroup arrived twice on the other's barrier in a row, the 256 would be reached by one side.
     // Consumer 0 issues first: consumer 1 gives it its first turn here. Consumer 1 does not give a turn
     // after its last slot (n_tiles): consumer 0 has no slot n_tiles + 1 to take it, and an arrival left on
-    // the barrier would be a half-counted generation at exit.
+    // the barrier would be a half-counted generation at exit (W4: at the next query block, whose first
+    // turn consumer 1 gives here again, so the turns alternate across blocks too).
     // Without ping-pong (three consumers) the turns compile to nothing: named_bar_sync and
     // named_bar_arrive are empty and W3_END_TURN gives no turn.
 #if W3_PINGPONG
@@ -195,27 +186,31 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     float sc[W3_BLOCK_N / 2];        // S_j
     ft_raw2 pf[W3_BLOCK_N / 4];      // P_{j-1}: the A operand of the P V issued next
     // Q is waited for even by a warpgroup that reads no tile: no TMA copy may still be writing into the
-    // block's shared memory when its threads exit
-    mbar_wait(q_full, 0);
+    // block's shared memory when its threads exit (or, W4, when it releases the Q buffer). W4's caller
+    // has waited already: the same phase tells it which query block this is.
+#if !W3_PERSISTENT
+    mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
+#endif
 
     if (my_tiles > 0) {
         // slot 0: S_0 alone (there is no P yet); O is zero, so its rescale is skipped
-        mbar_wait(W3_K_FULL(0), 0);
+        mbar_wait(W3_K_FULL(W3_STAGE(0)), W3_PARITY(0));
         named_bar_sync(my_turn);
         wgmma_fence();
-        wg_qk<W3_BLOCK_N>(sc, q_addr, k_s);
+        wg_qk<W3_BLOCK_N>(sc, q_addr, k_s + W3_STAGE(0) * W3_KV_BYTES);
         wgmma_commit();
         W3_END_TURN(0);
         wgmma_wait<0>();
         wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
-        warp_release(W3_K_EMPTY(0), lane);   // S_0 is in registers: K_0's stage may be refilled
+        warp_release(W3_K_EMPTY(W3_STAGE(0)), lane);   // S_0 is in registers: K_0's stage may be refilled
+        if (my_tiles == 1) W3_RELEASE_Q();
         wg_mask<W3_BLOCK_N>(sc, 0, Nk, causal, diag_offset, warp_row0, r0, t);
         wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
         wg_softmax_exp<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2, pf);
 
         // slots 1 .. my_tiles - 1: S_j and P_{j-1} V_{j-1}, the softmax of S_j under the P V
         for (int j = 1; j < my_tiles; ++j) {
-            const int s = j % W3_STAGES, ps = (j - 1) % W3_STAGES;
+            const int s = W3_STAGE(j), ps = W3_STAGE(j - 1);
             // the operands land before the turn is taken: a warpgroup waiting for a copy while holding
             // the turn would stall the other's issue too
             mbar_wait(W3_K_FULL(s), W3_PARITY(j));
@@ -231,6 +226,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
             wgmma_wait<1>();
             wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
             warp_release(W3_K_EMPTY(s), lane);
+            if (j == my_tiles - 1) W3_RELEASE_Q();
             wg_mask<W3_BLOCK_N>(sc, j * W3_BLOCK_N, Nk, causal, diag_offset, warp_row0, r0, t);
             // P_j = exp2(...) in float32 over S_j itself: pf still holds P_{j-1}, which the P V in flight
             // is reading. (A second array for P_j, copied into pf at the end of the slot, makes ptxas
@@ -248,7 +244,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         }
 
         // slot my_tiles: the last P V alone
-        const int ps = (my_tiles - 1) % W3_STAGES;
+        const int ps = W3_STAGE(my_tiles - 1);
         mbar_wait(W3_V_FULL(ps), W3_PARITY(my_tiles - 1));
         named_bar_sync(my_turn);
         wgmma_fence();
@@ -258,6 +254,8 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         wgmma_wait<0>();
         wgmma_fence_operands<HEAD_DIM / 2>(acc);
         warp_release(W3_V_EMPTY(ps), lane);
+    } else {
+        W3_RELEASE_Q();
     }
 
     // Tiles my_tiles .. n_tiles - 1 hold no key for this warpgroup's rows, but the producer counts every
@@ -271,7 +269,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
             W3_END_TURN(j);
         }
         if (j < n_tiles) {
-            const int s = j % W3_STAGES;
+            const int s = W3_STAGE(j);
             mbar_wait(W3_K_FULL(s), W3_PARITY(j));
             warp_release(W3_K_EMPTY(s), lane);
             mbar_wait(W3_V_FULL(s), W3_PARITY(j));
@@ -281,12 +279,140 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 
     wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
 #undef W3_END_TURN
-#undef W3_PARITY
-#undef W3_K_FULL
-#undef W3_V_FULL
-#undef W3_K_EMPTY
-#undef W3_V_EMPTY
+}
+
+// W3: grid (ceil(Nq / W3_BLOCK_M), B * H), one query block per block. W4 (W3_PERSISTENT): grid (at most
+// the SM count) of blocks that each take query blocks until none is left (B * H heads: n_bh).
+// Block W3_THREADS threads (384, or 512 with three consumers), dynamic shared memory
+// W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
+// and for W4 8 more (q_empty) and 8 (the query block numbers handed to the consumers, two slots).
+
+#if W3_PERSISTENT
+#ifndef W4_HEAD_SECTION
+#define W4_HEAD_SECTION 8   // causal: heads whose query blocks are taken together, heaviest first
+#endif
+// Query block number t (0, 1, ... in the order blocks take them) -> (query block mb, head bh).
+// Causal: sections of W4_HEAD_SECTION heads, and within a section the heaviest (last) query block of
+// each head first, then the next heaviest: a block that finishes early takes the heaviest work left,
+// so the last to start are the shortest. A section rather than all heads at once, so that the blocks
+// running together (132 on an H200) are about 132 / 8 per head and read that head's K and V from L2
+// rather than each its own head's from memory. Not causal: a head's query blocks in a row.
+__device__ __forceinline__ void w4_query_block(int t, int n_mb, int n_bh, int causal, int& mb, int& bh) {
+    if (causal) {
+        const int sec = t / (W4_HEAD_SECTION * n_mb), r = t - sec * W4_HEAD_SECTION * n_mb;
+        const int heads = min(W4_HEAD_SECTION, n_bh - sec * W4_HEAD_SECTION);
+        mb = n_mb - 1 - r / heads;
+        bh = sec * W4_HEAD_SECTION + r % heads;
+    } else {
+        mb = t % n_mb;
+        bh = t / n_mb;
+    }
+}
+#endif
+
+// One body, two entry points: W4 writes its scheduler's counter after the maps (not const) and takes
+// the head count.
+#if W3_PERSISTENT
+extern "C" __global__ void __launch_bounds__(W3_THREADS, 1)
+flash_fwd_w4(unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
+             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset, int n_bh) {
+#else
+extern "C" __global__ void __launch_bounds__(W3_THREADS, 1)
+flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, float* __restrict__ lse,
+             int Nq, int Nk, float scale_log2, int causal, int kv_group, int diag_offset) {
+#endif
+#if FT_SM90A
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_align1024(smem_raw);
+    const unsigned q_s = smem_addr(smem);                          // [HEAD_DIM / 64][W3_BLOCK_M][64]
+    const unsigned k_s = q_s + W3_Q_BYTES;                         // [W3_STAGES][HEAD_DIM / 64][W3_BLOCK_N][64]
+    const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
+    const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;
+    const int wg = threadIdx.x / 128;
+#if !W3_PERSISTENT
+    const int bh = blockIdx.y;
+    const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
+#endif
+
+    if (threadIdx.x == 0) {
+        mbar_init(W3_Q_FULL(bars), 1);
+        for (int s = 0; s < W3_STAGES; ++s) {
+            mbar_init(W3_K_FULL(s), 1);    // the producer's arrive.expect_tx, then the copy's bytes
+            mbar_init(W3_V_FULL(s), 1);
+            mbar_init(W3_K_EMPTY(s), W3_CONSUMER_WARPS);
+            mbar_init(W3_V_EMPTY(s), W3_CONSUMER_WARPS);
+        }
+#if W3_PERSISTENT
+        mbar_init(W3_Q_EMPTY, W3_CONSUMER_WARPS);
+#endif
+        mbar_init_fence();
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on them; none is needed later
+
+#if W3_PERSISTENT
+    // The scheduler: block b's first query block is t = b; each later one is the next number of a
+    // counter in global memory (4 bytes after the tensor maps, zeroed by the launch's copy), taken by
+    // the producer one query block ahead so that the atomic's round trip is hidden. The producer hands
+    // the number to the consumers in shared memory (two slots: query block it uses slot it % 2), written
+    // before the arrival on q_full that the consumers wait for (a release; their wait acquires), and
+    // -1 when none is left: then q_full is completed with no copy, and everyone leaves.
+    const int n_mb = (Nq + W3_BLOCK_M - 1) / W3_BLOCK_M, n_work = n_mb * n_bh;
+    int* const counter = reinterpret_cast<int*>(tmaps + 3 * 128);
+    volatile int* const slot = (volatile int*)(smem + (bars - q_s) + 8 * (2 + 4 * W3_STAGES));
+    if (wg == 0) {
+        setmaxnreg_dec<W3_PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            int t = blockIdx.x, kv0 = 0;
+            for (int it = 0;; ++it) {
+                if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q and slot it % 2 are free
+                slot[it & 1] = t < n_work ? t : -1;
+                if (t >= n_work) {
+                    mbar_arrive(W3_Q_FULL(bars));
+                    break;
+                }
+                const int next = atomicAdd(counter, 1) + (int)gridDim.x;
+                int mb, bh;
+                w4_query_block(t, n_mb, n_bh, causal, mb, bh);
+                const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+                w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
+                kv0 += blk.n_tiles;
+                t = next;
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<W3_CONSUMER_REGS>();
+    for (int it = 0, kv0 = 0;; ++it) {
+        mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
+        const int t = slot[it & 1];
+        if (t < 0) break;
+        int mb, bh;
+        w4_query_block(t, n_mb, n_bh, causal, mb, bh);
+        const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+        w3_consume(wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, kv0, it, Nq, Nk, scale_log2,
+                   causal, diag_offset);
+        kv0 += blk.n_tiles;
+    }
+#else
+    if (wg == 0) {
+        setmaxnreg_dec<W3_PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, 0, 0);
+        return;
+    }
+    setmaxnreg_inc<W3_CONSUMER_REGS>();
+    w3_consume(wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, 0, 0, Nq, Nk, scale_log2, causal,
+               diag_offset);
+#endif
 #else
     __trap();  // built for a target without TMA and wgmma; flashtut.cuda.hopper launches it on sm_90a only
 #endif
 }
+#undef W3_PARITY
+#undef W3_STAGE
+#undef W3_Q_FULL
+#undef W3_K_FULL
+#undef W3_V_FULL
+#undef W3_K_EMPTY
+#undef W3_V_EMPTY
+#undef W3_Q_EMPTY
