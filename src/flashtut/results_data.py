@@ -118,11 +118,14 @@ PRODUCERS = {
                                   "odd shapes (perflog_cuda_bwd, chapter 08)",
                                   "python -m flashtut.bench.cuda_ladder --bwd-only "
                                   "--out book/data/cuda_ladder_bwd_h200.json"),
-    "cuda_protocol_h200.json": ("cuda_attention (its default, W3 forward on an H200, and forward_kernel='mma') "
-                                "against SDPA flash at the protocol's N 4096 and 16384, backward with the warp grid",
-                                "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash -D 128,64 -N 4096,16384 "
-                                "--dtype float16,bfloat16 --causal both --mode fwd,bwd --tokens 16384 --hidden 2048 "
-                                "--warmup-ms 5 --rep-ms 40 --no-progress --out book/data/cuda_protocol_h200.json"),
+    "cuda_protocol_h200.json": ("cuda_attention (its default, on an H200 the W3 forward with three consumer "
+                                "warpgroups at D 64, and forward_kernel='mma') against SDPA flash and SDPA cuDNN at "
+                                "the protocol's N 4096 and 16384, backward with the warp grid (H200, 2026-12-02 "
+                                "03:31 UTC)",
+                                "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd "
+                                "-D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 "
+                                "--hidden 2048 --warmup-ms 5 --rep-ms 40 --no-progress "
+                                "--out book/data/cuda_protocol_h200.json"),
     "host_path_h200_protocol_d*.json": ("the protocol sweep after the CUDA host-path change and before the "
                                         "tile-shape change (perflog_cuda compares it with both)",
                                         "git checkout c269288 && OUT=<folder> bash tools/gpu_protocol.sh"),
@@ -130,9 +133,10 @@ PRODUCERS = {
                                   "flash, SDPA cuDNN and cuda-v3 at N = 4096, float16",
                                   "git checkout 98cfec4 && OUT=<folder> bash tools/gpu_hopper.sh --quick"),
     "hopper_h200.json": ("chapter 11's Hopper ladder through rung W3 (softmax overlapped with the tensor cores: "
-                         "pipelined and ping-pong consumer warpgroups): W1, its variants, W2 and W3 against SDPA "
-                         "flash, SDPA cuDNN and the mma.sync CUDA forward, N 4096 and 16384, D 128 and 64, "
-                         "float16 and bfloat16, causal and not (re-measured with the pinned tensor maps of d651db0)",
+                         "pipelined and ping-pong consumer warpgroups): W1, its variants, W2, W3 and W3 with three "
+                         "consumer warpgroups at D 64 (hopper-w3[c3]) against SDPA flash, SDPA cuDNN and the "
+                         "mma.sync CUDA forward, N 4096 and 16384, D 128 and 64, float16 and bfloat16, causal and "
+                         "not (H200, 2026-12-02 03:18 UTC)",
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
     "hopper_ab_h200.json": ("rung W3 with its tensor maps copied from pageable memory, blocking "
                             "(hopper-w3[pageable-maps]), and from pinned memory, not blocking (hopper-w3), "

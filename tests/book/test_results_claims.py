@@ -69,6 +69,23 @@ def test_readme_ratios_are_the_committed_ones():
             assert cell == f"{ratio:.2f}", (row[0], column, cell, ratio)
 
 
+@needs_data
+def test_readme_prose_ranges():
+    # "there `cuda_attention`'s forward is 0.99-1.06x cuDNN's in these four cases" (D = 128, N = 16384);
+    # "1.57-1.84x SDPA flash at D = 128, 1.45-1.64x at D = 64": the W3 build cuda_attention runs per head dim
+    text = " ".join(README.read_text().split())
+    proto, _ = results_data.load_results("cuda_protocol_h200.json")
+    cudnn = [r["tflops"] / _tflops(proto, "sdpa-cudnn", **{k: r[k] for k in ("mode", "dtype", "D", "N", "causal")})
+             for r in proto if r["impl"] == "cuda" and r["mode"] == "fwd" and r["D"] == 128 and r["N"] == 16384]
+    assert len(cudnn) == 4
+    assert f"forward is {_span(cudnn)}x cuDNN's in these four cases" in text
+    rows, _ = results_data.load_results("hopper_h200.json")
+    rows = [r for r in rows if r.get("status") == "ok" and r.get("tflops")]
+    d128 = [x for k, x in _ratios(rows, "hopper-w3", "sdpa-flash").items() if k[1] == 128]
+    d64 = list(_ratios(rows, "hopper-w3[c3]", "sdpa-flash").values())
+    assert f"{_span(d128)}x SDPA flash at D = 128, {_span(d64)}x at D = 64" in text
+
+
 # --- chapter 11: the reading of rungs W2 and W3 --------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -130,21 +147,24 @@ def test_chapter_11_w3_reading(hopper):
     # "cuDNN itself is only around 1.5 at this head dim" (D = 64)
     c64 = [x for k, x in _ratios(hopper, "sdpa-cudnn", "sdpa-flash").items() if k[1] == 64]
     assert min(c64) < 1.5 < max(c64) < 1.6
-    # "W3 is the fastest of our forwards" in every case (what made it cuda_attention's sm_90 forward)
-    ours = {r["impl"] for r in hopper if r["impl"].startswith(("hopper-", "cuda"))} - {"hopper-w3"}
+    # "W3 is the fastest of our forwards" in every case but its own three-consumer build at D = 64, which is
+    # the fastest there (cuda_attention's sm_90 forward: configs.HOPPER_CONSUMERS)
+    ours = {r["impl"] for r in hopper if r["impl"].startswith(("hopper-", "cuda"))} - {"hopper-w3", "hopper-w3[c3]"}
     assert {"hopper-w1", "hopper-w2", "cuda-mma"} <= ours
     for impl in ours:
         assert all(x > 1 for x in _ratios(hopper, "hopper-w3", impl).values()), impl
+        assert all(x > 1 for x in _ratios(hopper, "hopper-w3[c3]", impl).values()), impl
+    assert all(x > 1 for x in _ratios(hopper, "hopper-w3[c3]", "hopper-w3").values())
     # the prediction (perflog_hopper.md): the causal D = 128 cases inside their ranges (float16) or
     # above them (bfloat16); the non-causal ones at N = 4096 at the bottom of theirs (560-620 TFLOP/s,
-    # ratio 1.65-1.8) or below: float16 below, bfloat16 just inside in TFLOP/s and below in ratio
+    # ratio 1.65-1.8) or below: float16 below, bfloat16 inside in TFLOP/s (its lowest sixth) and below in ratio
     tflops = {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in hopper if r["impl"] == "hopper-w3"}
     for (dtype, d, n, causal), t in tflops.items():
         if d == 128 and causal:
             lo, hi = (520, 580) if n == 16384 else (440, 500)
             assert (lo <= t <= hi) if dtype == "float16" else t > hi, (dtype, n, t)
         if d == 128 and not causal and n == 4096:
-            assert (t < 560) if dtype == "float16" else (560 <= t < 566), (dtype, t)
+            assert (t < 560) if dtype == "float16" else (560 <= t < 580), (dtype, t)
             assert w3[(dtype, d, n, causal)] < 1.65, dtype
 
 
@@ -156,7 +176,10 @@ def test_cuda_attention_runs_the_measured_hopper_rung():
 
     assert configs.HOPPER_DEFAULT == "w3"
     choice = configs.choose_forward("auto", 90, torch.float16, 128, (13, 0))
-    assert (choice.kernel, choice.variant) == ("wgmma", "w3")
+    assert (choice.kernel, choice.variant, choice.consumers) == ("wgmma", "w3", 2)
+    # "with three consumer warpgroups at D = 64": the build measured faster there (hopper-w3[c3])
+    choice = configs.choose_forward("auto", 90, torch.float16, 64, (13, 0))
+    assert (choice.kernel, choice.variant, choice.consumers) == ("wgmma", "w3", 3)
 
 
 # --- chapter 09: the machine code and the DISABLE_MMA_V3 switch -----------------------------------
@@ -339,6 +362,10 @@ def test_hopper_log_summary_ranges(hopper):
         row = next(line for line in (ROOT / "book" / "perflog_hopper.md").read_text().splitlines()
                    if line.startswith(f"| {rung} |"))
         assert cells in row, (rung, cells, row)
+    c3 = _ratios(hopper, "hopper-w3[c3]", "sdpa-flash")
+    row = next(line for line in (ROOT / "book" / "perflog_hopper.md").read_text().splitlines()
+               if line.startswith("| W3, three consumers |"))
+    assert f"| - | {_span(c3.values())}x |" in row, row
     assert f"cuDNN, for scale, is at {_span(by_d('sdpa-cudnn', 128))}x and {_span(by_d('sdpa-cudnn', 64))}x" in log
     w3 = {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in hopper if r["impl"] == "hopper-w3"}
     over_w2 = _ratios(hopper, "hopper-w3", "hopper-w2")
@@ -426,13 +453,162 @@ def test_ring_depth_claims():
 
 @needs_data
 def test_chapter_09_reading_of_the_mma_sync_kernels_after_chapter_8s_ladder():
-    # "puts our mma.sync forward at 0.97 to 1.04 times sdpa-flash and the backward at 0.98 to 1.06"
+    # "puts our mma.sync forward at 0.94 to 1.03 times sdpa-flash and the backward at 0.98 to 1.06"
     rows, _ = results_data.load_results("cuda_protocol_h200.json")
-    for mode, low, high in (("fwd", 0.97, 1.04), ("bwd", 0.98, 1.06)):
+    for mode, low, high in (("fwd", 0.94, 1.03), ("bwd", 0.98, 1.06)):
         flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
                  if r["impl"] == "sdpa-flash" and r["mode"] == mode}
         ratios = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
                   if r["impl"] == "cuda-mma" and r["mode"] == mode]
         assert len(ratios) == 16 and (f"{min(ratios):.2f}", f"{max(ratios):.2f}") == (f"{low:.2f}", f"{high:.2f}")
     text = (ROOT / "notebooks" / "09_results.ipynb").read_text()
-    assert "0.97 to\\n" in text and "1.04 times `sdpa-flash` and the backward at 0.98 to 1.06" in text
+    assert "0.94 to\\n" in text and "1.03 times `sdpa-flash` and the backward at 0.98 to 1.06" in text
+
+
+# --- W3 with three consumer warpgroups at D = 64 (hopper-w3[c3]): the log, chapters 11 and 09 ----------
+
+@needs_data
+def test_three_consumer_claims(hopper):
+    c3 = _ratios(hopper, "hopper-w3[c3]", "sdpa-flash")
+    assert len(c3) == 8 and {k[1] for k in c3} == {64}
+    gain = {k: 100 * (x - 1) for k, x in _ratios(hopper, "hopper-w3[c3]", "hopper-w3").items()}
+    cudnn = _ratios(hopper, "hopper-w3[c3]", "sdpa-cudnn")
+    w3_cudnn = [x for k, x in _ratios(hopper, "hopper-w3", "sdpa-cudnn").items() if k[1] == 64]
+    short = {k for k, x in c3.items() if x < 1.5}
+    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
+    # "met in 6 of 8 cases ... The misses are N = 4096, causal"; "passes cuDNN in the same 6"
+    assert short == {fp16, bf16}
+    assert {k for k, x in cudnn.items() if x < 1} == short
+    # "the two they miss ... gained least over W3"
+    assert max(gain[k] for k in short) < min(g for k, g in gain.items() if k not in short)
+    # "inside the range in 6 of 8 cases, above it in bfloat16 at N = 16384" (predicted 1.40-1.60)
+    above = {k for k, x in c3.items() if x > 1.60}
+    assert above == {("bfloat16", 64, 16384, False), ("bfloat16", 64, 16384, True)}
+    assert all(1.40 <= x for x in c3.values())
+    causal = [g for k, g in gain.items() if k[3]]
+    full = [g for k, g in gain.items() if not k[3]]
+    log = _log()
+    for quoted in (
+            f"{_span(c3.values())}x (+{min(gain.values()):.1f}% to +{max(gain.values()):.1f}% over W3)",
+            f"1.45x in float16 and {c3[bf16]:.3f}x in bfloat16 (the table rounds it to {c3[bf16]:.2f})",
+            f"(+{min(causal):.1f}% to +{max(causal):.1f}%, against +{min(full):.1f}% to +{max(full):.1f}% not causal)",
+            f"0.98-1.10x, ahead in 6 of 8 cases",
+            f"({cudnn[fp16]:.2f}x float16, {cudnn[bf16]:.2f}x bfloat16)",
+            f"every D = 64 case ({_span(w3_cudnn)}x)",
+            f"bfloat16 at N = 16384 ({c3[('bfloat16', 64, 16384, True)]:.2f}x causal, "
+            f"{c3[('bfloat16', 64, 16384, False)]:.2f}x not causal)",
+            "At D = 64 the two-consumer W3 meets it in no case and the three-consumer build in 6 of 8"):
+        assert quoted in log, quoted
+    assert f"{c3[fp16]:.2f}x in float16" in log and _span(cudnn.values()) == "0.98-1.10"
+    assert max(w3_cudnn) < 1
+    text = _chapter_11_text()
+    lo, hi = _span(c3.values()).split("-")
+    assert f"Against the prediction: {lo} to {hi} times `sdpa-flash` for 1.40 to 1.60 predicted" in text
+    assert "inside the range in 6 of 8 cases, above it in bfloat16 at $N = 16384$" in text
+    assert "reach 1.5 in 6 of the 8 cases and pass cuDNN in the same 6" in text
+    assert f"{c3[bf16]:.3f} in bfloat16 shows as {c3[bf16]:.2f} in the table" in text
+    import json
+
+    nb09 = json.loads((ROOT / "notebooks" / "09_results.ipynb").read_text())
+    text09 = " ".join(" ".join("".join(c["source"]).split()) for c in nb09["cells"] if c["cell_type"] == "markdown")
+    assert f"it reaches {lo} to {hi} times and passes cuDNN in 6 of 8 cases" in text09
+
+
+# --- the protocol run of cuda_attention (cuda_protocol_h200.json): the CUDA logs and the Hopper log ----
+
+@needs_data
+def test_protocol_claims():
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("tflops")]
+
+    def ratios(impl, base, mode="fwd"):
+        return {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] / _tflops(
+            ok, base, **{k: r[k] for k in ("mode", "dtype", "D", "N", "causal")})
+            for r in ok if r["impl"] == impl and r["mode"] == mode}
+
+    cuda, cudnn = ratios("cuda", "sdpa-flash"), ratios("sdpa-cudnn", "sdpa-flash")
+    vs_cudnn = ratios("cuda", "sdpa-cudnn")
+    by = lambda x, d: [v for k, v in x.items() if k[1] == d]  # noqa: E731
+    short = {k: v for k, v in cuda.items() if v < 1.5}
+    assert set(short) == {("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)}
+    misses = f"({short[('float16', 64, 4096, True)]:.3f}x float16, {short[('bfloat16', 64, 4096, True)]:.3f}x bfloat16)"
+    log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    for quoted in (
+            f"`cuda_attention`'s forward (`cuda`): {_span(by(cuda, 128))}x SDPA flash at D = 128 and "
+            f"{_span(by(cuda, 64))}x at D = 64, below 1.5 only at D = 64, N = 4096, causal {misses}",
+            f"Against cuDNN in the same process: {_span(by(vs_cudnn, 128))}x at D = 128 (ahead in "
+            f"{sum(v > 1 for v in by(vs_cudnn, 128))} of 8 cases, all at N = 16384) and {_span(by(vs_cudnn, 64))}x at "
+            f"D = 64 (ahead in {sum(v > 1 for v in by(vs_cudnn, 64))} of 8, behind at N = 4096, causal)",
+            f"({_span(by(cudnn, 128))}x and {_span(by(cudnn, 64))}x here,"):
+        assert quoted in log, quoted
+    assert all(k[2] == 16384 for k, v in vs_cudnn.items() if k[1] == 128 and v > 1)
+    # the mma.sync forward's one miss of issue 13's floor, in the hopper preset's run of the same shape
+    hop, _ = results_data.load_results("hopper_h200.json")
+    mma = _tflops(hop, "cuda-mma", mode="fwd", dtype="float16", D=128, N=4096, causal=False) / _tflops(
+        hop, "sdpa-flash", mode="fwd", dtype="float16", D=128, N=4096, causal=False)
+    assert f"put the same forward at {mma:.2f}x (03:18 UTC)" in log
+    assert {k for k, v in vs_cudnn.items() if k[1] == 64 and v < 1} == set(short)
+    hopper_log = _log()
+    assert (f"its forward is {_span(by(cuda, 128))}x SDPA flash at D = 128 and {_span(by(cuda, 64))}x at D = 64, "
+            f"below 1.5 in the same two cases only {misses}") in hopper_log
+    assert (f"{_span(by(cuda, 64))}x SDPA flash, below 1.5 again only at N = 4096, causal {misses}, and "
+            f"{_span(by(vs_cudnn, 64))}x cuDNN, ahead in 6 of 8 cases") in hopper_log
+    # the backward: "cuDNN's backward ... 1.72-1.98x SDPA flash at D = 128 and 1.56-1.69x at D = 64"
+    bwd = ratios("sdpa-cudnn", "sdpa-flash", "bwd")
+    ours = ratios("cuda", "sdpa-cudnn", "bwd")
+    bwd_log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
+    assert (f"{_span(by(bwd, 128))}x SDPA flash at D = 128 and {_span(by(bwd, 64))}x at D = 64, so ours runs at "
+            f"{_span(by(ours, 128))}x and {_span(by(ours, 64))}x of it") in bwd_log
+
+
+@needs_data
+def test_hopper_log_w3_reading_numbers(hopper):
+    """The W3 section's prediction table and reading: TFLOP/s spans, the best case against the measured
+    wgmma ceiling, and W3 against cuDNN at D = 128."""
+    log = _log()
+    tf = {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in hopper if r["impl"] == "hopper-w3"}
+    flash = _ratios(hopper, "hopper-w3", "sdpa-flash")
+    groups = {"D = 128, not causal": lambda k: k[1] == 128 and not k[3],
+              "D = 128, causal, N = 16384": lambda k: k[1] == 128 and k[3] and k[2] == 16384,
+              "D = 128, causal, N = 4096": lambda k: k[1] == 128 and k[3] and k[2] == 4096,
+              "D = 64": lambda k: k[1] == 64}
+    for case, keep in groups.items():
+        keys = [k for k in tf if keep(k)]
+        cell = f"| {_span([tf[k] for k in keys], '{:.0f}')} ({_span([flash[k] for k in keys])}) |"
+        row = next(line for line in (ROOT / "book" / "perflog_hopper.md").read_text().splitlines()
+                   if line.startswith(f"| {case} |") and "(1." in line and line.count("|") == 4)
+        assert row.endswith(cell), (case, row, cell)
+    peaks, _ = results_data.load_results("h200_instruction_peaks.json")
+    ceiling = {r["dtype"]: r["tflops"] for r in peaks if r.get("instruction") == "wgmma"}
+    best = {dt: max((t, k) for k, t in tf.items() if k[0] == dt) for dt in ("float16", "bfloat16")}
+    assert best["bfloat16"][1] == ("bfloat16", 128, 16384, False)
+    assert (f"The best, {best['bfloat16'][0]:.0f} TFLOP/s (bfloat16, N = 16384, not causal), is "
+            f"{best['bfloat16'][0] / ceiling['bfloat16']:.0%} of `wgmma`'s bfloat16 ceiling; float16's best, "
+            f"{best['float16'][0]:.0f}, is {best['float16'][0] / ceiling['float16']:.0%} of its own") in log
+    cudnn = {k: x for k, x in _ratios(hopper, "hopper-w3", "sdpa-cudnn").items() if k[1] == 128}
+    tie = {k: x for k, x in cudnn.items() if k[2:] == (16384, True)}
+    rest = [x for k, x in cudnn.items() if k not in tie]
+    assert (f"Against cuDNN W3 is at {_span(cudnn.values())}x at D = 128: level with it at N = 16384, causal "
+            f"({tie[('float16', 128, 16384, True)]:.2f}x float16, {tie[('bfloat16', 128, 16384, True)]:.2f}x bfloat16") in log
+    assert f"behind it everywhere else ({_span(rest)}x)" in log
+
+
+@needs_data
+def test_backward_protocol_gmeans():
+    # perflog_cuda_bwd.md: "at worst 0.98x SDPA flash, median 1.03x (either column)" and the geometric means
+    import statistics
+
+    from flashtut.bench.report import ratio_summary
+
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    g = {(s["impl"], s["D"]): s["gmean"] for s in ratio_summary(rows, ["cuda-mma", "cuda"], mode="bwd")}
+    log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
+    assert (f"here {g['cuda-mma', 128]:.3f} and {g['cuda-mma', 64]:.3f} (`cuda-mma`; {g['cuda', 128]:.3f} and "
+            f"{g['cuda', 64]:.3f} for `cuda`)") in log
+    for impl in ("cuda-mma", "cuda"):
+        flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+                 if r["impl"] == "sdpa-flash" and r["mode"] == "bwd"}
+        x = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
+             if r["impl"] == impl and r["mode"] == "bwd"]
+        assert f"{min(x):.2f}" == "0.98" and f"{statistics.median(x):.2f}" == "1.03", impl
+    assert "at worst 0.98x SDPA flash, median 1.03x (either column)" in log
