@@ -138,6 +138,11 @@ PRODUCERS = {
                          "mma.sync CUDA forward, N 4096 and 16384, D 128 and 64, float16 and bfloat16, causal and "
                          "not (H200, 2026-12-02 03:18 UTC)",
                          "python -m flashtut.bench run --preset hopper --out book/data/hopper_h200.json"),
+    "hopper_w4_h200.json": ("chapter 11's rung W4 (W3 with persistent blocks and a dynamic tile scheduler) in the "
+                            "hopper preset beside every other rung: W4 and W4 with three consumers at D 64 "
+                            "(hopper-w4, hopper-w4[c3]) against W3, SDPA flash, SDPA cuDNN and the mma.sync CUDA "
+                            "forward, the protocol's 16 cases (H200, 2026-12-02 03:55 UTC, commit 4b5e2f6)",
+                            "python -m flashtut.bench run --preset hopper --out book/data/hopper_w4_h200.json"),
     "hopper_ab_h200.json": ("rung W3 with its tensor maps copied from pageable memory, blocking "
                             "(hopper-w3[pageable-maps]), and from pinned memory, not blocking (hopper-w3), "
                             "and SDPA flash, each at do_bench budgets of 5/40 and 25/100 ms, one process, "

@@ -55,6 +55,9 @@ HOPPER_W3_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W2": "hopper-w2", "W3": "hoppe
 HOPPER_RING_COLUMNS = {"W3, 2 stages": "hopper-w3", "3 stages": "hopper-w3[s3]", "4 stages": "hopper-w3[s4]"}
 #: the Hopper log's three-consumer table (D = 64 only: the build exists there alone)
 HOPPER_C3_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3, 2 consumers": "hopper-w3", "W3, 3 consumers": "hopper-w3[c3]"}
+#: the Hopper log's W4 table (hopper_w4_h200.json): W3 and W4 with cuda_attention's consumers per head dim
+HOPPER_W4_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": {128: "hopper-w3", 64: "hopper-w3[c3]"},
+                     "W4": {128: "hopper-w4", 64: "hopper-w4[c3]"}}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -64,6 +67,7 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_h200.json", HOPPER_W3_COLUMNS, "fwd", None, 16),
     ("perflog_hopper.md", "hopper_h200.json", HOPPER_C3_COLUMNS, "fwd", 64, 8),
     ("perflog_hopper.md", "hopper_ring_h200.json", HOPPER_RING_COLUMNS, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_w4_h200.json", HOPPER_W4_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),

@@ -593,10 +593,10 @@ def hopper_builds() -> list[HopperConfig]:
 
 # -- which forward cuda_attention runs ------------------------------------------------------------
 
-#: the Hopper rung ``cuda_attention`` runs on sm_90 (book/perflog_hopper.md: W3 1.57-1.77x SDPA flash
-#: at D = 128, W1 0.97-1.13x; W4, W3 with persistent blocks, is taken here before its first GPU run,
-#: which decides whether it stays)
-HOPPER_DEFAULT = "w4"
+#: the Hopper rung ``cuda_attention`` runs on sm_90: W3, the fastest measured at every protocol case
+#: (book/perflog_hopper.md). W4, W3 with persistent blocks, is faster at N = 4096 without a causal mask
+#: and slower at N = 16384 (hopper_w4_h200.json), so it is not the default.
+HOPPER_DEFAULT = "w3"
 #: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}

@@ -64,12 +64,13 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
 
 
 def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False) -> torch.Tensor:
-    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2 and W3 take).
+    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2, W3 and W4 take;
+    ``counter``: W4's scheduler counter after them).
 
-    The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy from pageable memory makes
-    torch wait for the stream to drain, so every call would leave the GPU idle while the host
-    prepares the next one (book/perflog_hopper.md measures what that cost). torch's pinned-memory
-    allocator keeps the host buffer until the copy has run."""
+    The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy
+    from pageable memory makes torch wait for the stream to drain, so every call would leave the GPU
+    idle while the host prepares the next one (book/perflog_hopper.md measures what that cost).
+    torch's pinned-memory allocator keeps the host buffer until the copy has run."""
     blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
     if counter:   # W4's scheduler: a zero int32 after the maps, which its blocks count up (atomicAdd)
         blob += bytes(16)
