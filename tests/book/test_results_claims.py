@@ -639,6 +639,10 @@ def test_w4_claims():
             f"at D = 64), where the same cases in bfloat16 lost {-gain[('bfloat16', 128, 4096, False)]:.1f}% and "
             f"{-gain[('bfloat16', 64, 4096, False)]:.1f}%"):
         assert quoted in log, quoted
+    # the ladder table's W4 row and the W3 of the same run
+    by_d = lambda d, x: [v for k, v in x.items() if k[1] == d]  # noqa: E731
+    assert f"| {_span(by_d(128, w4))}x | {_span(by_d(64, w4))}x |" in log
+    assert f"W3 measured {_span(by_d(128, w3))}x and {_span(by_d(64, w3))}x (section W4)" in log
     # "N = 16384 lost up to 10%"; "the two gains above 4%"
     assert round(-min(gain.values())) == 10 and min(gain, key=gain.get)[2] == 16384
     assert sorted(k for k, g in gain.items() if g > 4) == [("float16", 64, 4096, False), ("float16", 128, 4096, False)]

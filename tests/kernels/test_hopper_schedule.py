@@ -1,4 +1,4 @@
-"""Rung W3's barrier protocol (flashtut.cuda.hopper_schedule), simulated on the CPU.
+"""Rungs W3 and W4: the barrier protocol (flashtut.cuda.hopper_schedule), simulated on the CPU.
 
 Every block shape the kernel meets is a tile count n_tiles and the two consumers' own counts (fewer
 than n_tiles for a causal block's upper warpgroup, none for rows past Nq). For each, and for each ring

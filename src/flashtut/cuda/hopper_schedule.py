@@ -1,4 +1,4 @@
-"""Rung W3's schedule on the CPU: the barrier protocol of ``kernels/fwd_w3_pingpong.cu``, simulated.
+"""The barrier protocol of rungs W3 and W4 (``kernels/fwd_w3_pingpong.cu``, ``fwd_w4_persistent.cu``), simulated.
 
 W3 is three warpgroups of one block: a producer that fills a ring of K and V stages with TMA copies,
 and two consumers that take turns on the tensor cores. Whether they ever stop for good depends on
