@@ -13,11 +13,13 @@ machine_info() {
       git log -1 --format='commit %H' 2>/dev/null; } >> "$LOG" 2>&1
 }
 
+# pytest's worker option where pytest-xdist is installed (8 workers), else nothing
+xdist_workers() { python3 -c "import xdist" 2>/dev/null && echo "-n 8"; }
+
 # gpu_tests LIMIT_S LOGFILE [pytest paths...]: the `gpu`-marked tests, 8 workers when xdist is there
 gpu_tests() {
     local limit=$1 log=$2; shift 2
-    local w=""; python3 -c "import xdist" 2>/dev/null && w="-n 8"
-    timeout "$limit" python3 -m pytest "$@" -m gpu $w -p no:cacheprovider -q -rfE --tb=short > "$log" 2>&1
+    timeout "$limit" python3 -m pytest "$@" -m gpu $(xdist_workers) -p no:cacheprovider -q -rfE --tb=short > "$log" 2>&1
     echo "pytest rc=$?" | tee -a "$log" "$LOG"
     tail -4 "$log" | tee -a "$LOG"
 }

@@ -40,8 +40,7 @@ machine_info
 
 if want tests; then
     stage tests
-    w=""; python3 -c "import xdist" 2>/dev/null && w="-n 8"
-    timeout "${T_TESTS:-240}" python3 -m pytest tests/kernels/test_cuda_hopper.py $w -q -rfE --tb=short -p no:cacheprovider \
+    timeout "${T_TESTS:-240}" python3 -m pytest tests/kernels/test_cuda_hopper.py $(xdist_workers) -q -rfE --tb=short -p no:cacheprovider \
         > "$OUT/tests.log" 2>&1
     rc=$?
     echo "pytest rc=$rc" | tee -a "$LOG"; tail -4 "$OUT/tests.log" | tee -a "$LOG"

@@ -276,25 +276,32 @@ def test_configs_fit_an_h100():
     assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
 
 
-def test_config_errors():
-    with pytest.raises(ValueError, match="variant"):
-        configs.hopper_config("w9", torch.float16, 64)
-    with pytest.raises(ValueError, match="dtype"):
-        configs.hopper_config("w1", torch.float32, 64)
-    with pytest.raises(ValueError, match="head dim"):
-        configs.hopper_config("w1", torch.float16, 96)
-    with pytest.raises(ValueError, match="block_n"):
-        configs.hopper_config("w1", torch.float16, 64, block_n=96)
-    with pytest.raises(ValueError, match="stages"):
-        configs.hopper_config("w2", torch.float16, 64, stages=5)
-    with pytest.raises(ValueError, match="stages applies to W2"):
-        configs.hopper_config("w1", torch.float16, 64, stages=3)
-    with pytest.raises(ValueError, match="pv_split"):
-        configs.hopper_config("w2", torch.float16, 128, pv_split=False)
-    with pytest.raises(ValueError, match="W3 always splits"):
-        configs.hopper_config("w3", torch.float16, 128, pv_split=False)
-    with pytest.raises(ValueError, match="stages"):
-        configs.hopper_config("w3", torch.float16, 64, stages=1)
+#: (arguments of configs.hopper_config, what the ValueError says)
+CONFIG_ERRORS = [
+    (("w9", torch.float16, 64), {}, "variant"),
+    (("w1", torch.float32, 64), {}, "dtype"),
+    (("w1", torch.float16, 96), {}, "head dim"),
+    (("w1", torch.float16, 64), dict(block_n=96), "block_n"),
+    (("w2", torch.float16, 64), dict(stages=5), "stages"),
+    (("w1", torch.float16, 64), dict(stages=3), "stages applies to W2"),
+    (("w2", torch.float16, 128), dict(pv_split=False), "pv_split"),
+    (("w3", torch.float16, 128), dict(pv_split=False), "W3 always splits"),
+    (("w3", torch.float16, 64), dict(stages=1), "stages"),
+    (("w2", torch.float16, 64), dict(consumers=3), "consumers must be 2, or 3 with variant 'w3' or 'w4', got 3 with 'w2'"),
+    (("w4", torch.float16, 64), dict(consumers=4), "consumers must be 2.*got 4"),
+    (("w4", torch.float16, 128), dict(consumers=3), "consumers=3 is built for head dim 64 only.*got D = 128"),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,match", CONFIG_ERRORS, ids=[m[:24] for _, _, m in CONFIG_ERRORS])
+def test_config_errors(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        configs.hopper_config(*args, **kwargs)
+
+
+def test_only_w4_is_persistent():
+    # only W4 keeps its blocks resident (the launch sizes its grid by the SM count and adds a counter)
+    assert [v for v in configs.HOPPER_VARIANTS if configs.hopper_config(v, torch.float16, 64).persistent] == ["w4"]
 
 
 def test_causal_alignments():
@@ -319,6 +326,14 @@ def test_input_errors():
         hopper.forward_hopper(q, q[:, :2], q[:, :1])
     with pytest.raises(ValueError, match="variant"):
         hopper.forward_hopper(q, q, q, variant="w9")
+    # said before the machine is looked at (these tensors are on the CPU)
+    with pytest.raises(ValueError, match="consumers must be 2, or 3 with variant 'w3' or 'w4', got 3 with 'w1'"):
+        hopper.forward_hopper(q, q, q, consumers=3)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"ctas .* positive int with variant 'w4', got {bad!r}"):
+            hopper.forward_hopper(q, q, q, variant="w4", ctas=bad)
+    with pytest.raises(ValueError, match="ctas .* with variant 'w4', got 3 with 'w3'"):
+        hopper.forward_hopper(q, q, q, variant="w3", ctas=3)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU message")

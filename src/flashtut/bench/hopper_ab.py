@@ -35,8 +35,7 @@ BUDGETS = ((5, 40), (25, 100))
 
 def pageable_tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
     """The launch's tensor maps as they were copied before: from pageable memory, blocking."""
-    blob = (hopper_launch.tensor_map(q, block_m) + hopper_launch.tensor_map(k, block_n)
-            + hopper_launch.tensor_map(v, block_n))
+    blob = hopper_launch.tensor_map_bytes(q, k, v, block_m, block_n)
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
 
 

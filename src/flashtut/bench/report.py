@@ -224,7 +224,6 @@ def format_ratio_summary(summary: list[dict], names: dict | None = None) -> list
     return lines
 
 
-
 def rung_table(rows: list[dict], profile: list[dict], rungs: dict, D: int, mode: str = "fwd",
                baseline: str = "sdpa-flash") -> tuple[list[str], list[list[str]]]:
     """A kernel ladder the way a worklog shows it: per rung (``rungs``: implementation -> what it

@@ -508,6 +508,7 @@ class HopperConfig:
     block_n: int        # keys per K/V tile
     threads: int
     dynamic_smem: int   # bytes
+    persistent: bool = False   # a rung of PERSISTENT_RUNGS
 
     @property
     def define_dict(self) -> dict:
@@ -544,6 +545,19 @@ _TMA_RUNGS = {"w2": ("fwd_w2_tma.cu", "flash_fwd_w2", "W2", w2_smem_bytes),
               "w4": ("fwd_w4_persistent.cu", "flash_fwd_w4", "W3", w4_smem_bytes)}
 #: the rungs built on W3's consumers, which may have three consumer warpgroups at D = 64
 W3_FAMILY = ("w3", "w4")
+#: the rungs whose blocks stay resident and take query blocks from a scheduler (grid: at most one block
+#: per SM; the launch adds the head count and a counter after the tensor maps)
+PERSISTENT_RUNGS = ("w4",)
+
+
+def check_consumers(variant: str, consumers, head_dim: int | None = None) -> None:
+    """ValueError unless rung ``variant`` is built with ``consumers`` consumer warpgroups (at
+    ``head_dim``, where given): 2, or 3 for W3 and W4 at the head dims of :data:`W3_WIDE`."""
+    if consumers not in (2, 3) or (consumers == 3 and variant not in W3_FAMILY):
+        raise ValueError(f"consumers must be 2, or 3 with variant 'w3' or 'w4', got {consumers!r} with {variant!r}")
+    if consumers == 3 and head_dim is not None and head_dim not in W3_WIDE["head_dims"]:
+        raise ValueError(f"consumers=3 is built for head dim {W3_WIDE['head_dims'][0]} only (at D = 128 "
+                         f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
 
 
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
@@ -562,11 +576,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"head dim D = {head_dim} is not supported; accepted: {', '.join(map(str, HOPPER_HEAD_DIMS))}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
-    if consumers != 2 and not (variant in W3_FAMILY and consumers == 3):
-        raise ValueError(f"consumers must be 2, or 3 with variant 'w3' or 'w4', got {consumers!r} with {variant!r}")
-    if consumers == 3 and head_dim not in W3_WIDE["head_dims"]:
-        raise ValueError(f"consumers=3 is built for head dim {W3_WIDE['head_dims'][0]} only (at D = 128 "
-                         f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
+    check_consumers(variant, consumers, head_dim)
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
@@ -577,7 +587,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         if consumers != 2:
             d["W3_CONSUMERS"] = consumers
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
-                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers))
+                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
+                            variant in PERSISTENT_RUNGS)
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}

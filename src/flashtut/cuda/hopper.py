@@ -26,7 +26,7 @@ import torch
 
 from .attention import _ready, prepare_inputs
 from .compile import capability
-from .configs import HOPPER_VARIANTS, W3_FAMILY
+from .configs import HOPPER_VARIANTS, PERSISTENT_RUNGS, check_consumers
 from .hopper_launch import run_hopper
 
 
@@ -76,9 +76,9 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     """
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
-    if consumers not in (2, 3) or (consumers == 3 and variant not in W3_FAMILY):
-        raise ValueError(f"consumers must be 2, or 3 with variant 'w3' or 'w4', got {consumers!r} with {variant!r}")
-    if ctas is not None and (variant != "w4" or isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
+    check_consumers(variant, consumers)   # the head dim is checked with the build, once D is known
+    if ctas is not None and (variant not in PERSISTENT_RUNGS or isinstance(ctas, bool) or not isinstance(ctas, int)
+                             or ctas < 1):
         raise ValueError(f"ctas (the persistent blocks) takes a positive int with variant 'w4', got {ctas!r} "
                          f"with {variant!r}")
     grouped = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) and k.shape[1] != q.shape[1]

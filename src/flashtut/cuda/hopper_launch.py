@@ -63,17 +63,21 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
     return ctypes.string_at(addr, TENSOR_MAP_BYTES)
 
 
+def tensor_map_bytes(q, k, v, block_m: int, block_n: int, counter: bool = False) -> bytes:
+    """The Q, K and V tensor maps back to back (``counter``: and W4's scheduler counter after them,
+    a zero int32 its blocks count up with atomicAdd, padded to 16 bytes)."""
+    blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
+    return blob + bytes(16) if counter else blob
+
+
 def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False) -> torch.Tensor:
-    """The Q, K and V tensor maps, back to back in a uint8 buffer on their GPU (what W2, W3 and W4 take;
-    ``counter``: W4's scheduler counter after them).
+    """:func:`tensor_map_bytes` in a uint8 buffer on their GPU (what W2, W3 and W4 take).
 
     The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy
     from pageable memory makes torch wait for the stream to drain, so every call would leave the GPU
     idle while the host prepares the next one (book/perflog_hopper.md measures what that cost).
     torch's pinned-memory allocator keeps the host buffer until the copy has run."""
-    blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
-    if counter:   # W4's scheduler: a zero int32 after the maps, which its blocks count up (atomicAdd)
-        blob += bytes(16)
+    blob = tensor_map_bytes(q, k, v, block_m, block_n, counter)
     host = torch.frombuffer(bytearray(blob), dtype=torch.uint8).pin_memory()
     return host.to(q.device, non_blocking=True)
 
@@ -110,11 +114,12 @@ def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_of
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         blocks = math.ceil(Nq / cfg.block_m)
         grid, extra = (blocks, B * H, 1), ()
-        if variant == "w4":   # persistent: blocks take the query blocks of all B * H heads from a counter
+        if cfg.persistent:   # blocks take the query blocks of all B * H heads from a counter
             grid, extra = (min(blocks * B * H, ctas or _sm_count(q.device.index)), 1, 1), (B * H,)
         # the TMA rungs read q, k and v through their tensor maps; the buffer lives until the launch is
         # queued, and torch's caching allocator keeps its memory from reuse until the stream has passed it
-        inputs = (q, k, v) if variant == "w1" else (tensor_maps(q, k, v, cfg.block_m, cfg.block_n, variant == "w4"),)
+        inputs = ((q, k, v) if variant == "w1" else
+                  (tensor_maps(q, k, v, cfg.block_m, cfg.block_n, counter=cfg.persistent),))
         launch(fn, grid, (cfg.threads, 1, 1),
                (*inputs, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset), *extra),
                cfg.dynamic_smem)

@@ -141,19 +141,19 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
         if pingpong:
             yield ("sync", mine)
 
+    def stage(j):   # the ring stage of the query block's tile j
+        return (kv0 + j) % stages
+
     def release(kind, j):
-        yield ("arrive", f"{kind}_empty{(kv0 + j) % stages}", WARPS)
+        yield ("arrive", f"{kind}_empty{stage(j)}", WARPS)
 
     def full(kind, j):
         g = kv0 + j
-        yield ("wait", f"{kind}_full{g % stages}", parity(g, stages), g // stages)
+        yield ("wait", f"{kind}_full{stage(j)}", parity(g, stages), g // stages)
 
     def release_q(when):
         if persistent and q_release == when:
             yield ("arrive", "q_empty", WARPS)
-
-    def stage(j):
-        return f"{(kv0 + j) % stages}"
 
     if cw == 1 and prime and pingpong:
         yield ("bar_arrive", TURN[0])
@@ -161,7 +161,7 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
     if my_tiles > 0:
         yield from full("k", 0)
         yield from turn()
-        yield ("issue", f"S{kv0}", [("Q", it), ("K" + stage(0), kv0)])
+        yield ("issue", f"S{kv0}", [("Q", it), (f"K{stage(0)}", kv0)])
         if my_tiles == 1:
             yield from release_q("at_issue")
         yield from end_turn(0)
@@ -175,8 +175,8 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
             yield from full("k", j)
             yield from full("v", j - 1)
             yield from turn()
-            yield ("issue", f"S{kv0 + j}", [("Q", it), ("K" + stage(j), kv0 + j)])
-            yield ("issue", f"PV{kv0 + j - 1}", [("V" + stage(j - 1), kv0 + j - 1)])
+            yield ("issue", f"S{kv0 + j}", [("Q", it), (f"K{stage(j)}", kv0 + j)])
+            yield ("issue", f"PV{kv0 + j - 1}", [(f"V{stage(j - 1)}", kv0 + j - 1)])
             if j == my_tiles - 1:
                 yield from release_q("at_issue")
             yield from end_turn(j)
@@ -190,7 +190,7 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
             yield ("regs", "rescale+pack")
         yield from full("v", my_tiles - 1)
         yield from turn()
-        yield ("issue", f"PV{kv0 + my_tiles - 1}", [("V" + stage(my_tiles - 1), kv0 + my_tiles - 1)])
+        yield ("issue", f"PV{kv0 + my_tiles - 1}", [(f"V{stage(my_tiles - 1)}", kv0 + my_tiles - 1)])
         yield from end_turn(my_tiles)
         yield ("wgmma_wait", 0)
         yield from release("v", my_tiles - 1)

@@ -27,6 +27,7 @@ IMPL_STYLE = {
     # colours outside PALETTE and EXTRA, so the spare colours for unnamed series stay as they were
     "cuda-mma": ("#000000", "+"), "hopper-w1": ("#AAAA00", "x"), "hopper-w1[pv128]": ("#77AADD", "1"),
     "hopper-w1[n64]": ("#EE8866", "2"), "hopper-w2": ("#EE3377", "H"), "hopper-w3": ("#DC050C", "4"),
+    "hopper-w3[c3]": ("#9467BD", "3"), "hopper-w4": ("#8C564B", "|"), "hopper-w4[c3]": ("#17BECF", "_"),
 }
 
 RC = {
