@@ -14,7 +14,7 @@
 #              (which launches every Hopper build on an sm_90 GPU; the TMA rungs only when the tests stage passed,
 #              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 / _W4=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
-# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] bash tools/gpu_hopper.sh
+# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_MODE=poly] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
 # run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
 # benchmark, 9 s of ncu sections and 5 s of memcheck, so the whole script fits one 600-second call.
@@ -114,15 +114,20 @@ if want ncu && command -v ncu > /dev/null; then
     for reason in gmma barrier long_scoreboard math_pipe_throttle wait short_scoreboard; do
         METRICS=$METRICS,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
     done
+    # the special-function unit (xu: MUFU.EX2) against the float32 pipe (fma) and the issue slots
+    for pipe in xu fma alu; do METRICS=$METRICS,sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active; done
+    METRICS=$METRICS,sm__issue_active.avg.pct_of_peak_sustained_active
     for D in 128 64; do
-        python3 tools/ncu_launches.py $D > /dev/null 2>&1
+        # NCU_MODE=poly: the W3 build of each D with 0 to 3 of every 8 exponentials on the float32 pipe
+        python3 tools/ncu_launches.py $D ${NCU_MODE:-} > /dev/null 2>&1
         timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --section SpeedOfLight \
-            --section WarpStateStats --section Occupancy python3 tools/ncu_launches.py $D > "$OUT/ncu_d$D.txt" 2>&1
+            --section WarpStateStats --section Occupancy python3 tools/ncu_launches.py $D ${NCU_MODE:-} \
+            > "$OUT/ncu_d$D.txt" 2>&1
         echo "ncu D=$D rc=$?" | tee -a "$LOG"
         grep -E "^  [a-z_]*flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" "$OUT/ncu_d$D.txt" \
             | tee -a "$LOG"
         timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --metrics "$METRICS" --csv \
-            python3 tools/ncu_launches.py $D > "$OUT/ncu_metrics_d$D.csv" 2>&1
+            python3 tools/ncu_launches.py $D ${NCU_MODE:-} > "$OUT/ncu_metrics_d$D.csv" 2>&1
         echo "ncu metrics D=$D rc=$?" | tee -a "$LOG"
         python3 - "$OUT/ncu_metrics_d$D.csv" <<'PY' | tee -a "$LOG"
 import csv, sys

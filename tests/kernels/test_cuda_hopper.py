@@ -65,6 +65,9 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 128, block_n=64),
     configs.hopper_config("w4", torch.float16, 128, stages=3),
     configs.hopper_config("w4", torch.bfloat16, 64, block_n=64, stages=4, consumers=3),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, exp2_poly=2),
+    configs.hopper_config("w3", torch.bfloat16, 128, exp2_poly=3),
+    configs.hopper_config("w4", torch.bfloat16, 64, consumers=3, exp2_poly=8),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -193,6 +196,21 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text and "SYNCS.ARRIVE.TRANS64" in text  # mbarriers
     if cfg.kernel in W3_KERNELS:
         check_w3_sass(text, consumers(cfg), consumer_regs(cfg))
+    share = cfg.define_dict.get("FT_EXP2_POLY", 0)
+    if share:
+        check_exp2_poly_sass(cfg, text, share)
+
+
+def check_exp2_poly_sass(cfg, text: str, share: int) -> None:
+    """Against the same build with every exponential on the special-function unit: each of the two softmax
+    copies (slot 0 and the loop) trades ``share`` of every 8 of its BN / 2 MUFU.EX2 per thread for the
+    cubic, whose clamp at -127 (FMNMX) and rounding add (FADD 1.5 * 2^23) mark each one."""
+    _, base = nvcc_build(tuple((k, v) for k, v in cfg.defines if k != "FT_EXP2_POLY"), source=cfg.source)
+    moved = 2 * cfg.block_n // 2 // 8 * share
+    assert base.count("MUFU.EX2") - text.count("MUFU.EX2") == moved, (base.count("MUFU.EX2"), text.count("MUFU.EX2"))
+    assert len(re.findall(r"FMNMX R\d+, R\d+(?:\.reuse)?, -127, !PT", text)) == moved
+    assert len(re.findall(r"FADD R\d+, R\d+(?:\.reuse)?, 12582912 ", text)) == moved
+    assert hgmma_counts(text) == hgmma_counts(base)
 
 
 def check_w3_sass(text: str, n_consumers: int = 2, grant: int = 240) -> None:
@@ -290,6 +308,9 @@ CONFIG_ERRORS = [
     (("w2", torch.float16, 64), dict(consumers=3), "consumers must be 2, or 3 with variant 'w3' or 'w4', got 3 with 'w2'"),
     (("w4", torch.float16, 64), dict(consumers=4), "consumers must be 2.*got 4"),
     (("w4", torch.float16, 128), dict(consumers=3), "consumers=3 is built for head dim 64 only.*got D = 128"),
+    (("w2", torch.float16, 64), dict(exp2_poly=2), r"exp2_poly .* with variant 'w3' or 'w4'; got 2 with 'w2'"),
+    (("w3", torch.float16, 64), dict(exp2_poly=9), r"exp2_poly .* int from 0 to 8.*got 9"),
+    (("w3", torch.float16, 64), dict(exp2_poly=True), r"exp2_poly .*got True"),
 ]
 
 
@@ -329,6 +350,10 @@ def test_input_errors():
     # said before the machine is looked at (these tensors are on the CPU)
     with pytest.raises(ValueError, match="consumers must be 2, or 3 with variant 'w3' or 'w4', got 3 with 'w1'"):
         hopper.forward_hopper(q, q, q, consumers=3)
+    with pytest.raises(ValueError, match=r"exp2_poly .* int from 0 to 8, and one above 0 with variant 'w3'"):
+        hopper.forward_hopper(q, q, q, exp2_poly=2)
+    with pytest.raises(ValueError, match=r"exp2_poly .*got 1.5 with 'w3'"):
+        hopper.forward_hopper(q, q, q, variant="w3", exp2_poly=1.5)
     for bad in (0, True, 2.0):
         with pytest.raises(ValueError, match=f"ctas .* positive int with variant 'w4', got {bad!r}"):
             hopper.forward_hopper(q, q, q, variant="w4", ctas=bad)
@@ -411,7 +436,8 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
     calls = []
 
     def fake_hopper(q, k, v, causal, scale, variant="w1", diag_offset=0, block_n=128, pv_split=True,
-                    stages=2, consumers=2):
+                    stages=2, consumers=2, exp2_poly=0):
+        assert exp2_poly == configs.HOPPER_EXP2_POLY[q.shape[-1]]
         calls.append(("wgmma", f"{variant}c{consumers}", q.shape[-1], k.shape[1], causal, diag_offset))
         return torch.zeros_like(q), torch.zeros(q.shape[:3])
 
@@ -586,7 +612,7 @@ TMA_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
 #: and releases the rest in its idle turns; and blocks whose upper warpgroup has no row (rows past Nq)
 W3_EXTRA_CASES = [(1, 2, 2, 190, 190, 128, True), (1, 2, 1, 64, 700, 64, "bottom-right"),
                   (2, 2, 2, 513, 1000, 64, False), (1, 1, 1, 129, 60, 128, "bottom-right")]
-_TMA_HUNG: list = []   # ((variant, consumers), dtype) whose child process timed out: the next one is skipped, not waited for
+_TMA_HUNG: list = []   # ((variant, consumers, exp2_poly), dtype) whose child process timed out: the next one is skipped, not waited for
 
 
 #: W4's cases with more query blocks than an H200 has SMs (132), so that blocks walk several at the default
@@ -605,9 +631,10 @@ def tma_cases(variant: str, consumers: int = 2) -> list:
     return [c for c in cases if consumers == 2 or c[5] in configs.W3_WIDE["head_dims"]]
 
 
-def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
+def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int = 0) -> None:
     """Every GPU case through TMA rung ``variant`` ("w2", "w3" or "w4", W3 and W4 with 2 or 3 consumer
-    warpgroups) at each of :data:`TMA_SETTINGS`, with W1's criteria; W4 at each grid of :data:`W4_CTAS`
+    warpgroups, and ``exp2_poly`` of every 8 exponentials by the cubic) at each of :data:`TMA_SETTINGS`,
+    with W1's criteria; W4 at each grid of :data:`W4_CTAS`
     must also equal W3 bit for bit (the same arithmetic per query block, only the block that runs it
     differs). Run in a child process by the test below, so that a rung that never finishes (a lost
     mbarrier phase, a named barrier short of arrivals) or faults costs that process, not the session."""
@@ -615,7 +642,8 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
     for block_n, stages in TMA_SETTINGS:
         for case in tma_cases(variant, consumers):
             B, H, Hkv, Nq, Nk, D, causal = case
-            cfg = configs.hopper_config(variant, dtype, D, block_n, stages=stages, consumers=consumers)
+            cfg = configs.hopper_config(variant, dtype, D, block_n, stages=stages, consumers=consumers,
+                                        exp2_poly=exp2_poly)
             if cfg.dynamic_smem > configs.SMEM_PER_BLOCK[90]:
                 continue
             g = torch.Generator().manual_seed(Nq * 7 + Nk)
@@ -628,13 +656,13 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
             t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
             run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
-                                    stages=stages, consumers=consumers)
+                                    stages=stages, consumers=consumers, exp2_poly=exp2_poly)
             w3 = run(variant="w3")[0] if variant == "w4" else None
             for ctas in (W4_CTAS if variant == "w4" else (None,)):
                 o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
                 torch.cuda.synchronize()
                 err = (o.double() - ref).abs().max().item()
-                name = f"{variant.upper()} c{consumers} n{block_n} s{stages} ctas {ctas} {dtype_name} {case}"
+                name = f"{variant.upper()} c{consumers} e{exp2_poly} n{block_n} s{stages} ctas {ctas} {dtype_name} {case}"
                 assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
                 assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
                 if not rows.all():
@@ -650,24 +678,26 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant,consumers", [("w2", 2), ("w3", 2), ("w3", 3), ("w4", 2), ("w4", 3)])
-def test_tma_rung_matches_the_reference_and_w1(variant, consumers, dtype_name):
-    hung = [d for v, d in _TMA_HUNG if v == (variant, consumers)]
+@pytest.mark.parametrize("variant,consumers,exp2_poly", [("w2", 2, 0), ("w3", 2, 0), ("w3", 3, 0), ("w4", 2, 0),
+                                                         ("w4", 3, 0), ("w3", 3, 2), ("w3", 2, 3), ("w4", 3, 8)])
+def test_tma_rung_matches_the_reference_and_w1(variant, consumers, exp2_poly, dtype_name):
+    hung = [d for v, d in _TMA_HUNG if v == (variant, consumers, exp2_poly)]
     if hung:
         pytest.skip(f"{variant.upper()} did not finish for {hung[0]}: not started again")
     here = Path(__file__).resolve().parent
     code = (f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; "
-            f"t.tma_check({variant!r}, {dtype_name!r}, {consumers})")
+            f"t.tma_check({variant!r}, {dtype_name!r}, {consumers}, {exp2_poly})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     limit = 180 if variant == "w4" else 90   # W4 runs each case at three grids, with W3 beside it
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as exc:
-        _TMA_HUNG.append(((variant, consumers), dtype_name))
+        _TMA_HUNG.append(((variant, consumers, exp2_poly), dtype_name))
         pytest.fail(f"{variant.upper()} did not finish in {limit} s (a deadlock in its barriers?); output so far:\n"
                     f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    assert res.stdout.count(f"ok {variant.upper()} c{consumers} ") >= len(tma_cases(variant, consumers)), res.stdout
+    assert res.stdout.count(f"ok {variant.upper()} c{consumers} e{exp2_poly} ") >= len(tma_cases(variant, consumers)), \
+        res.stdout
 
 
 def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):

@@ -560,14 +560,27 @@ def check_consumers(variant: str, consumers, head_dim: int | None = None) -> Non
                          f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
 
 
+#: the exponentials of S computed on the float32 pipe by a cubic rather than by the special-function
+#: unit (``ft_exp2_poly`` in ft_common.cuh): how many of every 8, 0 to 8, in the W3 family only
+EXP2_POLY_SHARES = tuple(range(9))
+
+
+def check_exp2_poly(variant: str, exp2_poly) -> None:
+    """ValueError unless ``exp2_poly`` is an int of :data:`EXP2_POLY_SHARES` (not 0: with a W3-family rung)."""
+    if isinstance(exp2_poly, bool) or exp2_poly not in EXP2_POLY_SHARES or (exp2_poly and variant not in W3_FAMILY):
+        raise ValueError(f"exp2_poly (exponentials of every 8 on the float32 pipe) takes an int from 0 to 8, "
+                         f"and one above 0 with variant 'w3' or 'w4'; got {exp2_poly!r} with {variant!r}")
+
+
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
-                  pv_split: bool = True, stages: int = 2, consumers: int = 2) -> HopperConfig:
+                  pv_split: bool = True, stages: int = 2, consumers: int = 2, exp2_poly: int = 0) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
-    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`)."""
+    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``exp2_poly`` (W3 and
+    W4): of every 8 exponentials of S, how many the float32 pipe computes (:data:`EXP2_POLY_SHARES`)."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -577,6 +590,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     check_consumers(variant, consumers, head_dim)
+    check_exp2_poly(variant, exp2_poly)
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
@@ -586,6 +600,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, f"{prefix}_BLOCK_N": block_n, f"{prefix}_STAGES": stages}
         if consumers != 2:
             d["W3_CONSUMERS"] = consumers
+        if exp2_poly:
+            d["FT_EXP2_POLY"] = exp2_poly
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
                             128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
                             variant in PERSISTENT_RUNGS)
@@ -611,6 +627,8 @@ HOPPER_DEFAULT = "w3"
 #: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
+#: of every 8 exponentials of S, how many its softmax computes on the float32 pipe, per head dim
+HOPPER_EXP2_POLY = {64: 0, 128: 0}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
@@ -627,11 +645,13 @@ HOPPER_NVRTC = (12, 0)
 class ForwardChoice(NamedTuple):
     """The forward one ``cuda_attention`` call runs: ``kernel`` ``"mma"`` or ``"wgmma"``, ``variant``
     the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why, and for
-    wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`)."""
+    wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`) and ``exp2_poly``
+    (:data:`HOPPER_EXP2_POLY`)."""
     kernel: str
     variant: str
     reason: str
     consumers: int = 2
+    exp2_poly: int = 0
 
 
 def check_forward_kernel(forward_kernel) -> str:
@@ -671,7 +691,7 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
                                  "(pip install cupy-cuda12x)")
     if why_not is None:
         return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a",
-                             HOPPER_CONSUMERS[head_dim])
+                             HOPPER_CONSUMERS[head_dim], HOPPER_EXP2_POLY[head_dim])
     if forward_kernel == "wgmma":
         error, message = why_not
         raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")

@@ -7,6 +7,19 @@
 #pragma once
 #include "ft_wgmma.cuh"
 
+#ifndef FT_EXP2_POLY
+#define FT_EXP2_POLY 0   // of every 8 exponentials of S, how many run on the float32 pipe (ft_exp2_poly)
+#endif
+#if FT_EXP2_POLY < 0 || FT_EXP2_POLY > 8
+#error "FT_EXP2_POLY counts exponentials of every 8: 0 to 8"
+#endif
+
+// exponential i of a thread's slice of S: the first FT_EXP2_POLY of every 8 by the polynomial, the rest
+// by the special-function unit, so that both pipes work on each tile (i is a constant once unrolled)
+__device__ __forceinline__ float wg_exp2(int i, float x) {
+    return i % 8 < FT_EXP2_POLY ? ft_exp2_poly(x) : ft_exp2(x);
+}
+
 // S to -inf where the key is past Nk or (causal) right of row + diag_offset; the mask costs instructions,
 // so it is evaluated only on tiles that cross the end of K or the diagonal of this warp's rows
 template <int BN>
@@ -55,8 +68,8 @@ __device__ __forceinline__ void wg_softmax_exp(const float* s, float (&l)[2], co
                                                float scale_log2, ft_raw2* pf) {
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) {
-        const float p0 = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
-        const float p1 = ft_exp2(fmaf(s[i + 1], scale_log2, neg_mscaled[(i / 2) % 2]));
+        const float p0 = wg_exp2(i, fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
+        const float p1 = wg_exp2(i + 1, fmaf(s[i + 1], scale_log2, neg_mscaled[(i / 2) % 2]));
         l[(i / 2) % 2] += p0 + p1;
         pf[i / 2] = ft_pack2(p0, p1);
     }
@@ -68,7 +81,7 @@ template <int BN>
 __device__ __forceinline__ void wg_softmax_exp_inplace(float* s, float (&l)[2], const float (&neg_mscaled)[2],
                                                        float scale_log2) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = ft_exp2(fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
+    for (int i = 0; i < BN / 2; ++i) s[i] = wg_exp2(i, fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) l[(i / 2) % 2] += s[i] + s[i + 1];
 }
