@@ -9,8 +9,9 @@ at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal unless said, 
 Each kernel runs exactly once, so ncu's report has one entry per kernel (the benchmark's own
 warm-up and timing launches would fill a launch count with the first implementation alone).
 
-    python3 tools/ncu_launches.py 64 poly        # cuda_attention's W3 build at this D with 0, 1, 2 and 3
-                                                 # of every 8 exponentials on the float32 pipe, then causal
+    python3 tools/ncu_launches.py 64 softmax     # cuda_attention's W3 build at this D with 0, 1, 2 and 3
+                                                 # of every 8 exponentials on the float32 pipe, then with
+                                                 # its rows reduced as trees; not causal, then causal
 """
 import sys
 
@@ -24,12 +25,12 @@ from flashtut.cuda.hopper import forward_hopper
 D = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 q, k, v = (torch.randn(4, 2048 // D, 4096, D, device="cuda", dtype=torch.float16) for _ in range(3))
 wide = 3 if D == 64 else 2
-if sys.argv[2:] == ["poly"]:
+if sys.argv[2:] == ["softmax"]:
     for causal in (False, True):
-        for share in (0, 1, 2, 3):
-            forward_hopper(q, k, v, causal=causal, variant="w3", consumers=wide, exp2_poly=share)
+        for options in ({}, {"exp2_poly": 1}, {"exp2_poly": 2}, {"exp2_poly": 3}, {"row_tree": True}):
+            forward_hopper(q, k, v, causal=causal, variant="w3", consumers=wide, **options)
     torch.cuda.synchronize()
-    print(f"ncu launches done (D = {D}, exp2_poly 0 to 3)")
+    print(f"ncu launches done (D = {D}, the softmax variants)")
     sys.exit(0)
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     F.scaled_dot_product_attention(q, k, v)

@@ -68,6 +68,8 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 64, consumers=3, exp2_poly=2),
     configs.hopper_config("w3", torch.bfloat16, 128, exp2_poly=3),
     configs.hopper_config("w4", torch.bfloat16, 64, consumers=3, exp2_poly=8),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, row_tree=True),
+    configs.hopper_config("w3", torch.bfloat16, 128, row_tree=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -199,6 +201,8 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
     share = cfg.define_dict.get("FT_EXP2_POLY", 0)
     if share:
         check_exp2_poly_sass(cfg, text, share)
+    if cfg.define_dict.get("FT_ROW_TREE"):
+        check_row_tree_sass(cfg, text)
 
 
 def check_exp2_poly_sass(cfg, text: str, share: int) -> None:
@@ -211,6 +215,25 @@ def check_exp2_poly_sass(cfg, text: str, share: int) -> None:
     assert len(re.findall(r"FMNMX R\d+, R\d+(?:\.reuse)?, -127, !PT", text)) == moved
     assert len(re.findall(r"FADD R\d+, R\d+(?:\.reuse)?, 12582912 ", text)) == moved
     assert hgmma_counts(text) == hgmma_counts(base)
+
+
+def check_row_tree_sass(cfg, text: str) -> None:
+    """Against the same build with chains: the row maxima no longer start from -inf (4 FMNMX fewer: two rows,
+    two softmax copies), and the longest run of FMNMX that each read the one before is log2(BN / 4) + 2 quad
+    shuffle steps at most, not BN / 4."""
+    _, base = nvcc_build(tuple((k, v) for k, v in cfg.defines if k != "FT_ROW_TREE"), source=cfg.source)
+    assert base.count("FMNMX") - text.count("FMNMX") == 4
+    assert longest_fmnmx_chain(base) >= cfg.block_n // 4 - 1 > 8 >= longest_fmnmx_chain(text)
+
+
+def longest_fmnmx_chain(text: str) -> int:
+    """The longest sequence of FMNMX in which each reads the register the one before wrote."""
+    best, length, last = 0, 0, None
+    for m in re.finditer(r"FMNMX R(\d+), R(\d+)(?:\.reuse)?, R(\d+)(?:\.reuse)?, !PT", text):
+        dst, a, b = m.groups()
+        length = length + 1 if last in (a, b) else 1
+        last, best = dst, max(best, length)
+    return best
 
 
 def check_w3_sass(text: str, n_consumers: int = 2, grant: int = 240) -> None:
@@ -311,6 +334,8 @@ CONFIG_ERRORS = [
     (("w2", torch.float16, 64), dict(exp2_poly=2), r"exp2_poly .* with variant 'w3' or 'w4'; got 2 with 'w2'"),
     (("w3", torch.float16, 64), dict(exp2_poly=9), r"exp2_poly .* int from 0 to 8.*got 9"),
     (("w3", torch.float16, 64), dict(exp2_poly=True), r"exp2_poly .*got True"),
+    (("w1", torch.float16, 64), dict(row_tree=True), r"row_tree .* True with variant 'w3' or 'w4'; got True with 'w1'"),
+    (("w3", torch.float16, 64), dict(row_tree=1), r"row_tree .* takes a bool.*got 1"),
 ]
 
 
@@ -436,8 +461,8 @@ def _dispatch(monkeypatch, arch, nvrtc=(12, 8)):
     calls = []
 
     def fake_hopper(q, k, v, causal, scale, variant="w1", diag_offset=0, block_n=128, pv_split=True,
-                    stages=2, consumers=2, exp2_poly=0):
-        assert exp2_poly == configs.HOPPER_EXP2_POLY[q.shape[-1]]
+                    stages=2, consumers=2, exp2_poly=0, row_tree=False):
+        assert exp2_poly == configs.HOPPER_EXP2_POLY[q.shape[-1]] and row_tree == configs.HOPPER_ROW_TREE[q.shape[-1]]
         calls.append(("wgmma", f"{variant}c{consumers}", q.shape[-1], k.shape[1], causal, diag_offset))
         return torch.zeros_like(q), torch.zeros(q.shape[:3])
 
@@ -612,7 +637,7 @@ TMA_SETTINGS = [(128, 2), (128, 3), (64, 4)]   # (block_n, stages)
 #: and releases the rest in its idle turns; and blocks whose upper warpgroup has no row (rows past Nq)
 W3_EXTRA_CASES = [(1, 2, 2, 190, 190, 128, True), (1, 2, 1, 64, 700, 64, "bottom-right"),
                   (2, 2, 2, 513, 1000, 64, False), (1, 1, 1, 129, 60, 128, "bottom-right")]
-_TMA_HUNG: list = []   # ((variant, consumers, exp2_poly), dtype) whose child process timed out: the next one is skipped, not waited for
+_TMA_HUNG: list = []   # ((variant, consumers, exp2_poly, row_tree), dtype) whose child process timed out: the next one is skipped, not waited for
 
 
 #: W4's cases with more query blocks than an H200 has SMs (132), so that blocks walk several at the default
@@ -631,9 +656,9 @@ def tma_cases(variant: str, consumers: int = 2) -> list:
     return [c for c in cases if consumers == 2 or c[5] in configs.W3_WIDE["head_dims"]]
 
 
-def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int = 0) -> None:
+def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int = 0, row_tree: bool = False) -> None:
     """Every GPU case through TMA rung ``variant`` ("w2", "w3" or "w4", W3 and W4 with 2 or 3 consumer
-    warpgroups, and ``exp2_poly`` of every 8 exponentials by the cubic) at each of :data:`TMA_SETTINGS`,
+    warpgroups, ``exp2_poly`` of every 8 exponentials by the cubic, ``row_tree``) at each of :data:`TMA_SETTINGS`,
     with W1's criteria; W4 at each grid of :data:`W4_CTAS`
     must also equal W3 bit for bit (the same arithmetic per query block, only the block that runs it
     differs). Run in a child process by the test below, so that a rung that never finishes (a lost
@@ -643,7 +668,7 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int 
         for case in tma_cases(variant, consumers):
             B, H, Hkv, Nq, Nk, D, causal = case
             cfg = configs.hopper_config(variant, dtype, D, block_n, stages=stages, consumers=consumers,
-                                        exp2_poly=exp2_poly)
+                                        exp2_poly=exp2_poly, row_tree=row_tree)
             if cfg.dynamic_smem > configs.SMEM_PER_BLOCK[90]:
                 continue
             g = torch.Generator().manual_seed(Nq * 7 + Nk)
@@ -656,13 +681,13 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int 
             t_err = torch_error(q, k, v, scale, is_causal, diag, ref, rows)
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
             run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
-                                    stages=stages, consumers=consumers, exp2_poly=exp2_poly)
+                                    stages=stages, consumers=consumers, exp2_poly=exp2_poly, row_tree=row_tree)
             w3 = run(variant="w3")[0] if variant == "w4" else None
             for ctas in (W4_CTAS if variant == "w4" else (None,)):
                 o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
                 torch.cuda.synchronize()
                 err = (o.double() - ref).abs().max().item()
-                name = f"{variant.upper()} c{consumers} e{exp2_poly} n{block_n} s{stages} ctas {ctas} {dtype_name} {case}"
+                name = f"{variant.upper()} c{consumers} e{exp2_poly}t{int(row_tree)} n{block_n} s{stages} ctas {ctas} {dtype_name} {case}"
                 assert math.isfinite(err) and err <= 2 * t_err + 1e-3, (name, err, t_err)
                 assert torch.allclose(lse[..., rows].double(), ref_lse[..., rows], atol=2e-3, rtol=1e-3), name
                 if not rows.all():
@@ -678,25 +703,28 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, exp2_poly: int 
 @pytest.mark.gpu
 @pytest.mark.skipif(HAS_CUDA and not IS_SM90, reason="TMA and wgmma need an sm_90 GPU")
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant,consumers,exp2_poly", [("w2", 2, 0), ("w3", 2, 0), ("w3", 3, 0), ("w4", 2, 0),
-                                                         ("w4", 3, 0), ("w3", 3, 2), ("w3", 2, 3), ("w4", 3, 8)])
-def test_tma_rung_matches_the_reference_and_w1(variant, consumers, exp2_poly, dtype_name):
-    hung = [d for v, d in _TMA_HUNG if v == (variant, consumers, exp2_poly)]
+@pytest.mark.parametrize("variant,consumers,exp2_poly,row_tree", [
+    ("w2", 2, 0, False), ("w3", 2, 0, False), ("w3", 3, 0, False), ("w4", 2, 0, False), ("w4", 3, 0, False),
+    ("w3", 3, 2, False), ("w3", 2, 3, False), ("w4", 3, 8, False), ("w3", 3, 0, True), ("w3", 2, 0, True),
+    ("w4", 2, 1, True)])
+def test_tma_rung_matches_the_reference_and_w1(variant, consumers, exp2_poly, row_tree, dtype_name):
+    hung = [d for v, d in _TMA_HUNG if v == (variant, consumers, exp2_poly, row_tree)]
     if hung:
         pytest.skip(f"{variant.upper()} did not finish for {hung[0]}: not started again")
     here = Path(__file__).resolve().parent
     code = (f"import sys; sys.path[:0] = [{str(here)!r}]; import test_cuda_hopper as t; "
-            f"t.tma_check({variant!r}, {dtype_name!r}, {consumers}, {exp2_poly})")
+            f"t.tma_check({variant!r}, {dtype_name!r}, {consumers}, {exp2_poly}, {row_tree})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     limit = 180 if variant == "w4" else 90   # W4 runs each case at three grids, with W3 beside it
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as exc:
-        _TMA_HUNG.append(((variant, consumers, exp2_poly), dtype_name))
+        _TMA_HUNG.append(((variant, consumers, exp2_poly, row_tree), dtype_name))
         pytest.fail(f"{variant.upper()} did not finish in {limit} s (a deadlock in its barriers?); output so far:\n"
                     f"{exc.stdout}")
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    assert res.stdout.count(f"ok {variant.upper()} c{consumers} e{exp2_poly} ") >= len(tma_cases(variant, consumers)), \
+    assert res.stdout.count(f"ok {variant.upper()} c{consumers} e{exp2_poly}t{int(row_tree)} ") >= \
+        len(tma_cases(variant, consumers)), \
         res.stdout
 
 

@@ -572,15 +572,24 @@ def check_exp2_poly(variant: str, exp2_poly) -> None:
                          f"and one above 0 with variant 'w3' or 'w4'; got {exp2_poly!r} with {variant!r}")
 
 
+def check_row_tree(variant: str, row_tree) -> None:
+    """ValueError unless ``row_tree`` is a bool (True: with a W3-family rung)."""
+    if not isinstance(row_tree, bool) or (row_tree and variant not in W3_FAMILY):
+        raise ValueError(f"row_tree (a tile's row maxima and sums as trees of pairs) takes a bool, and True with "
+                         f"variant 'w3' or 'w4'; got {row_tree!r} with {variant!r}")
+
+
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
-                  pv_split: bool = True, stages: int = 2, consumers: int = 2, exp2_poly: int = 0) -> HopperConfig:
+                  pv_split: bool = True, stages: int = 2, consumers: int = 2, exp2_poly: int = 0,
+                  row_tree: bool = False) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
     without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``exp2_poly`` (W3 and
-    W4): of every 8 exponentials of S, how many the float32 pipe computes (:data:`EXP2_POLY_SHARES`)."""
+    W4): of every 8 exponentials of S, how many the float32 pipe computes (:data:`EXP2_POLY_SHARES`).
+    ``row_tree`` (W3 and W4): each tile's row maxima and row sums as trees of pairs rather than chains."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -591,6 +600,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     check_consumers(variant, consumers, head_dim)
     check_exp2_poly(variant, exp2_poly)
+    check_row_tree(variant, row_tree)
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
@@ -602,6 +612,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
             d["W3_CONSUMERS"] = consumers
         if exp2_poly:
             d["FT_EXP2_POLY"] = exp2_poly
+        if row_tree:
+            d["FT_ROW_TREE"] = 1
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
                             128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
                             variant in PERSISTENT_RUNGS)
@@ -629,6 +641,8 @@ HOPPER_DEFAULT = "w3"
 HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: of every 8 exponentials of S, how many its softmax computes on the float32 pipe, per head dim
 HOPPER_EXP2_POLY = {64: 0, 128: 0}
+#: whether its softmax reduces each tile's rows as trees of pairs, per head dim
+HOPPER_ROW_TREE = {64: False, 128: False}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
@@ -646,12 +660,13 @@ class ForwardChoice(NamedTuple):
     """The forward one ``cuda_attention`` call runs: ``kernel`` ``"mma"`` or ``"wgmma"``, ``variant``
     the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why, and for
     wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`) and ``exp2_poly``
-    (:data:`HOPPER_EXP2_POLY`)."""
+    (:data:`HOPPER_EXP2_POLY`) and ``row_tree`` (:data:`HOPPER_ROW_TREE`)."""
     kernel: str
     variant: str
     reason: str
     consumers: int = 2
     exp2_poly: int = 0
+    row_tree: bool = False
 
 
 def check_forward_kernel(forward_kernel) -> str:
@@ -691,7 +706,7 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
                                  "(pip install cupy-cuda12x)")
     if why_not is None:
         return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a",
-                             HOPPER_CONSUMERS[head_dim], HOPPER_EXP2_POLY[head_dim])
+                             HOPPER_CONSUMERS[head_dim], HOPPER_EXP2_POLY[head_dim], HOPPER_ROW_TREE[head_dim])
     if forward_kernel == "wgmma":
         error, message = why_not
         raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")

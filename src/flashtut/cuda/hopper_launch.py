@@ -89,8 +89,8 @@ def _sm_count(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool,
-          stages: int = 2, consumers: int = 2, exp2_poly: int = 0):
-    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages, consumers, exp2_poly)
+          stages: int = 2, consumers: int = 2, exp2_poly: int = 0, row_tree: bool = False):
+    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages, consumers, exp2_poly, row_tree)
     if cfg.dynamic_smem > max_smem_per_block(device_index):
         raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
                            f"allows {max_smem_per_block(device_index)}")
@@ -102,15 +102,16 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, bl
 
 def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
                block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2,
-               ctas: int | None = None, exp2_poly: int = 0):
+               ctas: int | None = None, exp2_poly: int = 0, row_tree: bool = False):
     """``hopper.forward_hopper`` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
     ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset);
-    ``ctas``: W4's persistent blocks (default the SM count); ``exp2_poly``: exponentials of every 8 on
-    the float32 pipe (``configs.hopper_config``)."""
+    ``ctas``: W4's persistent blocks (default the SM count); ``exp2_poly`` (exponentials of every 8 on
+    the float32 pipe) and ``row_tree``: ``configs.hopper_config``."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers, exp2_poly)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers, exp2_poly,
+                        row_tree)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         blocks = math.ceil(Nq / cfg.block_m)

@@ -14,6 +14,39 @@
 #error "FT_EXP2_POLY counts exponentials of every 8: 0 to 8"
 #endif
 
+#ifndef FT_ROW_TREE
+#define FT_ROW_TREE 0    // 1: a tile's row maxima and row sums as trees of pairs instead of one chain each
+#endif
+
+// Row r's BN / 4 values of a thread's slice of S (i = 4k + 2r and 4k + 2r + 1) combined by op as a tree of
+// pairs: the same BN / 4 - 1 operations as a chain, but log2(BN / 4) = 5 deep instead of 31 at BN = 128.
+// A chain is what the plain loop compiles to: ptxas may not reorder fmaxf or + (a max of -0 and +0, and
+// rounding, depend on the order), so each step waits out the latency of the one before, and with three or
+// four warps per scheduler there is little else to issue meanwhile (book/perflog_hopper.md).
+// one level of the tree, then the next (a template, so that every index is a constant: an array indexed
+// by a loop that is not unrolled lives in local memory)
+template <int W, typename Op>
+__device__ __forceinline__ void wg_tree_level(float* v, Op op) {
+    if constexpr (W > 0) {
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[j] = op(v[j], v[j + W]);
+        wg_tree_level<W / 2>(v, op);
+    }
+}
+template <int BN, typename Op>
+__device__ __forceinline__ float wg_row_tree(const float* s, int r, Op op) {
+    float v[BN / 4];
+#pragma unroll
+    for (int k = 0; k < BN / 8; ++k) {
+        v[2 * k] = s[4 * k + 2 * r];
+        v[2 * k + 1] = s[4 * k + 2 * r + 1];
+    }
+    wg_tree_level<BN / 8>(v, op);
+    return v[0];
+}
+struct ft_max_op { __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct ft_add_op { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+
 // exponential i of a thread's slice of S: the first FT_EXP2_POLY of every 8 by the polynomial, the rest
 // by the special-function unit, so that both pipes work on each tile (i is a constant once unrolled)
 __device__ __forceinline__ float wg_exp2(int i, float x) {
@@ -41,9 +74,13 @@ __device__ __forceinline__ void wg_mask(float* s, int n0, int Nk, int causal, in
 template <int BN>
 __device__ __forceinline__ void wg_softmax_max(const float* s, float (&m)[2], float (&l)[2], float scale_log2,
                                                float (&alpha)[2], float (&neg_mscaled)[2]) {
+#if FT_ROW_TREE
+    const float m_tile[2] = {wg_row_tree<BN>(s, 0, ft_max_op()), wg_row_tree<BN>(s, 1, ft_max_op())};
+#else
     float m_tile[2] = {FT_NEG_INF, FT_NEG_INF};
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) m_tile[(i / 2) % 2] = fmaxf(m_tile[(i / 2) % 2], s[i]);
+#endif
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], quad_max(m_tile[r]));
@@ -82,8 +119,13 @@ __device__ __forceinline__ void wg_softmax_exp_inplace(float* s, float (&l)[2], 
                                                        float scale_log2) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] = wg_exp2(i, fmaf(s[i], scale_log2, neg_mscaled[(i / 2) % 2]));
+#if FT_ROW_TREE
+    l[0] += wg_row_tree<BN>(s, 0, ft_add_op());
+    l[1] += wg_row_tree<BN>(s, 1, ft_add_op());
+#else
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) l[(i / 2) % 2] += s[i] + s[i + 1];
+#endif
 }
 template <int BN>
 __device__ __forceinline__ void wg_pack_p(const float* s, ft_raw2* pf) {
