@@ -14,6 +14,10 @@ is exercised; the Hopper launches also cover grouped heads and both causal align
 ``--dims``: instead, only the head dims added after 64 and 128: the fast forward and both
 backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
+
+``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
+output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees)
+at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed).
 """
 import os
 import sys
@@ -41,8 +45,29 @@ def new_dims():
     print("sanitizer launches (new head dims) done")
 
 
+def w3_options():
+    from flashtut.cuda.configs import HOPPER_CONSUMERS
+    from flashtut.cuda.hopper import forward_hopper
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
+            k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
+            for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True}):
+                run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
+                for causal in (False, True, "bottom-right"):
+                    forward_hopper(q, k, v, causal=causal, **run)
+                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, **run)   # Nq > Nk
+                forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, **run)
+    torch.cuda.synchronize()
+    print("sanitizer launches (W3 options) done")
+
+
 if "--dims" in sys.argv[1:]:
     new_dims()
+    sys.exit(0)
+if "--w3-options" in sys.argv[1:]:
+    w3_options()
     sys.exit(0)
 
 for D in (64, 128):

@@ -33,9 +33,10 @@ from .timing import time_fn
 BUDGETS = ((5, 40), (25, 100))
 
 
-def pageable_tensor_maps(q, k, v, block_m: int, block_n: int) -> torch.Tensor:
-    """The launch's tensor maps as they were copied before: from pageable memory, blocking."""
-    blob = hopper_launch.tensor_map_bytes(q, k, v, block_m, block_n)
+def pageable_tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False, o=None) -> torch.Tensor:
+    """The launch's tensor maps as they were copied before: from pageable memory, blocking (the same
+    arguments as ``hopper_launch.tensor_maps``, which it stands in for)."""
+    blob = hopper_launch.tensor_map_bytes(q, k, v, block_m, block_n, counter, o)
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
 
 

@@ -17,9 +17,10 @@ time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and ping-pong consumers),
 ``hopper-w3``, with three consumer warpgroups at D = 64 ``hopper-w3[c3]``, and rung W4 (W3 with
 persistent blocks) ``hopper-w4`` and ``hopper-w4[c3]``; W3 with k of every 8 exponentials computed
-on the float32 pipe, ``hopper-w3[c3,polyk]`` and ``hopper-w3[polyk]``, and W3 with its rows reduced as
-trees, ``hopper-w3[c3,tree]`` and ``hopper-w3[tree]``. Groups: ``all``, ``sdpa``, ``cuda-ladder``,
-``cuda-tiles`` (the shapes of :data:`TILE_CHOICES`), ``hopper``, ``hopper-softmax``.
+on the float32 pipe, ``hopper-w3[c3,polyk]`` and ``hopper-w3[polyk]``, W3 with its rows reduced as
+trees (``[tree]``), with W4's causal order (``[order]``) and with its output stored by TMA (``[store]``).
+Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the shapes of :data:`TILE_CHOICES`),
+``hopper``, ``hopper-options``.
 
 Tests and chapters may ``register`` their own entries (for example a deliberately wrong one,
 to see the correctness check catch it).
@@ -239,11 +240,12 @@ def _ladder_fwd(variant: str):
     return fwd
 
 
-#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages, consumers[, softmax options])
+#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages, consumers[, build options])
 #: of flashtut.cuda.hopper.forward_hopper; the group ``hopper`` holds those with W2's and W3's ring of
-#: two stages and the plain softmax; the deeper rings (``hopper-w3[s3]``) are named one by one, and the
-#: softmax variants are the group ``hopper-softmax``: exponentials on the float32 pipe
-#: (``hopper-w3[c3,poly2]``: 2 of every 8, ``exp2_poly``) and row reductions as trees (``[tree]``)
+#: two stages and no further option; the deeper rings (``hopper-w3[s3]``) are named one by one, and W3
+#: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
+#: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
+#: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -252,19 +254,23 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 **{f"hopper-w3[c3,poly{k}]": ("w3", 128, True, 2, 3, {"exp2_poly": k}) for k in (1, 2, 3)},
                 **{f"hopper-w3[poly{k}]": ("w3", 128, True, 2, 2, {"exp2_poly": k}) for k in (1, 2)},
                 "hopper-w3[c3,tree]": ("w3", 128, True, 2, 3, {"row_tree": True}),
-                "hopper-w3[tree]": ("w3", 128, True, 2, 2, {"row_tree": True})}
+                "hopper-w3[tree]": ("w3", 128, True, 2, 2, {"row_tree": True}),
+                "hopper-w3[c3,order]": ("w3", 128, True, 2, 3, {"section_order": True}),
+                "hopper-w3[order]": ("w3", 128, True, 2, 2, {"section_order": True}),
+                "hopper-w3[c3,store]": ("w3", 128, True, 2, 3, {"tma_store": True}),
+                "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True})}
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
                 "w4": ", TMA, softmax overlapped, persistent blocks"}
 
 
 def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: int, consumers: int,
-                 softmax: dict | None = None) -> Impl:
+                 build: dict | None = None) -> Impl:
     options = {} if stages == 2 else {"stages": stages}
     if consumers != 2:
         options["consumers"] = consumers
-    options.update(softmax or {})
-    exp2_poly, row_tree = options.get("exp2_poly", 0), options.get("row_tree", False)
+    options.update(build or {})
+    exp2_poly = options.get("exp2_poly", 0)
 
     def fwd(q, k, v, causal, scale):
         from ..cuda.hopper import forward_hopper
@@ -288,10 +294,12 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
                 + ("" if stages == 2 else f", a ring of {stages} K/V stages")
                 + ("" if consumers == 2 else ", 192-row blocks")
                 + (f", {exp2_poly} of every 8 exponentials by a cubic on the float32 pipe" if exp2_poly else "")
-                + (", row maxima and sums as trees of pairs" if row_tree else "")
+                + (", row maxima and sums as trees of pairs" if options.get("row_tree") else "")
+                + (", causal blocks heaviest first across 8 heads" if options.get("section_order") else "")
+                + (", output stored by TMA" if options.get("tma_store") else "")
                 + " (forward only, sm_90)",
                 fwd, None, available=available,
-                group="hopper-ring" if stages != 2 else "hopper-softmax" if softmax else "hopper")
+                group="hopper-ring" if stages != 2 else "hopper-options" if build else "hopper")
 
 
 def _builtin() -> dict[str, Impl]:
@@ -321,7 +329,7 @@ def _builtin() -> dict[str, Impl]:
 _REGISTRY: dict[str, Impl] = _builtin()
 _LADDER_RE = re.compile(r"^cuda-(v\d+\w*)$")
 _TILE_RE = re.compile(r"^cuda-v3\[w(\d+),n(\d+),mt(\d+)\]$")
-GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles", "hopper", "hopper-softmax")
+GROUPS = ("all", "sdpa", "cuda-ladder", "cuda-tiles", "hopper", "hopper-options")
 
 #: (warps, keys per tile, 16-row tiles per warp) of the fast kernel tried by the group ``cuda-tiles``,
 #: per head dim: the exploration behind the kernel's default tile shapes
@@ -449,7 +457,7 @@ def expand(spec) -> list[Impl]:
                 continue
             if name == "all":
                 group = names()
-            elif name in ("sdpa", "hopper", "hopper-softmax"):
+            elif name in ("sdpa", "hopper", "hopper-options"):
                 group = [n for n in _REGISTRY if _REGISTRY[n].group == name]
             elif name == "cuda-ladder":
                 group = [f"cuda-{v}" for v in ladder_variants()[0]]

@@ -317,7 +317,7 @@ class CudaAttention(torch.autograd.Function):
         offset = diag_offset(alignment, q.shape[2], k.shape[2])
         if choice.kernel == "wgmma":
             o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset,
-                                consumers=choice.consumers, exp2_poly=choice.exp2_poly, row_tree=choice.row_tree)
+                                consumers=choice.consumers, **dict(choice.options))
         else:
             o, lse = _forward(q, k, v, alignment is not None, scale, choice.variant,
                               kv_group=q.shape[1] // k.shape[1], diag_offset=offset)

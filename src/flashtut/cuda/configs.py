@@ -509,6 +509,7 @@ class HopperConfig:
     threads: int
     dynamic_smem: int   # bytes
     persistent: bool = False   # a rung of PERSISTENT_RUNGS
+    o_map: bool = False        # stores its output with TMA: the launch adds a tensor map of o after K's and V's
 
     @property
     def define_dict(self) -> dict:
@@ -560,36 +561,52 @@ def check_consumers(variant: str, consumers, head_dim: int | None = None) -> Non
                          f"each consumer's {W3_WIDE['regs']} registers spill), got D = {head_dim}")
 
 
-#: the exponentials of S computed on the float32 pipe by a cubic rather than by the special-function
-#: unit (``ft_exp2_poly`` in ft_common.cuh): how many of every 8, 0 to 8, in the W3 family only
-EXP2_POLY_SHARES = tuple(range(9))
+#: the W3 family's build options past its consumers, each measured as one step against W3 (book/perflog_hopper.md):
+#: name -> (the -D macro, the accepted values, the first of them the default, the rungs that take it, what it does)
+W3_OPTIONS = {
+    "exp2_poly": ("FT_EXP2_POLY", tuple(range(9)), W3_FAMILY,
+                  "of every 8 exponentials of S, how many a cubic computes on the float32 pipe (ft_exp2_poly) "
+                  "instead of the special-function unit"),
+    "row_tree": ("FT_ROW_TREE", (False, True), W3_FAMILY,
+                 "each tile's row maxima and row sums as trees of pairs instead of chains"),
+    "section_order": ("W3_SECTION_ORDER", (False, True), ("w3",),
+                      "causal: blocks take query blocks heaviest first across sections of 8 heads (W4's order) "
+                      "instead of head by head"),
+    "tma_store": ("W3_TMA_STORE", (False, True), ("w3",),
+                  "each consumer warpgroup writes its output tile into its rows of the Q tile and one TMA copy "
+                  "stores it, instead of 4-byte stores from registers"),
+}
 
 
-def check_exp2_poly(variant: str, exp2_poly) -> None:
-    """ValueError unless ``exp2_poly`` is an int of :data:`EXP2_POLY_SHARES` (not 0: with a W3-family rung)."""
-    if isinstance(exp2_poly, bool) or exp2_poly not in EXP2_POLY_SHARES or (exp2_poly and variant not in W3_FAMILY):
-        raise ValueError(f"exp2_poly (exponentials of every 8 on the float32 pipe) takes an int from 0 to 8, "
-                         f"and one above 0 with variant 'w3' or 'w4'; got {exp2_poly!r} with {variant!r}")
-
-
-def check_row_tree(variant: str, row_tree) -> None:
-    """ValueError unless ``row_tree`` is a bool (True: with a W3-family rung)."""
-    if not isinstance(row_tree, bool) or (row_tree and variant not in W3_FAMILY):
-        raise ValueError(f"row_tree (a tile's row maxima and sums as trees of pairs) takes a bool, and True with "
-                         f"variant 'w3' or 'w4'; got {row_tree!r} with {variant!r}")
+def check_w3_options(variant: str, options: dict) -> dict:
+    """``options`` (:data:`W3_OPTIONS` names -> values) as -D macros for ``variant``; ValueError naming the
+    first unknown option, value of the wrong type or value, or option the rung does not take."""
+    defines = {}
+    for name, value in options.items():
+        if name not in W3_OPTIONS:
+            raise ValueError(f"unknown Hopper build option {name!r}; accepted: {', '.join(W3_OPTIONS)}")
+        macro, values, rungs, what = W3_OPTIONS[name]
+        kind = type(values[-1])
+        if type(value) is not kind or value not in values:
+            raise ValueError(f"{name} ({what}) takes {'an int from 0 to 8' if kind is int else 'a bool'}, "
+                             f"got {value!r}")
+        if value != values[0]:
+            if variant not in rungs:
+                raise ValueError(f"{name} is built for variant {' or '.join(map(repr, rungs))} only, got {variant!r}")
+            defines[macro] = int(value)
+    return defines
 
 
 def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int = 128,
-                  pv_split: bool = True, stages: int = 2, consumers: int = 2, exp2_poly: int = 0,
-                  row_tree: bool = False) -> HopperConfig:
+                  pv_split: bool = True, stages: int = 2, consumers: int = 2, **options) -> HopperConfig:
     """Build and launch parameters of Hopper rung ``variant``. ``block_n`` (64 or 128): keys per tile,
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
-    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``exp2_poly`` (W3 and
-    W4): of every 8 exponentials of S, how many the float32 pipe computes (:data:`EXP2_POLY_SHARES`).
-    ``row_tree`` (W3 and W4): each tile's row maxima and row sums as trees of pairs rather than chains."""
+    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``options``: the
+    W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``, ``section_order``,
+    ``tma_store``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -599,8 +616,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     check_consumers(variant, consumers, head_dim)
-    check_exp2_poly(variant, exp2_poly)
-    check_row_tree(variant, row_tree)
+    extra = check_w3_options(variant, options)
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:
@@ -610,13 +626,10 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, f"{prefix}_BLOCK_N": block_n, f"{prefix}_STAGES": stages}
         if consumers != 2:
             d["W3_CONSUMERS"] = consumers
-        if exp2_poly:
-            d["FT_EXP2_POLY"] = exp2_poly
-        if row_tree:
-            d["FT_ROW_TREE"] = 1
+        d.update(extra)
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
                             128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
-                            variant in PERSISTENT_RUNGS)
+                            variant in PERSISTENT_RUNGS, bool(options.get("tma_store")))
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
@@ -640,9 +653,8 @@ HOPPER_DEFAULT = "w3"
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: of every 8 exponentials of S, how many its softmax computes on the float32 pipe, per head dim
-HOPPER_EXP2_POLY = {64: 0, 128: 0}
-#: whether its softmax reduces each tile's rows as trees of pairs, per head dim
-HOPPER_ROW_TREE = {64: False, 128: False}
+#: its further build options per head dim (:data:`W3_OPTIONS`; none measured faster yet)
+HOPPER_OPTIONS = {64: {}, 128: {}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
@@ -659,14 +671,13 @@ HOPPER_NVRTC = (12, 0)
 class ForwardChoice(NamedTuple):
     """The forward one ``cuda_attention`` call runs: ``kernel`` ``"mma"`` or ``"wgmma"``, ``variant``
     the ladder step (a :data:`VARIANTS` or :data:`HOPPER_VARIANTS` key), ``reason`` why, and for
-    wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`) and ``exp2_poly``
-    (:data:`HOPPER_EXP2_POLY`) and ``row_tree`` (:data:`HOPPER_ROW_TREE`)."""
+    wgmma its ``consumers`` (consumer warpgroups, :data:`HOPPER_CONSUMERS`) and ``options``, the sorted
+    (name, value) pairs of :data:`HOPPER_OPTIONS`."""
     kernel: str
     variant: str
     reason: str
     consumers: int = 2
-    exp2_poly: int = 0
-    row_tree: bool = False
+    options: tuple = ()
 
 
 def check_forward_kernel(forward_kernel) -> str:
@@ -706,7 +717,7 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
                                  "(pip install cupy-cuda12x)")
     if why_not is None:
         return ForwardChoice("wgmma", HOPPER_DEFAULT, "sm_90 with an NVRTC that targets sm_90a",
-                             HOPPER_CONSUMERS[head_dim], HOPPER_EXP2_POLY[head_dim], HOPPER_ROW_TREE[head_dim])
+                             HOPPER_CONSUMERS[head_dim], tuple(sorted(HOPPER_OPTIONS[head_dim].items())))
     if forward_kernel == "wgmma":
         error, message = why_not
         raise error(f"forward_kernel='wgmma': {message}; accepted elsewhere: forward_kernel='mma' or 'auto'")

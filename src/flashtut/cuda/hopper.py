@@ -26,7 +26,7 @@ import torch
 
 from .attention import _ready, prepare_inputs
 from .compile import capability
-from .configs import HOPPER_VARIANTS, PERSISTENT_RUNGS, check_consumers, check_exp2_poly, check_row_tree
+from .configs import HOPPER_VARIANTS, PERSISTENT_RUNGS, check_consumers, check_w3_options
 from .hopper_launch import run_hopper
 
 
@@ -62,7 +62,7 @@ def _heads_like(t, q):
 
 def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: str = "w1", *,
                    block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2,
-                   ctas: int | None = None, exp2_poly: int = 0, row_tree: bool = False):
+                   ctas: int | None = None, **options):
     """Hopper rung ``variant`` on CUDA float16/bfloat16 tensors of an sm_90 GPU, D in {64, 128}.
 
     ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` uses
@@ -71,17 +71,16 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     (W3's and W4's consumer warpgroups: 2, or 3 at D = 64): see ``flashtut.cuda.configs.hopper_config``.
     ``ctas`` (W4 only): how many persistent blocks to launch, at most one per query block; default
     the GPU's SM count (fewer make each block walk more query blocks, which the tests use).
-    ``exp2_poly`` (W3 and W4): of every 8 exponentials of the scores, how many are computed by a cubic on
-    the float32 pipe instead of the special-function unit (0 to 8, default 0). ``row_tree`` (W3 and W4):
-    each tile's row maxima and sums as trees of pairs instead of chains (default False).
+    ``options``: the W3 family's build options, each off by default (``configs.W3_OPTIONS``):
+    ``exp2_poly`` (0 to 8: of every 8 exponentials, how many a cubic computes on the float32 pipe),
+    ``row_tree``, ``section_order`` and ``tma_store`` (bools).
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     check_consumers(variant, consumers)   # the head dim is checked with the build, once D is known
-    check_exp2_poly(variant, exp2_poly)
-    check_row_tree(variant, row_tree)
+    check_w3_options(variant, options)
     if ctas is not None and (variant not in PERSISTENT_RUNGS or isinstance(ctas, bool) or not isinstance(ctas, int)
                              or ctas < 1):
         raise ValueError(f"ctas (the persistent blocks) takes a positive int with variant 'w4', got {ctas!r} "
@@ -104,4 +103,4 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     # them with H heads, a copy to drop once the shared checks take Hkv heads
     q, k, v = p.tensors if not grouped else (p.tensors[0], _ready(k), _ready(v))
     return run_hopper(q, k, v, causal, p.scale, variant, diag, block_n, pv_split, stages, consumers, ctas,
-                      exp2_poly, row_tree)
+                      **options)

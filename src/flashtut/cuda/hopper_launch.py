@@ -63,21 +63,24 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> bytes:
     return ctypes.string_at(addr, TENSOR_MAP_BYTES)
 
 
-def tensor_map_bytes(q, k, v, block_m: int, block_n: int, counter: bool = False) -> bytes:
+def tensor_map_bytes(q, k, v, block_m: int, block_n: int, counter: bool = False, o=None) -> bytes:
     """The Q, K and V tensor maps back to back (``counter``: and W4's scheduler counter after them,
-    a zero int32 its blocks count up with atomicAdd, padded to 16 bytes)."""
+    a zero int32 its blocks count up with atomicAdd, padded to 16 bytes; ``o``: and the map through
+    which W3's ``tma_store`` build stores the output, a consumer warpgroup's 64 rows per copy)."""
     blob = tensor_map(q, block_m) + tensor_map(k, block_n) + tensor_map(v, block_n)
+    if o is not None:
+        blob += tensor_map(o, 64)
     return blob + bytes(16) if counter else blob
 
 
-def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False) -> torch.Tensor:
+def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False, o=None) -> torch.Tensor:
     """:func:`tensor_map_bytes` in a uint8 buffer on their GPU (what W2, W3 and W4 take).
 
     The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy
     from pageable memory makes torch wait for the stream to drain, so every call would leave the GPU
     idle while the host prepares the next one (book/perflog_hopper.md measures what that cost).
     torch's pinned-memory allocator keeps the host buffer until the copy has run."""
-    blob = tensor_map_bytes(q, k, v, block_m, block_n, counter)
+    blob = tensor_map_bytes(q, k, v, block_m, block_n, counter, o)
     host = torch.frombuffer(bytearray(blob), dtype=torch.uint8).pin_memory()
     return host.to(q.device, non_blocking=True)
 
@@ -89,8 +92,8 @@ def _sm_count(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, block_n: int, pv_split: bool,
-          stages: int = 2, consumers: int = 2, exp2_poly: int = 0, row_tree: bool = False):
-    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages, consumers, exp2_poly, row_tree)
+          stages: int = 2, consumers: int = 2, options: tuple = ()):
+    cfg = hopper_config(variant, dtype, head_dim, block_n, pv_split, stages, consumers, **dict(options))
     if cfg.dynamic_smem > max_smem_per_block(device_index):
         raise RuntimeError(f"{cfg.source} needs {cfg.dynamic_smem} bytes of shared memory per block; this GPU "
                            f"allows {max_smem_per_block(device_index)}")
@@ -102,16 +105,15 @@ def _plan(variant: str, dtype: torch.dtype, head_dim: int, device_index: int, bl
 
 def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_offset: int = 0,
                block_n: int = 128, pv_split: bool = True, stages: int = 2, consumers: int = 2,
-               ctas: int | None = None, exp2_poly: int = 0, row_tree: bool = False):
+               ctas: int | None = None, **options):
     """``hopper.forward_hopper`` without its checks: ``q, k, v`` checked, contiguous and 16-byte aligned,
     ``causal`` a bool and ``diag_offset`` its alignment (query i sees key j iff j <= i + diag_offset);
-    ``ctas``: W4's persistent blocks (default the SM count); ``exp2_poly`` (exponentials of every 8 on
-    the float32 pipe) and ``row_tree``: ``configs.hopper_config``."""
+    ``ctas``: W4's persistent blocks (default the SM count); ``options``: ``configs.W3_OPTIONS``."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     with torch.cuda.device(q.device):
-        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers, exp2_poly,
-                        row_tree)
+        cfg, fn = _plan(variant, q.dtype, D, q.device.index, block_n, pv_split, stages, consumers,
+                        tuple(sorted(options.items())))
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         blocks = math.ceil(Nq / cfg.block_m)
@@ -121,7 +123,8 @@ def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_of
         # the TMA rungs read q, k and v through their tensor maps; the buffer lives until the launch is
         # queued, and torch's caching allocator keeps its memory from reuse until the stream has passed it
         inputs = ((q, k, v) if variant == "w1" else
-                  (tensor_maps(q, k, v, cfg.block_m, cfg.block_n, counter=cfg.persistent),))
+                  (tensor_maps(q, k, v, cfg.block_m, cfg.block_n, counter=cfg.persistent,
+                               o=o if cfg.o_map else None),))
         launch(fn, grid, (cfg.threads, 1, 1),
                (*inputs, o, lse, Nq, Nk, scale * LOG2E, int(causal), H // Hkv, int(diag_offset), *extra),
                cfg.dynamic_smem)

@@ -143,6 +143,11 @@ __device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float 
     wg_softmax_exp<BN>(s, l, neg_mscaled, scale_log2, pf);
 }
 
+// the natural-log lse of a row from its running maximum and its whole sum (-inf for a row that saw no key)
+__device__ __forceinline__ void wg_store_lse(float* lse, int bh, int Nq, int row, float m, float lsum, float scale_log2) {
+    lse[(size_t)bh * Nq + row] = lsum > 0.f ? (m * scale_log2 + ft_log2(lsum)) * FT_LN2 : FT_NEG_INF;
+}
+
 // O / l for rows r0 and r0 + 8 of head bh (those below Nq), and their natural-log lse; a row that saw
 // no key writes o = 0 and lse = -inf
 __device__ __forceinline__ void wg_store(const float* acc, const float (&m)[2], const float (&l)[2], ft_raw* o,
@@ -158,7 +163,6 @@ __device__ __forceinline__ void wg_store(const float* acc, const float (&m)[2], 
         for (int c8 = 0; c8 < HEAD_DIM / 8; ++c8)
             *reinterpret_cast<ft_raw2*>(orow + 8 * c8 + 2 * t) =
                 ft_pack2(acc[4 * c8 + 2 * r] * inv, acc[4 * c8 + 2 * r + 1] * inv);
-        if (t == 0)
-            lse[(size_t)bh * Nq + row] = lsum > 0.f ? (m[r] * scale_log2 + ft_log2(lsum)) * FT_LN2 : FT_NEG_INF;
+        if (t == 0) wg_store_lse(lse, bh, Nq, row, m[r], lsum, scale_log2);
     }
 }

@@ -55,6 +55,15 @@
 #ifndef W3_PERSISTENT
 #define W3_PERSISTENT 0  // 1: rung W4, one block per SM walking the query blocks (flash_fwd_w4)
 #endif
+#ifndef W3_SECTION_ORDER
+#define W3_SECTION_ORDER 0  // 1: causal blocks in W4's order (section_query_block), not head by head
+#endif
+#ifndef W3_TMA_STORE
+#define W3_TMA_STORE 0   // 1: the output through shared memory and TMA stores (w3_store_tma), not from registers
+#endif
+#if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE)
+#error "W4 has its own order, and refills the Q tile that W3_TMA_STORE writes the output into"
+#endif
 #define W3_PINGPONG (W3_CONSUMERS == 2)
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
@@ -140,8 +149,51 @@ __device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned 
 #define W3_RELEASE_Q() do { } while (0)
 #endif
 
+#if W3_TMA_STORE
+// W3_TMA_STORE: one consumer warpgroup's output tile through shared memory. O / l, packed to 16 bits, goes
+// into the warpgroup's own 64 rows of the Q tile, in the swizzled layout TMA reads there (those rows are
+// free: the warpgroup's last Q K^T is complete, and no other warpgroup reads them), then one thread copies
+// the 64 x HEAD_DIM box out with cp.async.bulk.tensor (a 64-column box per copy), 128-byte transactions
+// instead of the 4-byte stores of wg_store, whose lanes write 8 rows apart. Rows past Nq are not written:
+// the tensor map's bounds clip them. Ordering: each thread's shared-memory writes are made visible to the
+// TMA unit (the async proxy) by fence.proxy.async before the warpgroup's named barrier, and the thread that
+// issued the copies waits until they have read shared memory (wait_group.read) before the block may end.
+#define W3_STORE_BAR0 3   // named barriers 3, 4 (and 5): one per consumer warpgroup, 128 threads; 0-2 are taken
+__device__ __forceinline__ void w3_store_tma(const unsigned char* tmaps, const float* acc, const float (&m)[2],
+                                             const float (&l)[2], float* lse, unsigned q_s, int cw, int wg_row0,
+                                             int bh, int Nq, int r0, int t, float scale_log2) {
+    const int lane_row = r0 - (wg_row0 - cw * 64);   // r0's row within the block's Q tile
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float lsum = quad_sum(l[r]);
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+        for (int c8 = 0; c8 < HEAD_DIM / 8; ++c8) {
+            const unsigned addr = q_s + sw128_offset<W3_BLOCK_M>(lane_row + 8 * r, 8 * c8 + 2 * t);
+            const ft_raw2 v = ft_pack2(acc[4 * c8 + 2 * r] * inv, acc[4 * c8 + 2 * r + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+        }
+        if (t == 0 && r0 + 8 * r < Nq) wg_store_lse(lse, bh, Nq, r0 + 8 * r, m[r], lsum, scale_log2);
+    }
+#if FT_SM90A
+    fence_proxy_async_smem();
+    asm volatile("bar.sync %0, 128;" :: "r"(W3_STORE_BAR0 + cw) : "memory");
+    if (threadIdx.x % 128 == 0 && wg_row0 < Nq) {
+        const void* tmap = tmaps + 3 * 128;
+#pragma unroll
+        for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
+                         :: "l"(tmap), "r"(cb * 64), "r"(wg_row0), "r"(bh),
+                            "r"(q_s + cb * W3_BLOCK_M * 128 + cw * 64 * 128) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+#endif
+}
+#endif
+
 // One consumer warpgroup's share of one query block: its slots, its idle turns and the store.
-__device__ __forceinline__ void w3_consume(int wg, unsigned q_s, unsigned k_s, unsigned v_s, unsigned bars,
+__device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, unsigned q_s, unsigned k_s, unsigned v_s, unsigned bars,
                                            ft_raw* __restrict__ o, float* __restrict__ lse, int m0, int bh,
                                            int n_tiles, int kv0, int it, int Nq, int Nk, float scale_log2,
                                            int causal, int diag_offset) {
@@ -277,7 +329,12 @@ __device__ __forceinline__ void w3_consume(int wg, unsigned q_s, unsigned k_s, u
         }
     }
 
+#if W3_TMA_STORE
+    (void)o;
+    w3_store_tma(tmaps, acc, m, l, lse, q_s, cw, wg_row0, bh, Nq, r0, t, scale_log2);
+#else
     wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+#endif
 #undef W3_END_TURN
 }
 
@@ -287,28 +344,27 @@ __device__ __forceinline__ void w3_consume(int wg, unsigned q_s, unsigned k_s, u
 // W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
 // and for W4 8 more (q_empty) and 8 (the query block numbers handed to the consumers, two slots).
 
-#if W3_PERSISTENT
-#ifndef W4_HEAD_SECTION
-#define W4_HEAD_SECTION 8   // causal: heads whose query blocks are taken together, heaviest first
+#ifndef W3_HEAD_SECTION
+#define W3_HEAD_SECTION 8   // causal: heads whose query blocks are taken together, heaviest first
 #endif
-// Query block number t (0, 1, ... in the order blocks take them) -> (query block mb, head bh).
-// Causal: sections of W4_HEAD_SECTION heads, and within a section the heaviest (last) query block of
+// Query block number t (0, 1, ... in the order blocks take them) -> (query block mb, head bh): W4's
+// order, and W3's with W3_SECTION_ORDER (the hardware starts a grid's blocks about in index order).
+// Causal: sections of W3_HEAD_SECTION heads, and within a section the heaviest (last) query block of
 // each head first, then the next heaviest: a block that finishes early takes the heaviest work left,
 // so the last to start are the shortest. A section rather than all heads at once, so that the blocks
 // running together (132 on an H200) are about 132 / 8 per head and read that head's K and V from L2
 // rather than each its own head's from memory. Not causal: a head's query blocks in a row.
-__device__ __forceinline__ void w4_query_block(int t, int n_mb, int n_bh, int causal, int& mb, int& bh) {
+__device__ __forceinline__ void section_query_block(int t, int n_mb, int n_bh, int causal, int& mb, int& bh) {
     if (causal) {
-        const int sec = t / (W4_HEAD_SECTION * n_mb), r = t - sec * W4_HEAD_SECTION * n_mb;
-        const int heads = min(W4_HEAD_SECTION, n_bh - sec * W4_HEAD_SECTION);
+        const int sec = t / (W3_HEAD_SECTION * n_mb), r = t - sec * W3_HEAD_SECTION * n_mb;
+        const int heads = min(W3_HEAD_SECTION, n_bh - sec * W3_HEAD_SECTION);
         mb = n_mb - 1 - r / heads;
-        bh = sec * W4_HEAD_SECTION + r % heads;
+        bh = sec * W3_HEAD_SECTION + r % heads;
     } else {
         mb = t % n_mb;
         bh = t / n_mb;
     }
 }
-#endif
 
 // One body, two entry points: W4 writes its scheduler's counter after the maps (not const) and takes
 // the head count.
@@ -329,7 +385,11 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
     const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;
     const int wg = threadIdx.x / 128;
-#if !W3_PERSISTENT
+#if !W3_PERSISTENT && W3_SECTION_ORDER
+    int mb = blockIdx.x, bh = blockIdx.y;
+    if (causal) section_query_block(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, 1, mb, bh);
+    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+#elif !W3_PERSISTENT
     const int bh = blockIdx.y;
     const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
 #endif
@@ -372,7 +432,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                 }
                 const int next = atomicAdd(counter, 1) + (int)gridDim.x;
                 int mb, bh;
-                w4_query_block(t, n_mb, n_bh, causal, mb, bh);
+                section_query_block(t, n_mb, n_bh, causal, mb, bh);
                 const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
                 w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
                 kv0 += blk.n_tiles;
@@ -387,9 +447,9 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         const int t = slot[it & 1];
         if (t < 0) break;
         int mb, bh;
-        w4_query_block(t, n_mb, n_bh, causal, mb, bh);
+        section_query_block(t, n_mb, n_bh, causal, mb, bh);
         const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
-        w3_consume(wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, kv0, it, Nq, Nk, scale_log2,
+        w3_consume(tmaps, wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, kv0, it, Nq, Nk, scale_log2,
                    causal, diag_offset);
         kv0 += blk.n_tiles;
     }
@@ -401,7 +461,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         return;
     }
     setmaxnreg_inc<W3_CONSUMER_REGS>();
-    w3_consume(wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, 0, 0, Nq, Nk, scale_log2, causal,
+    w3_consume(tmaps, wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, 0, 0, Nq, Nk, scale_log2, causal,
                diag_offset);
 #endif
 #else
