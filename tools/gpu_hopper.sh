@@ -14,7 +14,7 @@
 #              (which launches every Hopper build on an sm_90 GPU; the TMA rungs only when the tests stage passed,
 #              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 / _W4=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
-# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_MODE=softmax] bash tools/gpu_hopper.sh
+# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_MODE=options] [NCU_DIMS="128 64"] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
 # run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
 # benchmark, 9 s of ncu sections and 5 s of memcheck, so the whole script fits one 600-second call.
@@ -117,8 +117,8 @@ if want ncu && command -v ncu > /dev/null; then
     # the special-function unit (xu: MUFU.EX2) against the float32 pipe (fma) and the issue slots
     for pipe in xu fma alu; do METRICS=$METRICS,sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active; done
     METRICS=$METRICS,sm__issue_active.avg.pct_of_peak_sustained_active
-    for D in 128 64; do
-        # NCU_MODE=softmax: the W3 build of each D with its softmax variants (tools/ncu_launches.py)
+    for D in ${NCU_DIMS:-128 64}; do
+        # NCU_MODE=options: the W3 build of each D plain and with each build option (tools/ncu_launches.py)
         python3 tools/ncu_launches.py $D ${NCU_MODE:-} > /dev/null 2>&1
         timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --section SpeedOfLight \
             --section WarpStateStats --section Occupancy python3 tools/ncu_launches.py $D ${NCU_MODE:-} \

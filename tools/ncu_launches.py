@@ -9,9 +9,10 @@ at the protocol's N = 4096 (B = 4, H = 2048 / D), fp16, not causal unless said, 
 Each kernel runs exactly once, so ncu's report has one entry per kernel (the benchmark's own
 warm-up and timing launches would fill a launch count with the first implementation alone).
 
-    python3 tools/ncu_launches.py 64 softmax     # cuda_attention's W3 build at this D with 0, 1, 2 and 3
-                                                 # of every 8 exponentials on the float32 pipe, then with
-                                                 # its rows reduced as trees; not causal, then causal
+    python3 tools/ncu_launches.py 64 options     # the W3 build at this D plain, then with each build option
+                                                 # (configs.W3_OPTIONS: 1, 2, 3 of every 8 exponentials on the
+                                                 # float32 pipe, rows as trees, W4's causal order, the TMA
+                                                 # store); not causal, then causal
 """
 import sys
 
@@ -25,12 +26,13 @@ from flashtut.cuda.hopper import forward_hopper
 D = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 q, k, v = (torch.randn(4, 2048 // D, 4096, D, device="cuda", dtype=torch.float16) for _ in range(3))
 wide = 3 if D == 64 else 2
-if sys.argv[2:] == ["softmax"]:
+if sys.argv[2:] == ["options"]:
     for causal in (False, True):
-        for options in ({}, {"exp2_poly": 1}, {"exp2_poly": 2}, {"exp2_poly": 3}, {"row_tree": True}):
+        for options in ({}, {"exp2_poly": 1}, {"exp2_poly": 2}, {"exp2_poly": 3}, {"row_tree": True},
+                        {"section_order": True}, {"tma_store": True}):
             forward_hopper(q, k, v, causal=causal, variant="w3", consumers=wide, **options)
     torch.cuda.synchronize()
-    print(f"ncu launches done (D = {D}, the softmax variants)")
+    print(f"ncu launches done (D = {D}, W3 and its build options)")
     sys.exit(0)
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     F.scaled_dot_product_attention(q, k, v)

@@ -653,8 +653,12 @@ HOPPER_DEFAULT = "w3"
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: of every 8 exponentials of S, how many its softmax computes on the float32 pipe, per head dim
-#: its further build options per head dim (:data:`W3_OPTIONS`; none measured faster yet)
-HOPPER_OPTIONS = {64: {}, 128: {}}
+#: its further build options per head dim (:data:`W3_OPTIONS`), those measured faster than W3 without them
+#: in the same process (book/data/hopper_options_h200.json): at D = 128 the TMA store of the output
+#: (+0.6 to +5.2% over W3 in the 8 protocol cases); at D = 64 with three consumers it lost in all 8
+#: (-0.6 to -10%), and W4's causal order, the exponentials on the float32 pipe and the row trees lost
+#: at both head dims (hopper_softmax_h200.json)
+HOPPER_OPTIONS = {64: {}, 128: {"tma_store": True}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
