@@ -118,10 +118,10 @@ PRODUCERS = {
                                   "odd shapes (perflog_cuda_bwd, chapter 08)",
                                   "python -m flashtut.bench.cuda_ladder --bwd-only "
                                   "--out book/data/cuda_ladder_bwd_h200.json"),
-    "cuda_protocol_h200.json": ("cuda_attention (its default, on an H200 the W3 forward with three consumer "
-                                "warpgroups at D 64, and forward_kernel='mma') against SDPA flash and SDPA cuDNN at "
-                                "the protocol's N 4096 and 16384, backward with the warp grid (H200, 2026-12-02 "
-                                "03:31 UTC)",
+    "cuda_protocol_h200.json": ("cuda_attention (its default, on an H200 the W3 forward with the TMA store at D 128 "
+                                "and three consumer warpgroups at D 64, and forward_kernel='mma') against SDPA flash "
+                                "and SDPA cuDNN at the protocol's N 4096 and 16384, backward with the warp grid "
+                                "(H200, 2026-12-02 06:11 UTC)",
                                 "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd "
                                 "-D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 "
                                 "--hidden 2048 --warmup-ms 5 --rep-ms 40 --no-progress "
@@ -143,6 +143,22 @@ PRODUCERS = {
                             "(hopper-w4, hopper-w4[c3]) against W3, SDPA flash, SDPA cuDNN and the mma.sync CUDA "
                             "forward, the protocol's 16 cases (H200, 2026-12-02 03:55 UTC, commit 4b5e2f6)",
                             "python -m flashtut.bench run --preset hopper --out book/data/hopper_w4_h200.json"),
+    "hopper_softmax_h200.json": ("rung W3 with two changes to its softmax, each its own build against W3 in one "
+                                 "process: k of every 8 exponentials by a cubic on the float32 pipe "
+                                 "(hopper-w3[c3,polyk], hopper-w3[polyk]) and each tile's row maxima and sums as "
+                                 "trees of pairs (hopper-w3[c3,tree], hopper-w3[tree]), with SDPA flash and cuDNN, "
+                                 "the protocol's 16 cases (H200, 2026-12-02 05:54 UTC, commit 59e14f0): both slower",
+                                 "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3,"
+                                 "hopper-w3[c3],hopper-w3[c3,poly1],hopper-w3[c3,poly2],hopper-w3[c3,poly3],"
+                                 "hopper-w3[poly1],hopper-w3[poly2],hopper-w3[c3,tree],hopper-w3[tree]' "
+                                 "--out book/data/hopper_softmax_h200.json"),
+    "hopper_options_h200.json": ("rung W3 with W4's causal order for its grid (hopper-w3[order], hopper-w3[c3,order]) "
+                                 "and with the TMA store of its output (hopper-w3[store], hopper-w3[c3,store]), "
+                                 "each against W3 in one process with SDPA flash and cuDNN, the protocol's 16 cases "
+                                 "(H200, 2026-12-02 06:07 UTC, commit a558ac5): the store faster at D 128",
+                                 "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3,"
+                                 "hopper-w3[c3],hopper-w3[order],hopper-w3[c3,order],hopper-w3[store],"
+                                 "hopper-w3[c3,store]' --out book/data/hopper_options_h200.json"),
     "hopper_ab_h200.json": ("rung W3 with its tensor maps copied from pageable memory, blocking "
                             "(hopper-w3[pageable-maps]), and from pinned memory, not blocking (hopper-w3), "
                             "and SDPA flash, each at do_bench budgets of 5/40 and 25/100 ms, one process, "
