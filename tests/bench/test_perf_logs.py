@@ -58,6 +58,14 @@ HOPPER_C3_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3, 2 consumers": "hopper-w3",
 #: the Hopper log's W4 table (hopper_w4_h200.json): W3 and W4 with cuda_attention's consumers per head dim
 HOPPER_W4_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": {128: "hopper-w3", 64: "hopper-w3[c3]"},
                      "W4": {128: "hopper-w4", 64: "hopper-w4[c3]"}}
+#: the Hopper log's tables of W3's build options (configs.W3_OPTIONS), at cuda_attention's consumers per head dim
+_W3 = {128: "hopper-w3", 64: "hopper-w3[c3]"}
+HOPPER_SOFTMAX_COLUMNS = {"W3": _W3, "1 of 8 by the cubic": {128: "hopper-w3[poly1]", 64: "hopper-w3[c3,poly1]"},
+                          "2 of 8": {128: "hopper-w3[poly2]", 64: "hopper-w3[c3,poly2]"},
+                          "rows as trees": {128: "hopper-w3[tree]", 64: "hopper-w3[c3,tree]"}}
+HOPPER_OPTIONS_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": _W3,
+                          "W4's order": {128: "hopper-w3[order]", 64: "hopper-w3[c3,order]"},
+                          "TMA store": {128: "hopper-w3[store]", 64: "hopper-w3[c3,store]"}}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -68,6 +76,8 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_h200.json", HOPPER_C3_COLUMNS, "fwd", 64, 8),
     ("perflog_hopper.md", "hopper_ring_h200.json", HOPPER_RING_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_w4_h200.json", HOPPER_W4_COLUMNS, "fwd", None, 16),
+    ("perflog_hopper.md", "hopper_softmax_h200.json", HOPPER_SOFTMAX_COLUMNS, "fwd", None, 16),
+    ("perflog_hopper.md", "hopper_options_h200.json", HOPPER_OPTIONS_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),
@@ -143,3 +153,16 @@ def test_issue_13_targets_on_the_committed_protocol():
     quoted = f"{min(fwd):.3f} at worst (bfloat16, D = 128, N = 4096, not causal), median {statistics.median(fwd):.3f}"
     assert quoted in text, quoted
     assert f"is missed in that one case, by {100 * (0.95 - min(fwd)) / 0.95:.1f}%" in text
+
+
+def test_the_pageable_maps_stand_in_for_the_launchs_own():
+    """hopper_ab swaps hopper_launch.tensor_maps for its pageable copy during a run: the stand-in must take
+    every argument the launch passes (W4's counter, the TMA store's output map), with the same defaults."""
+    import inspect
+
+    from flashtut.bench import hopper_ab
+    from flashtut.cuda import hopper_launch
+
+    ours, theirs = (inspect.signature(f) for f in (hopper_ab.pageable_tensor_maps, hopper_launch.tensor_maps))
+    assert list(ours.parameters) == list(theirs.parameters)
+    assert all(ours.parameters[n].default == theirs.parameters[n].default for n in ours.parameters)

@@ -33,6 +33,37 @@ def test_checkers_catch_wrong_answers_and_say_where():
     assert not raised and "ZeroDivisionError" in raised.message
 
 
+def test_exp2_checker_wants_the_kernels_bits():
+    import numpy as np
+
+    from flashtut.cuda import exp2_poly as ep
+
+    assert ch11.check_exp2_poly(ep.exp2_poly)
+    # an accurate exponential is a different function: caught, with the first inputs that differ
+    accurate = ch11.check_exp2_poly(lambda x: np.exp2(x).astype(np.float32))
+    assert not accurate and "exp2(" in accurate.message and accurate.n_bad > 1000
+
+    def in_place(x):
+        y = ep.exp2_poly(x)
+        x[:] = 0
+        return y
+
+    changed = ch11.check_exp2_poly(in_place)
+    assert not changed and "changed its input" in changed.message
+
+    def truncating(x):   # floor instead of round: f in [0, 1) where the cubic was fitted on [-1/2, 1/2]
+        x = np.maximum(x, np.float32(-127))
+        j = np.floor(x)
+        c = ep.coefficients()
+        f = (x - j).astype(np.float32)
+        p = ((c[3] * f + c[2]) * f + c[1]) * f + c[0]
+        return (p * np.exp2(j)).astype(np.float32)
+
+    assert not ch11.check_exp2_poly(truncating)
+    raised = ch11.check_exp2_poly(lambda x: 1 // 0)
+    assert not raised and "ZeroDivisionError" in raised.message
+
+
 def test_figures_draw():
     acc = [[f"T{hl.accumulator_owner(r, c, 128)[0]}" for c in range(16)] for r in range(16)]
     owner = [[hl.accumulator_owner(r, c, 128)[0] for c in range(16)] for r in range(16)]

@@ -655,3 +655,49 @@ def test_w4_claims():
     from flashtut.cuda import configs
 
     assert configs.HOPPER_DEFAULT == "w3" and "`configs.HOPPER_DEFAULT` stays W3" in log
+
+
+def _option_gains(data: str, option: str) -> dict:
+    """{head dim: [% against W3 per case]} for W3 with one build option, at cuda_attention's consumers."""
+    rows = [r for r in results_data.load_results(data)[0] if r.get("tflops")]
+    base = {128: ("hopper-w3", f"hopper-w3[{option}]"), 64: ("hopper-w3[c3]", f"hopper-w3[c3,{option}]")}
+    out = {}
+    for D, (a, b) in base.items():
+        x, y = _ratios(rows, a, "sdpa-flash"), _ratios(rows, b, "sdpa-flash")
+        gains = [100 * (y[k] / x[k] - 1) for k in x if k[1] == D and k in y]
+        if gains:
+            out[D] = gains
+    return out
+
+
+def test_w3_options_claims():
+    """perflog_hopper.md, "W3's build options": every range against W3, recomputed from the two files, and
+    the choice it leads to in configs.HOPPER_OPTIONS."""
+    from flashtut.cuda import configs
+
+    log = _log()
+    span = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%"  # noqa: E731
+    soft = {o: _option_gains("hopper_softmax_h200.json", o) for o in ("poly1", "poly2", "poly3", "tree")}
+    opts = {o: _option_gains("hopper_options_h200.json", o) for o in ("order", "store")}
+    assert all(len(g) == 8 for o in (soft, opts) for d in o.values() for g in d.values())
+    for quoted in (
+            f"1 of 8 by the cubic {span(soft['poly1'][128])} at D = 128 and\n{span(soft['poly1'][64])} at D = 64",
+            f"2 of 8 {span(soft['poly2'][128])} and {span(soft['poly2'][64])}",
+            f"{span(soft['poly3'][64])}; rows as trees {span(soft['tree'][128])} at D = 128",
+            f"and {span(soft['tree'][64])} at D = 64",
+            f"W4's order {span(opts['order'][128])} at D = 128 and {span(opts['order'][64])} at\nD = 64",
+            f"the TMA store **{span(opts['store'][128])} at D = 128**, in all 8 cases, and {span(opts['store'][64])}",
+            f"at D = 128 it is within {span(opts['order'][128])}"):
+        assert quoted.replace("+-", "-").replace("\n", " ") in log, quoted
+    # "every prediction missed in sign": each softmax change lost at D = 64 in every case
+    assert all(max(g[64]) < 0 for g in soft.values())
+    # the choice: the store where it won every case, nothing else anywhere
+    assert min(opts["store"][128]) > 0 and max(opts["store"][64]) < 0
+    assert configs.HOPPER_OPTIONS == {128: {"tma_store": True}, 64: {}}
+    # the ladder table's row for the store, and W3 in the same run
+    rows = [r for r in results_data.load_results("hopper_options_h200.json")[0] if r.get("tflops")]
+    ratio = lambda impl, D: [x for k, x in _ratios(rows, impl, "sdpa-flash").items() if k[1] == D]  # noqa: E731
+    assert (f"| {_span(ratio('hopper-w3[store]', 128))}x | {_span(ratio('hopper-w3[c3,store]', 64))}x "
+            "(three consumers) |") in log
+    assert f"where W3 measured {_span(ratio('hopper-w3', 128))}x and {_span(ratio('hopper-w3[c3]', 64))}x" in log
+    assert '`configs.HOPPER_OPTIONS = {128: {"tma_store": True}}`' in log

@@ -35,9 +35,11 @@ def coefficients() -> np.ndarray:
     return np.array([float(found[str(i)]) for i in range(4)], dtype=np.float32)
 
 
-def _fma32(a, b, c) -> np.ndarray:
-    # a * b of two float32 is exact in float64 (48 significant bits); the sum is rounded once to float64
-    # and once to float32, which differs from one fused rounding only on a tie at float32's precision
+def fma32(a, b, c) -> np.ndarray:
+    """a * b + c rounded once to float32, as the GPU's fused multiply-add does (NumPy has none).
+
+    a * b of two float32 is exact in float64 (48 significant bits); the sum is rounded once to float64
+    and once to float32, which differs from one fused rounding only on a tie at float32's precision."""
     return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.float64(c)).astype(np.float32)
 
 
@@ -47,7 +49,7 @@ def exp2_poly(x) -> np.ndarray:
     t = x + MAGIC                       # round(x) + 1.5 * 2^23, exactly
     f = x - (t - MAGIC)                 # in [-1/2, 1/2], exactly
     c = coefficients()
-    p = _fma32(_fma32(_fma32(np.full_like(f, c[3]), f, c[2]), f, c[1]), f, c[0])
+    p = fma32(fma32(fma32(np.full_like(f, c[3]), f, c[2]), f, c[1]), f, c[0])
     with np.errstate(over="ignore"):
         scale_bits = (t.view(np.uint32) << np.uint32(23)) + np.uint32(127 << 23)   # (round(x) + 127) << 23
     return p * scale_bits.view(np.float32)

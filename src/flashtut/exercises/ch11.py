@@ -68,3 +68,37 @@ def check_register_budget(registers) -> CheckResult:
     S and O accumulators, the P fragments and the running max and sum need."""
     cases = [(d, n) for d in (64, 128) for n in (64, 128)]
     return _check_cases("registers", registers, lambda d, n: sum(hl.w1_register_budget(d, n).values()), cases)
+
+
+def check_exp2_poly(exp2) -> CheckResult:
+    """Check ``exp2(x) -> array``: 2^x for a float32 array ``x <= 0`` computed as ``ft_exp2_poly``
+    (kernels/ft_common.cuh) does, bit for bit: clamp at -127, round by adding 1.5 * 2^23, the cubic
+    :func:`flashtut.cuda.exp2_poly.coefficients` for 2^f, 2^j through the exponent field. Bit for bit,
+    so that ``np.exp2`` (or any other accurate exponential) does not pass: it is a different function,
+    off by up to 7.5e-5 relative. The input must come back unchanged."""
+    import numpy as np
+
+    from ..cuda import exp2_poly as ep
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.array([0.0, -0.5, -1.5, -126.5, -127.0, -300.0, -np.inf], dtype=np.float32),
+                        rng.uniform(-130, 0, 20000).astype(np.float32),
+                        -rng.exponential(1.5, 20000).astype(np.float32)])
+    before = x.copy()
+    try:
+        got = np.asarray(exp2(x))
+    except Exception as exc:  # the reader's code raised: say where, instead of a traceback wall
+        return CheckResult(False, f"✗ exp2 raised {type(exc).__name__}: {exc}", n_total=x.size)
+    if not np.array_equal(x.view(np.uint32), before.view(np.uint32)):
+        return CheckResult(False, "✗ exp2 changed its input array: compute into new arrays", n_total=x.size)
+    if got.shape != x.shape or got.dtype != np.float32:
+        return CheckResult(False, f"✗ exp2 returned {got.dtype} of shape {got.shape}, expected float32 of "
+                                  f"shape {x.shape}", n_total=x.size)
+    want = ep.exp2_poly(x)
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    if bad.size == 0:
+        return CheckResult(True, f"✓ exp2: all {x.size} values match the kernel's bits", n_total=x.size)
+    lines = [f"✗ exp2: {bad.size} of {x.size} values differ from the kernel's"]
+    lines += [f"  exp2({x[i]!r}) = {got[i]!r}, expected {want[i]!r}" for i in bad[:3]]
+    return CheckResult(False, "\n".join(lines), n_bad=int(bad.size), n_total=x.size,
+                       bad_positions=[float(x[i]) for i in bad[:3]])
