@@ -242,7 +242,8 @@ def _ladder_fwd(variant: str):
 
 #: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages, consumers[, build options])
 #: of flashtut.cuda.hopper.forward_hopper; the group ``hopper`` holds those with W2's and W3's ring of
-#: two stages and no further option; the deeper rings (``hopper-w3[s3]``) are named one by one, and W3
+#: two stages, 128-key tiles and no further option; the deeper rings (``hopper-w3[s3]``) and W3's 64-key
+#: tiles (``hopper-w3[c3,n64]``) are named one by one (group ``hopper-ring``), and W3
 #: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
 #: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``)
@@ -250,6 +251,7 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
                 "hopper-w3[s3]": ("w3", 128, True, 3, 2), "hopper-w3[s4]": ("w3", 128, True, 4, 2),
+                "hopper-w3[c3,s3]": ("w3", 128, True, 3, 3), "hopper-w3[c3,n64]": ("w3", 64, True, 2, 3),
                 "hopper-w4": ("w4", 128, True, 2, 2), "hopper-w4[c3]": ("w4", 128, True, 2, 3),
                 **{f"hopper-w3[c3,poly{k}]": ("w3", 128, True, 2, 3, {"exp2_poly": k}) for k in (1, 2, 3)},
                 **{f"hopper-w3[poly{k}]": ("w3", 128, True, 2, 2, {"exp2_poly": k}) for k in (1, 2)},
@@ -299,7 +301,8 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
                 + (", output stored by TMA" if options.get("tma_store") else "")
                 + " (forward only, sm_90)",
                 fwd, None, available=available,
-                group="hopper-ring" if stages != 2 else "hopper-options" if build else "hopper")
+                group=("hopper-ring" if stages != 2 or (variant != "w1" and block_n != 128)
+                       else "hopper-options" if build else "hopper"))
 
 
 def _builtin() -> dict[str, Impl]:
