@@ -159,6 +159,11 @@ PRODUCERS = {
                                  "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3,"
                                  "hopper-w3[c3],hopper-w3[order],hopper-w3[c3,order],hopper-w3[store],"
                                  "hopper-w3[c3,store]' --out book/data/hopper_options_h200.json"),
+    "hopper_c3_tiles_h200.json": ("rung W3 with three consumer warpgroups at D 64 with a ring of 3 K/V stages "
+                                  "(hopper-w3[c3,s3]) and with 64-key tiles (hopper-w3[c3,n64]) against its default "
+                                  "(2 stages, 128-key tiles), SDPA flash and cuDNN, one process, the protocol's 8 "
+                                  "D 64 cases (H200, 2026-12-02 06:23 UTC, commit 2e69e68): both slower",
+                                  "python -m flashtut.bench run --preset hopper --impl \'sdpa-flash,sdpa-cudnn,hopper-w3[c3],hopper-w3[c3,s3],hopper-w3[c3,n64]\' -D 64 --out book/data/hopper_c3_tiles_h200.json"),
     "hopper_ab_h200.json": ("rung W3 with its tensor maps copied from pageable memory, blocking "
                             "(hopper-w3[pageable-maps]), and from pinned memory, not blocking (hopper-w3), "
                             "and SDPA flash, each at do_bench budgets of 5/40 and 25/100 ms, one process, "

@@ -701,3 +701,14 @@ def test_w3_options_claims():
             "(three consumers) |") in log
     assert f"where W3 measured {_span(ratio('hopper-w3', 128))}x and {_span(ratio('hopper-w3[c3]', 64))}x" in log
     assert '`configs.HOPPER_OPTIONS = {128: {"tma_store": True}}`' in log
+
+
+def test_c3_tile_shape_claims():
+    rows = [r for r in results_data.load_results("hopper_c3_tiles_h200.json")[0] if r.get("tflops")]
+    base = _ratios(rows, "hopper-w3[c3]", "sdpa-flash")
+    log = _log()
+    for impl, label in (("hopper-w3[c3,s3]", "3 stages"), ("hopper-w3[c3,n64]", "64-key tiles")):
+        x = _ratios(rows, impl, "sdpa-flash")
+        gains = [100 * (x[k] / base[k] - 1) for k in base]
+        assert len(gains) == 8 and max(gains) < 0
+        assert f"{label} {min(gains):+.1f}% to {max(gains):+.1f}%".replace("+-", "-") in log
