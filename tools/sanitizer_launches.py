@@ -16,7 +16,8 @@ backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel s
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
-output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees)
+output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
+grid with heads first)
 at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed).
 """
 import os
@@ -53,7 +54,8 @@ def w3_options():
         for D in (64, 128):
             q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
-            for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True}):
+            for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
+                            {"heads_first": True}):
                 run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
                 for causal in (False, True, "bottom-right"):
                     forward_hopper(q, k, v, causal=causal, **run)

@@ -74,6 +74,7 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.bfloat16, 128, section_order=True),
     configs.hopper_config("w3", torch.float16, 64, consumers=3, tma_store=True),
     configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, heads_first=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -354,6 +355,7 @@ CONFIG_ERRORS = [
     (("w3", torch.float16, 64), dict(row_tree=1), r"row_tree \(.*\) takes a bool, got 1"),
     (("w4", torch.float16, 64), dict(tma_store=True), r"tma_store is built for variant 'w3' only, got 'w4'"),
     (("w4", torch.float16, 64), dict(section_order=True), r"section_order is built for variant 'w3' only"),
+    (("w4", torch.float16, 64), dict(heads_first=True), r"heads_first is built for variant 'w3' only"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
 
@@ -674,7 +676,8 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"exp2_poly": 2}), ("w3", 2, {"exp2_poly": 3}), ("w4", 3, {"exp2_poly": 8}),
             ("w3", 3, {"row_tree": True}), ("w3", 2, {"row_tree": True}), ("w4", 2, {"exp2_poly": 1, "row_tree": True}),
             ("w3", 3, {"section_order": True}), ("w3", 2, {"section_order": True}),
-            ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True})]
+            ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True}),
+            ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True})]
 
 
 def _options_label(options: dict) -> str:

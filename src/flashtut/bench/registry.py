@@ -260,7 +260,9 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[c3,order]": ("w3", 128, True, 2, 3, {"section_order": True}),
                 "hopper-w3[order]": ("w3", 128, True, 2, 2, {"section_order": True}),
                 "hopper-w3[c3,store]": ("w3", 128, True, 2, 3, {"tma_store": True}),
-                "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True})}
+                "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True}),
+                "hopper-w3[c3,heads]": ("w3", 128, True, 2, 3, {"heads_first": True}),
+                "hopper-w3[heads,store]": ("w3", 128, True, 2, 2, {"heads_first": True, "tma_store": True})}
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
                 "w4": ", TMA, softmax overlapped, persistent blocks"}
@@ -299,6 +301,7 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
                 + (", row maxima and sums as trees of pairs" if options.get("row_tree") else "")
                 + (", causal blocks heaviest first across 8 heads" if options.get("section_order") else "")
                 + (", output stored by TMA" if options.get("tma_store") else "")
+                + (", grid heads first" if options.get("heads_first") else "")
                 + " (forward only, sm_90)",
                 fwd, None, available=available,
                 group=("hopper-ring" if stages != 2 or (variant != "w1" and block_n != 128)

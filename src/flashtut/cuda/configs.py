@@ -510,6 +510,7 @@ class HopperConfig:
     dynamic_smem: int   # bytes
     persistent: bool = False   # a rung of PERSISTENT_RUNGS
     o_map: bool = False        # stores its output with TMA: the launch adds a tensor map of o after K's and V's
+    heads_first: bool = False  # grid (B * H, query blocks) instead of (query blocks, B * H)
 
     @property
     def define_dict(self) -> dict:
@@ -572,6 +573,9 @@ W3_OPTIONS = {
     "section_order": ("W3_SECTION_ORDER", (False, True), ("w3",),
                       "causal: blocks take query blocks heaviest first across sections of 8 heads (W4's order) "
                       "instead of head by head"),
+    "heads_first": ("W3_HEADS_FIRST", (False, True), ("w3",),
+                    "the grid is (heads, query blocks), not (query blocks, heads): blocks start in the order "
+                    "heaviest query block of every head first (causal), at the cost of L2 reuse of K and V"),
     "tma_store": ("W3_TMA_STORE", (False, True), ("w3",),
                   "each consumer warpgroup writes its output tile into its rows of the Q tile and one TMA copy "
                   "stores it, instead of 4-byte stores from registers"),
@@ -629,7 +633,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         d.update(extra)
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
                             128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
-                            variant in PERSISTENT_RUNGS, bool(options.get("tma_store")))
+                            variant in PERSISTENT_RUNGS, bool(options.get("tma_store")),
+                            bool(options.get("heads_first")))
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}

@@ -58,10 +58,13 @@
 #ifndef W3_SECTION_ORDER
 #define W3_SECTION_ORDER 0  // 1: causal blocks in W4's order (section_query_block), not head by head
 #endif
+#ifndef W3_HEADS_FIRST
+#define W3_HEADS_FIRST 0   // 1: grid (heads, query blocks), so that blocks start heaviest first across all heads
+#endif
 #ifndef W3_TMA_STORE
 #define W3_TMA_STORE 0   // 1: the output through shared memory and TMA stores (w3_store_tma), not from registers
 #endif
-#if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE)
+#if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
 #error "W4 has its own order, and refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
 #define W3_PINGPONG (W3_CONSUMERS == 2)
@@ -389,6 +392,12 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     int mb = blockIdx.x, bh = blockIdx.y;
     if (causal) section_query_block(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, 1, mb, bh);
     const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+#elif !W3_PERSISTENT && W3_HEADS_FIRST
+    // the hardware starts blocks about in index order, x fastest: every head's heaviest query block, then
+    // every head's next heaviest ... (causal), the longest work first across the whole grid
+    const int bh = blockIdx.x;
+    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(causal ? (int)(gridDim.y - 1 - blockIdx.y) : (int)blockIdx.y,
+                                                      Nq, Nk, causal, diag_offset);
 #elif !W3_PERSISTENT
     const int bh = blockIdx.y;
     const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
