@@ -68,6 +68,8 @@ HOPPER_OPTIONS_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": _W3,
                           "TMA store": {128: "hopper-w3[store]", 64: "hopper-w3[c3,store]"}}
 HOPPER_C3_TILES_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3, 3 consumers": "hopper-w3[c3]", "3 stages": "hopper-w3[c3,s3]",
                            "64-key tiles": "hopper-w3[c3,n64]"}
+HOPPER_HEADS_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": {128: "hopper-w3[store]", 64: "hopper-w3[c3]"},
+                        "heads first": {128: "hopper-w3[heads,store]", 64: "hopper-w3[c3,heads]"}}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -81,6 +83,7 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_softmax_h200.json", HOPPER_SOFTMAX_COLUMNS, "fwd", None, 16),
     ("perflog_hopper.md", "hopper_options_h200.json", HOPPER_OPTIONS_COLUMNS, "fwd", None, 16),
     ("perflog_hopper.md", "hopper_c3_tiles_h200.json", HOPPER_C3_TILES_COLUMNS, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_heads_h200.json", HOPPER_HEADS_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),

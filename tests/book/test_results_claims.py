@@ -712,3 +712,18 @@ def test_c3_tile_shape_claims():
         gains = [100 * (x[k] / base[k] - 1) for k in base]
         assert len(gains) == 8 and max(gains) < 0
         assert f"{label} {min(gains):+.1f}% to {max(gains):+.1f}%".replace("+-", "-") in log
+
+
+def test_heads_first_claims():
+    rows = [r for r in results_data.load_results("hopper_heads_h200.json")[0] if r.get("tflops")]
+    spans, all_gains = [], []
+    for D, base, impl in ((64, "hopper-w3[c3]", "hopper-w3[c3,heads]"), (128, "hopper-w3[store]", "hopper-w3[heads,store]")):
+        x, y = _ratios(rows, base, "sdpa-flash"), _ratios(rows, impl, "sdpa-flash")
+        gains = [100 * (y[k] / x[k] - 1) for k in x if k[1] == D]
+        assert len(gains) == 8 and max(gains) < 0
+        all_gains.append(gains)
+        spans.append(f"{min(gains):+.1f}% to {max(gains):+.1f}% at D = {D}".replace("+-", "-"))
+    assert f"Heads first: {spans[0]} and {spans[1]}, every case" in _log()
+    worst = min(min(g) for g in all_gains)
+    best = max(max(g) for g in all_gains)
+    assert f"loses by {round(-best)} to {round(-worst)}% in every case" in _chapter_11_text()
