@@ -136,13 +136,12 @@ def test_ratio_summaries_match_the_data(page, data, impls, mode):
 
 def test_issue_13_targets_on_the_committed_protocol():
     # the targets: the mma.sync forward >= 0.95x SDPA flash everywhere, median >= 1.0; the backward >= 0.85x,
-    # median >= 0.9. The medians and the backward's floor hold; the forward's floor is missed in one case of
-    # the run of 2026-12-02 03:31 UTC (0.945, after 0.965 at 01:14 and 0.952 on 2026-12-01), which
-    # perflog_cuda.md states: a re-measurement that misses it elsewhere, or meets it again, fails here
+    # median >= 0.9. All four hold in the run of 2026-12-02 06:11 UTC (the forward's worst case 0.966); the
+    # forward's floor was missed in one case at 03:31 UTC (0.945) and held at 01:14 (0.965) and on 2026-12-01
+    # (0.952), which perflog_cuda.md states: a re-measurement that misses any target fails here
     import statistics
 
     rows, _ = load_results("cuda_protocol_h200.json")
-    missed = {("cuda-mma", "fwd"): {(128, 4096, "bfloat16", False)}}
     ratios = {}
     for impl, mode, floor, median in (("cuda-mma", "fwd", 0.95, 1.0), ("cuda-mma", "bwd", 0.85, 0.9),
                                       ("cuda", "bwd", 0.85, 0.9)):
@@ -152,13 +151,19 @@ def test_issue_13_targets_on_the_committed_protocol():
              for r in rows if r["impl"] == impl and r["mode"] == mode}
         assert len(x) == 16
         assert statistics.median(x.values()) >= median, (impl, mode, sorted(x.values()))
-        assert {k for k, v in x.items() if v < floor} == missed.get((impl, mode), set()), (impl, mode)
-        ratios[impl, mode] = list(x.values())
+        assert {k for k, v in x.items() if v < floor} == set(), (impl, mode)
+        ratios[impl, mode] = x
     fwd = ratios["cuda-mma", "fwd"]
+    d, n, dtype, causal = min(fwd, key=fwd.get)
     text = " ".join((BOOK / "perflog_cuda.md").read_text().split())
-    quoted = f"{min(fwd):.3f} at worst (bfloat16, D = 128, N = 4096, not causal), median {statistics.median(fwd):.3f}"
+    quoted = (f"{min(fwd.values()):.3f} at worst ({dtype}, D = {d}, N = {n}, {'causal' if causal else 'not causal'}), "
+              f"median {statistics.median(fwd.values()):.3f}")
     assert quoted in text, quoted
-    assert f"is missed in that one case, by {100 * (0.95 - min(fwd)) / 0.95:.1f}%" in text
+    assert ("Both of the issue's forward targets hold: the median (1.0 or more) and the floor (at least 0.95 "
+            "everywhere), which no case misses here") in text
+    # the case that missed at 03:31 UTC, as this run has it
+    missed = fwd[(128, 4096, "bfloat16", False)]
+    assert f"The case that missed is at {missed:.3f} here" in text and missed >= 0.95
 
 
 def test_the_pageable_maps_stand_in_for_the_launchs_own():
