@@ -21,7 +21,8 @@
   log-sum-exp ``lse`` (B*H*Nq floats). The forward is chosen by ``configs.choose_forward``: on an
   sm_90 GPU (H100, H200) the Hopper forward with warpgroup MMA (``hopper_launch.run_hopper``, rung
   W3 of chapter 11, ``configs.HOPPER_DEFAULT``, with three consumer warpgroups at D = 64:
-  ``configs.HOPPER_CONSUMERS``) wherever it supports the case, elsewhere the mma.sync ladder's
+  ``configs.HOPPER_CONSUMERS``, and the TMA store of the output at D = 128: ``configs.HOPPER_OPTIONS``)
+  wherever it supports the case, elsewhere the mma.sync ladder's
   fast step (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
   backward is the mma.sync one either way: it needs only ``lse``, which both forwards write.
 
