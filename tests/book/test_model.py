@@ -112,10 +112,16 @@ def test_forward_agrees_across_cpu_backends(gen):
 
 
 def test_training_reduces_the_loss_identically_for_naive_and_sdpa(tokens):
-    batches = m.random_windows(tokens, batch=4, context=32, steps=15, seed=3)
+    # the corpus is the book's own prose, so the windows move whenever the book is edited: the loss of one
+    # batch of 4 x 32 bytes is noisy, so the last five steps' mean is compared, after 30 steps
+    batches = m.random_windows(tokens, batch=4, context=32, steps=30, seed=3)
     curves = {b: m.train(m.GPT(TINY, attention_backend=b, seed=1), batches) for b in ("naive", "sdpa")}
-    assert curves["naive"][-1] < curves["naive"][0] - 1.0, curves["naive"]
-    torch.testing.assert_close(torch.tensor(curves["sdpa"]), torch.tensor(curves["naive"]), atol=1e-4, rtol=1e-4)
+    assert sum(curves["naive"][-5:]) / 5 < curves["naive"][0] - 1.0, curves["naive"]
+    # the same arithmetic up to rounding: the first 15 steps agree to 1e-4; training then amplifies the
+    # last-bit differences of the two backends, so the rest agree to 1e-2
+    sdpa, naive = torch.tensor(curves["sdpa"]), torch.tensor(curves["naive"])
+    torch.testing.assert_close(sdpa[:15], naive[:15], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sdpa, naive, atol=1e-2, rtol=1e-2)
     evaluated = m.evaluate(m.GPT(TINY, seed=1), batches[:2])
     assert abs(evaluated - curves["naive"][0]) < 0.5   # untrained: about log(256) = 5.5 on the same kind of data
 
