@@ -610,7 +610,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
     without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``options``: the
     W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``, ``section_order``,
-    ``tma_store``), each off by default."""
+    ``heads_first``, ``tma_store``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -657,12 +657,11 @@ HOPPER_DEFAULT = "w3"
 #: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
-#: of every 8 exponentials of S, how many its softmax computes on the float32 pipe, per head dim
 #: its further build options per head dim (:data:`W3_OPTIONS`), those measured faster than W3 without them
-#: in the same process (book/data/hopper_options_h200.json): at D = 128 the TMA store of the output
-#: (+0.6 to +5.2% over W3 in the 8 protocol cases); at D = 64 with three consumers it lost in all 8
-#: (-0.6 to -10%), and W4's causal order, the exponentials on the float32 pipe and the row trees lost
-#: at both head dims (hopper_softmax_h200.json)
+#: in every case of the same process (book/data/hopper_options_h200.json): at D = 128 the TMA store of the
+#: output (+0.6 to +5.2% over W3 in the 8 protocol cases); at D = 64 with three consumers it lost in all 8
+#: (-0.6 to -10%); W4's causal order, the exponentials on the float32 pipe, the row trees
+#: (hopper_softmax_h200.json) and the grid with heads first (hopper_heads_h200.json) lost at both head dims
 HOPPER_OPTIONS = {64: {}, 128: {"tma_store": True}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs

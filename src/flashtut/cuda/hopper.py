@@ -74,7 +74,7 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     the GPU's SM count (fewer make each block walk more query blocks, which the tests use).
     ``options``: the W3 family's build options, each off by default (``configs.W3_OPTIONS``):
     ``exp2_poly`` (0 to 8: of every 8 exponentials, how many a cubic computes on the float32 pipe),
-    ``row_tree``, ``section_order`` and ``tma_store`` (bools).
+    ``row_tree``, ``section_order``, ``heads_first`` and ``tma_store`` (bools).
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """

@@ -65,7 +65,7 @@
 #define W3_TMA_STORE 0   // 1: the output through shared memory and TMA stores (w3_store_tma), not from registers
 #endif
 #if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
-#error "W4 has its own order, and refills the Q tile that W3_TMA_STORE writes the output into"
+#error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
 #define W3_PINGPONG (W3_CONSUMERS == 2)
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
@@ -341,7 +341,8 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
 #undef W3_END_TURN
 }
 
-// W3: grid (ceil(Nq / W3_BLOCK_M), B * H), one query block per block. W4 (W3_PERSISTENT): grid (at most
+// W3: grid (ceil(Nq / W3_BLOCK_M), B * H), one query block per block ((B * H, ceil(Nq / W3_BLOCK_M)) with
+// W3_HEADS_FIRST; with W3_TMA_STORE the tensor map of o follows V's). W4 (W3_PERSISTENT): grid (at most
 // the SM count) of blocks that each take query blocks until none is left (B * H heads: n_bh).
 // Block W3_THREADS threads (384, or 512 with three consumers), dynamic shared memory
 // W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
