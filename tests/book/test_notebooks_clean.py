@@ -112,3 +112,15 @@ def test_long_code_lines_flags_a_long_line_and_spares_only_the_setup_cell():
                                          nbformat.v4.new_code_cell("y = 2\n" + wide)])
     assert long_code_lines(nb) == [f"cell 2, line 2 ({len(wide)} chars): {wide}"]
     assert long_code_lines(nb, limit=len(wide)) == []
+
+
+@needs_notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_solutions_are_folded_on_the_page(path):
+    """A reader sees an exercise before its answer: every code cell that starts with "# Solution" carries
+    the ``hide-input`` tag, which the book renders as a folded "Show code cell source"."""
+    nb = nbformat.read(path, as_version=4)
+    open_solutions = [c.get("id") for c in nb.cells if c.cell_type == "code"
+                      and c.source.lstrip().startswith("# Solution")
+                      and "hide-input" not in c.get("metadata", {}).get("tags", [])]
+    assert not open_solutions, f"{path.name}: solution cells shown unfolded: {open_solutions}"
