@@ -22,10 +22,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtut
 from flashtut.cuda.hopper import forward_hopper
+from flashtut.cuda import configs as cf
 
 D = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 q, k, v = (torch.randn(4, 2048 // D, 4096, D, device="cuda", dtype=torch.float16) for _ in range(3))
-wide = 3 if D == 64 else 2
+wide = cf.HOPPER_CONSUMERS[D]    # cuda_attention's consumer warpgroups at this D
 if sys.argv[2:] == ["options"]:
     for causal in (False, True):
         for options in ({}, {"exp2_poly": 1}, {"exp2_poly": 2}, {"exp2_poly": 3}, {"row_tree": True},

@@ -694,15 +694,11 @@ def test_w4_claims():
 
 def _option_gains(data: str, option: str) -> dict:
     """{head dim: [% against W3 per case]} for W3 with one build option, at cuda_attention's consumers."""
-    rows = [r for r in results_data.load_results(data)[0] if r.get("tflops")]
-    base = {128: ("hopper-w3", f"hopper-w3[{option}]"), 64: ("hopper-w3[c3]", f"hopper-w3[c3,{option}]")}
-    out = {}
-    for D, (a, b) in base.items():
-        x, y = _ratios(rows, a, "sdpa-flash"), _ratios(rows, b, "sdpa-flash")
-        gains = [100 * (y[k] / x[k] - 1) for k in x if k[1] == D and k in y]
-        if gains:
-            out[D] = gains
-    return out
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results(data)
+    by_d = gains(rows, {128: f"hopper-w3[{option}]", 64: f"hopper-w3[c3,{option}]"}, {128: "hopper-w3", 64: "hopper-w3[c3]"})
+    return {D: list(g.values()) for D, g in by_d.items()}
 
 
 def test_w3_options_claims():
@@ -739,25 +735,28 @@ def test_w3_options_claims():
 
 
 def test_c3_tile_shape_claims():
-    rows = [r for r in results_data.load_results("hopper_c3_tiles_h200.json")[0] if r.get("tflops")]
-    base = _ratios(rows, "hopper-w3[c3]", "sdpa-flash")
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results("hopper_c3_tiles_h200.json")
     log = _log()
     for impl, label in (("hopper-w3[c3,s3]", "3 stages"), ("hopper-w3[c3,n64]", "64-key tiles")):
-        x = _ratios(rows, impl, "sdpa-flash")
-        gains = [100 * (x[k] / base[k] - 1) for k in base]
-        assert len(gains) == 8 and max(gains) < 0
-        assert f"{label} {min(gains):+.1f}% to {max(gains):+.1f}%".replace("+-", "-") in log
+        g = list(gains(rows, impl, "hopper-w3[c3]")[64].values())
+        assert len(g) == 8 and max(g) < 0
+        assert f"{label} {min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-") in log
 
 
 def test_heads_first_claims():
-    rows = [r for r in results_data.load_results("hopper_heads_h200.json")[0] if r.get("tflops")]
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results("hopper_heads_h200.json")
+    by_d = gains(rows, {64: "hopper-w3[c3,heads]", 128: "hopper-w3[heads,store]"},
+                 {64: "hopper-w3[c3]", 128: "hopper-w3[store]"})
     spans, all_gains = [], []
-    for D, base, impl in ((64, "hopper-w3[c3]", "hopper-w3[c3,heads]"), (128, "hopper-w3[store]", "hopper-w3[heads,store]")):
-        x, y = _ratios(rows, base, "sdpa-flash"), _ratios(rows, impl, "sdpa-flash")
-        gains = [100 * (y[k] / x[k] - 1) for k in x if k[1] == D]
-        assert len(gains) == 8 and max(gains) < 0
-        all_gains.append(gains)
-        spans.append(f"{min(gains):+.1f}% to {max(gains):+.1f}% at D = {D}".replace("+-", "-"))
+    for D in (64, 128):
+        g = list(by_d[D].values())
+        assert len(g) == 8 and max(g) < 0
+        all_gains.append(g)
+        spans.append(f"{min(g):+.1f}% to {max(g):+.1f}% at D = {D}".replace("+-", "-"))
     assert f"Heads first: {spans[0]} and {spans[1]}, every case" in _log()
     worst = min(min(g) for g in all_gains)
     best = max(max(g) for g in all_gains)

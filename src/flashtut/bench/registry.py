@@ -274,7 +274,7 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
     if consumers != 2:
         options["consumers"] = consumers
     options.update(build or {})
-    exp2_poly = options.get("exp2_poly", 0)
+    from ..cuda.configs import W3_OPTIONS   # what each build option does, said once
 
     def fwd(q, k, v, causal, scale):
         from ..cuda.hopper import forward_hopper
@@ -297,11 +297,7 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
                 + ("" if pv_split else ", one 128-column wgmma for P V")
                 + ("" if stages == 2 else f", a ring of {stages} K/V stages")
                 + ("" if consumers == 2 else ", 192-row blocks")
-                + (f", {exp2_poly} of every 8 exponentials by a cubic on the float32 pipe" if exp2_poly else "")
-                + (", row maxima and sums as trees of pairs" if options.get("row_tree") else "")
-                + (", causal blocks heaviest first across 8 heads" if options.get("section_order") else "")
-                + (", output stored by TMA" if options.get("tma_store") else "")
-                + (", grid heads first" if options.get("heads_first") else "")
+                + "".join(f"; {name} = {value}: {W3_OPTIONS[name][3]}" for name, value in (build or {}).items())
                 + " (forward only, sm_90)",
                 fwd, None, available=available,
                 group=("hopper-ring" if stages != 2 or (variant != "w1" and block_n != 128)

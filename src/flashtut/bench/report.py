@@ -193,6 +193,20 @@ def case_table(rows: list[dict], columns: dict, baseline: str = "sdpa-flash",
     return ["D", "N", "dtype", "causal", f"{baseline} TFLOP/s"] + list(columns), body
 
 
+def gains(rows: list[dict], column, base, mode: str = "fwd") -> dict:
+    """How much faster ``column`` ran than ``base`` (each a name, or ``{D: name}`` as in
+    :func:`case_table`), in percent, on every case where both ran:
+    ``{D: {(N, dtype, causal): percent}}`` (a head dim where either names none is left out)."""
+    tf = {(r["impl"], r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+          if r.get("kind", "speed") == "speed" and r.get("mode") == mode and r.get("tflops")}
+    out: dict = {}
+    for (impl, D, N, dtype, causal), t in tf.items():
+        other = tf.get((column_impl(column, D), D, N, dtype, causal))
+        if impl == column_impl(base, D) and other:
+            out.setdefault(D, {})[(N, dtype, causal)] = 100 * (other / t - 1)
+    return out
+
+
 def ratio_summary(rows: list[dict], impls, baseline: str = "sdpa-flash", mode: str = "bwd") -> list[dict]:
     """Per head dim and implementation of ``impls``: the geometric mean, minimum and maximum of
     its TFLOP/s over ``baseline``'s on the same cases, and how many cases:

@@ -509,12 +509,20 @@ class HopperConfig:
     threads: int
     dynamic_smem: int   # bytes
     persistent: bool = False   # a rung of PERSISTENT_RUNGS
-    o_map: bool = False        # stores its output with TMA: the launch adds a tensor map of o after K's and V's
-    heads_first: bool = False  # grid (B * H, query blocks) instead of (query blocks, B * H)
 
     @property
     def define_dict(self) -> dict:
         return dict(self.defines)
+
+    @property
+    def o_map(self) -> bool:
+        """Stores its output with TMA (W3_OPTIONS' tma_store): the launch adds a tensor map of o after V's."""
+        return bool(self.define_dict.get(W3_OPTIONS["tma_store"][0]))
+
+    @property
+    def heads_first(self) -> bool:
+        """Its grid is (B * H, query blocks) instead of (query blocks, B * H) (W3_OPTIONS' heads_first)."""
+        return bool(self.define_dict.get(W3_OPTIONS["heads_first"][0]))
 
 
 def w1_smem_bytes(head_dim: int, block_n: int = 128, block_m: int = 128) -> int:
@@ -633,8 +641,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         d.update(extra)
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
                             128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
-                            variant in PERSISTENT_RUNGS, bool(options.get("tma_store")),
-                            bool(options.get("heads_first")))
+                            variant in PERSISTENT_RUNGS)
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}

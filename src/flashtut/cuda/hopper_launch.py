@@ -76,7 +76,7 @@ def tensor_map_bytes(q, k, v, block_m: int, block_n: int, counter: bool = False,
 def tensor_maps(q, k, v, block_m: int, block_n: int, counter: bool = False, o=None) -> torch.Tensor:
     """:func:`tensor_map_bytes` in a uint8 buffer on their GPU (what W2, W3 and W4 take).
 
-    The 384 bytes (400 for W4, with its counter) travel from pinned memory without blocking: a copy
+    The 384 bytes (400 for W4, with its counter; 512 with the output's map) travel from pinned memory without blocking: a copy
     from pageable memory makes torch wait for the stream to drain, so every call would leave the GPU
     idle while the host prepares the next one (book/perflog_hopper.md measures what that cost).
     torch's pinned-memory allocator keeps the host buffer until the copy has run."""
