@@ -12,7 +12,8 @@ warm-up and timing launches would fill a launch count with the first implementat
     python3 tools/ncu_launches.py 64 options     # the W3 build at this D plain, then with each build option
                                                  # (configs.W3_OPTIONS: 1, 2, 3 of every 8 exponentials on the
                                                  # float32 pipe, rows as trees, W4's causal order, the TMA
-                                                 # store); not causal, then causal
+                                                 # store, and with three consumers their turns); not
+                                                 # causal, then causal
 """
 import sys
 
@@ -30,7 +31,7 @@ wide = cf.HOPPER_CONSUMERS[D]    # cuda_attention's consumer warpgroups at this 
 if sys.argv[2:] == ["options"]:
     for causal in (False, True):
         for options in ({}, {"exp2_poly": 1}, {"exp2_poly": 2}, {"exp2_poly": 3}, {"row_tree": True},
-                        {"section_order": True}, {"tma_store": True}):
+                        {"section_order": True}, {"tma_store": True}, *([{"c3_turns": True}] if wide == 3 else [])):
             forward_hopper(q, k, v, causal=causal, variant="w3", consumers=wide, **options)
     torch.cuda.synchronize()
     print(f"ncu launches done (D = {D}, W3 and its build options)")

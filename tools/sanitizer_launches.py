@@ -17,7 +17,7 @@ over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_
 
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
-grid with heads first)
+grid with heads first, and at D = 64 the turns of three consumers)
 at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed).
 """
 import os
@@ -55,7 +55,7 @@ def w3_options():
             q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
             for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
-                            {"heads_first": True}):
+                            {"heads_first": True}, *([{"c3_turns": True}] if HOPPER_CONSUMERS[D] == 3 else [])):
                 run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
                 for causal in (False, True, "bottom-right"):
                     forward_hopper(q, k, v, causal=causal, **run)

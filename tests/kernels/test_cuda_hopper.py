@@ -75,6 +75,8 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 64, consumers=3, tma_store=True),
     configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True),
     configs.hopper_config("w3", torch.float16, 64, consumers=3, heads_first=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True),
+    configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, tma_store=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -202,7 +204,8 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in text and grant in text
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in text and "SYNCS.ARRIVE.TRANS64" in text  # mbarriers
     if cfg.kernel in W3_KERNELS:
-        check_w3_sass(text, consumers(cfg), consumer_regs(cfg), bool(cfg.define_dict.get("W3_TMA_STORE")))
+        check_w3_sass(text, consumers(cfg), consumer_regs(cfg), bool(cfg.define_dict.get("W3_TMA_STORE")),
+                      consumers(cfg) == 2 or bool(cfg.define_dict.get("W3_C3_TURNS")))
     share = cfg.define_dict.get("FT_EXP2_POLY", 0)
     if share:
         check_exp2_poly_sass(cfg, text, share)
@@ -248,20 +251,23 @@ def longest_fmnmx_chain(text: str) -> int:
     return best
 
 
-def check_w3_sass(text: str, n_consumers: int = 2, grant: int = 240, tma_store: bool = False) -> None:
-    """What makes W3 W3 in its SASS: the turns (two consumers) and the pipelined wait (``tma_store``: and
-    one more named barrier, each warpgroup's before its TMA store, bar.sync on 128 = 0x80 threads)."""
+def check_w3_sass(text: str, n_consumers: int = 2, grant: int = 240, tma_store: bool = False,
+                  turns: bool = True) -> None:
+    """What makes W3 W3 in its SASS: the turns (two consumers, or three with ``c3_turns``) and the pipelined
+    wait (``tma_store``: and one more named barrier, each warpgroup's before its TMA store, bar.sync on
+    128 = 0x80 threads)."""
     if tma_store:
         stores = re.findall(r"BAR\.SYNC(?:\.DEFER_BLOCKING)? R\d+, 0x80 ", text)
         assert len(stores) == 1, stores
         text = re.sub(r"BAR\.SYNC(?:\.DEFER_BLOCKING)? R\d+, 0x80 ", "", text)
-    if n_consumers == 2:
-        # the turns: bar.sync on the warpgroup's own id (a register), bar.arrive on the other's (and
+    if turns:
+        # the turns: bar.sync on the warpgroup's own id (a register), bar.arrive on the next one's (and
         # the first turn, id 1, as an immediate), 256 = 0x100 threads each
         assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100", text), "no named bar.sync"
         assert re.search(r"BAR\.ARV R\d+, 0x100", text) and "BAR.ARV 0x1, 0x100" in text, "no named bar.arrive"
     else:
-        # three consumers take no turns: the only barrier is the __syncthreads before the roles split
+        # three consumers without turns: the only barrier is the __syncthreads before the roles split
+        assert n_consumers == 3
         assert len(re.findall(r"\bBAR\.(SYNC|ARV)", text)) == 1 and "BAR.ARV" not in text, "a named barrier"
     # one wait_group 1 (S_j done, P V in flight) in the loop; wait_group 0 after slot 0, in the loop and
     # after the last P V: ptxas added no wait of its own (a serialised wgmma gets one per instruction)
@@ -356,6 +362,8 @@ CONFIG_ERRORS = [
     (("w4", torch.float16, 64), dict(tma_store=True), r"tma_store is built for variant 'w3' only, got 'w4'"),
     (("w4", torch.float16, 64), dict(section_order=True), r"section_order is built for variant 'w3' only"),
     (("w4", torch.float16, 64), dict(heads_first=True), r"heads_first is built for variant 'w3' only"),
+    (("w4", torch.float16, 64), dict(consumers=3, c3_turns=True), r"c3_turns is built for variant 'w3' only"),
+    (("w3", torch.float16, 64), dict(c3_turns=True), r"c3_turns \(.*\) needs consumers=3; two consumers always take turns, got consumers=2"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
 
@@ -677,7 +685,8 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"row_tree": True}), ("w3", 2, {"row_tree": True}), ("w4", 2, {"exp2_poly": 1, "row_tree": True}),
             ("w3", 3, {"section_order": True}), ("w3", 2, {"section_order": True}),
             ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True}),
-            ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True})]
+            ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True}),
+            ("w3", 3, {"c3_turns": True}), ("w3", 3, {"c3_turns": True, "tma_store": True})]
 
 
 def _options_label(options: dict) -> str:
@@ -718,6 +727,9 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
             run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
                                     stages=stages, consumers=consumers, **options)
             w3 = run(variant="w3")[0] if variant == "w4" else None
+            # the turns only order the issue of the same products: the same bits as without them
+            if options.get("c3_turns"):
+                w3 = run(variant="w3", c3_turns=False)[0]
             for ctas in (W4_CTAS if variant == "w4" else (None,)):
                 o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
                 torch.cuda.synchronize()
@@ -734,7 +746,7 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
                 if not options.get("exp2_poly"):
                     torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
                 if w3 is not None:
-                    assert torch.equal(o, w3), f"{name}: W4 differs from W3"
+                    assert torch.equal(o, w3), f"{name}: differs from W3 built without {_options_label(options)}"
                 print("ok", name, f"error {err:.2e} (PyTorch {t_err:.2e})", flush=True)
 
 

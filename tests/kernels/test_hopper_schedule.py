@@ -45,10 +45,11 @@ def test_random_schedules_differ():
     assert len({tuple(r.picks) for r in runs}) == len(runs)
 
 
-def _failures(**knobs) -> set[str]:
+def _failures(shapes=None, seeds: int = 4, **knobs) -> set[str]:
+    """The distinct ScheduleError messages of every shape (SHAPES by default) under ``knobs``."""
     found = set()
-    for n_tiles, mine in SHAPES:
-        for seed in range(4):
+    for n_tiles, mine in SHAPES if shapes is None else shapes:
+        for seed in range(seeds):
             try:
                 hs.simulate(n_tiles, mine, 2, seed, **knobs)
             except hs.ScheduleError as exc:
@@ -93,7 +94,7 @@ def test_parity_and_argument_checks():
         hs.simulate(2, (2, 2), stages=1)
 
 
-# ------------------------------------------------------------------ three consumers, no ping-pong
+# ------------------------------------------------------------------ three consumers, with and without turns
 #: every block of the W3_CONSUMERS=3 build: tile counts up to 4, each consumer's own count (rows past
 #: Nq: none; a causal block's lower warpgroups: fewer)
 SHAPES3 = [(n, (a, b, c)) for n in range(5) for a in range(n + 1) for b in range(n + 1) for c in range(n + 1)]
@@ -103,14 +104,14 @@ SHAPES3 = [(n, (a, b, c)) for n in range(5) for a in range(n + 1) for b in range
 def test_three_consumers_without_turns_finish_every_shape(stages):
     for n_tiles, mine in SHAPES3:
         for seed in range(4):
-            trace = hs.simulate(n_tiles, mine, stages, seed, pingpong=False)
+            trace = hs.simulate(n_tiles, mine, stages, seed, turns=False)
             assert trace.turns == []                               # no named barrier at all
             for cw in range(3):
                 assert trace.issued[cw] == expected_issue(mine[cw]), (n_tiles, mine, cw)
 
 
 def test_three_consumers_really_interleave():
-    runs = [hs.simulate(4, (4, 4, 4), 2, seed, pingpong=False) for seed in range(6)]
+    runs = [hs.simulate(4, (4, 4, 4), 2, seed, turns=False) for seed in range(6)]
     orders = {tuple(p for p in r.picks if p in (0, 1, 2)) for r in runs}
     assert len(orders) == len(runs)
 
@@ -120,7 +121,7 @@ def test_three_consumers_catch_a_release_before_the_wait():
     for n_tiles, mine in SHAPES3[:60]:
         for seed in range(4):
             try:
-                hs.simulate(n_tiles, mine, 2, seed, pingpong=False, wait_before_release=False)
+                hs.simulate(n_tiles, mine, 2, seed, turns=False, wait_before_release=False)
             except hs.ScheduleError as exc:
                 found.add(str(exc).split(": ", 1)[1])
     assert found and all("while its wgmma still reads it" in m or "starts while a wgmma" in m for m in found)
@@ -130,12 +131,37 @@ def test_without_turns_releasing_skipped_tiles_first_is_harmless():
     # with ping-pong, releasing a consumer's skipped tiles before its idle turns deadlocks (above);
     # without turns nothing waits on them, so the order does not matter
     for n_tiles, mine in SHAPES3[:80]:
-        hs.simulate(n_tiles, mine, 2, 0, pingpong=False, interleave_idle=False)
+        hs.simulate(n_tiles, mine, 2, 0, turns=False, interleave_idle=False)
 
 
-def test_ping_pong_takes_exactly_two_consumers():
-    with pytest.raises(ValueError, match="two consumers"):
-        hs.simulate(3, (3, 3, 3), 2, 0)
+def test_turns_take_two_or_three_consumers():
+    with pytest.raises(ValueError, match="two or three consumers"):
+        hs.simulate(3, (3, 3, 3, 3), 2, 0)
+    with pytest.raises(ValueError, match="two or three consumers"):
+        hs.simulate(3, (3,), 2, 0, turns=False)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_three_consumers_with_turns_go_round(stages):
+    # W3_C3_TURNS: n_tiles + 1 turns each, 0, 1, 2, 0, 1, 2 ..., whatever each consumer's own tile count
+    for n_tiles, mine in SHAPES3:
+        for seed in range(3):
+            trace = hs.simulate(n_tiles, mine, stages, seed)
+            assert trace.turns == [(cw, slot) for slot in range(n_tiles + 1) for cw in (0, 1, 2)], (n_tiles, mine)
+            for cw in range(3):
+                assert trace.issued[cw] == expected_issue(mine[cw]), (n_tiles, mine, cw)
+
+
+def test_the_ring_of_three_catches_each_broken_rule():
+    # no first turn from consumer 2: consumer 0 waits forever, and so the others
+    found = _failures(SHAPES3[::3], 3, prime=False)
+    assert found and all(msg.startswith("deadlock") for msg in found)
+    # consumer 2 gives a turn after its last slot: an arrival left on consumer 0's barrier
+    assert _failures(SHAPES3[::3], 3, final_arrive=True) == {"named barrier 1 is left with arrivals [(2, False)] at exit"}
+    # one barrier for all three: two warpgroups' arrivals complete a generation meant for one
+    found = _failures(SHAPES3[::3], 3, own_barriers=False)
+    assert any("arrives twice on named barrier 1" in m for m in found)
+    assert any("takes the turn while" in m for m in found), found
 
 
 # ------------------------------------------------------------------ W4: one block walks many query blocks
@@ -163,13 +189,13 @@ def _walks(consumers: int, count: int, seed: int) -> list:
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("consumers", [2, 3])
 def test_persistent_blocks_finish_every_walk(stages, consumers):
-    pingpong = consumers == 2
+    turns = consumers == 2   # W4 is built without W3_C3_TURNS: three consumers take no turns
     for walk in _walks(consumers, 60, seed=stages * 10 + consumers):
         for seed in range(3):
-            trace = hs.simulate_persistent(walk, stages, seed, pingpong=pingpong)
+            trace = hs.simulate_persistent(walk, stages, seed, turns=turns)
             slots = sum(n + 1 for n, _ in walk)
             # the turns alternate across query blocks as within one: n_tiles + 1 each per block
-            assert trace.turns == ([(cw, s) for s in range(slots) for cw in (0, 1)] if pingpong else []), walk
+            assert trace.turns == ([(cw, s) for s in range(slots) for cw in (0, 1)] if turns else []), walk
             kv0, want = 0, {cw: [] for cw in range(consumers)}
             for n, mine in walk:
                 for cw in range(consumers):
@@ -203,7 +229,7 @@ def test_q_released_before_its_last_product_finished_is_caught():
 
 def test_persistent_argument_checks():
     with pytest.raises(ValueError, match="same number of consumers"):
-        hs.simulate_persistent([(2, (2, 2)), (2, (2, 2, 2))], pingpong=False)
+        hs.simulate_persistent([(2, (2, 2)), (2, (2, 2, 2))], turns=False)
     with pytest.raises(ValueError, match="at least one"):
         hs.simulate_persistent([])
     with pytest.raises(ValueError, match="my_tiles"):

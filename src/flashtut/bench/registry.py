@@ -18,7 +18,8 @@ rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and pin
 ``hopper-w3``, with three consumer warpgroups at D = 64 ``hopper-w3[c3]``, and rung W4 (W3 with
 persistent blocks) ``hopper-w4`` and ``hopper-w4[c3]``; W3 with k of every 8 exponentials computed
 on the float32 pipe, ``hopper-w3[c3,polyk]`` and ``hopper-w3[polyk]``, W3 with its rows reduced as
-trees (``[tree]``), with W4's causal order (``[order]``) and with its output stored by TMA (``[store]``).
+trees (``[tree]``), with W4's causal order (``[order]``), with its output stored by TMA (``[store]``) and
+with its three consumers taking turns (``[c3,turns]``).
 Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the shapes of :data:`TILE_CHOICES`),
 ``hopper``, ``hopper-options``.
 
@@ -246,7 +247,8 @@ def _ladder_fwd(variant: str):
 #: tiles (``hopper-w3[c3,n64]``) are named one by one (group ``hopper-ring``), and W3
 #: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
-#: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``)
+#: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
+#: three consumers (``[c3,turns]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -262,7 +264,8 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[c3,store]": ("w3", 128, True, 2, 3, {"tma_store": True}),
                 "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True}),
                 "hopper-w3[c3,heads]": ("w3", 128, True, 2, 3, {"heads_first": True}),
-                "hopper-w3[heads,store]": ("w3", 128, True, 2, 2, {"heads_first": True, "tma_store": True})}
+                "hopper-w3[heads,store]": ("w3", 128, True, 2, 2, {"heads_first": True, "tma_store": True}),
+                "hopper-w3[c3,turns]": ("w3", 128, True, 2, 3, {"c3_turns": True})}
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
                 "w4": ", TMA, softmax overlapped, persistent blocks"}

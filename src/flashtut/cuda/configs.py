@@ -587,6 +587,9 @@ W3_OPTIONS = {
     "tma_store": ("W3_TMA_STORE", (False, True), ("w3",),
                   "each consumer warpgroup writes its output tile into its rows of the Q tile and one TMA copy "
                   "stores it, instead of 4-byte stores from registers"),
+    "c3_turns": ("W3_C3_TURNS", (False, True), ("w3",),
+                 "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
+                 "do in ping-pong) instead of issuing whenever ready"),
 }
 
 
@@ -618,7 +621,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
     without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``options``: the
     W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``, ``section_order``,
-    ``heads_first``, ``tma_store``), each off by default."""
+    ``heads_first``, ``tma_store``, ``c3_turns``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -629,6 +632,9 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     check_consumers(variant, consumers, head_dim)
     extra = check_w3_options(variant, options)
+    if options.get("c3_turns") and consumers != 3:
+        raise ValueError(f"c3_turns ({W3_OPTIONS['c3_turns'][3]}) needs consumers=3; two consumers always "
+                         f"take turns, got consumers={consumers}")
     if variant in _TMA_RUNGS:
         source, kernel, prefix, smem = _TMA_RUNGS[variant]
         if not pv_split:

@@ -13,7 +13,8 @@ block can meet. The simulation stops with a :class:`ScheduleError` if
   not complete again: the ABA hazard of a two-valued phase bit);
 * a named barrier's generation receives two arrivals from one warpgroup (its thread count would be
   reached by one side), completes with nobody waiting on it, or is left half counted at exit;
-* both consumers hold the tensor-core turn at once, or the turns do not alternate 0, 1, 0, 1 ...;
+* two consumers hold the tensor-core turn at once, or the turns do not go round 0, 1, 0, 1 ... (0, 1, 2,
+  0 ... with three);
 * a wgmma group reads a stage that does not hold its tile, a TMA copy overwrites a stage that an
   unfinished wgmma group reads, a stage is released before the wgmma reading it finished, or the
   softmax / rescale touches registers that an unfinished group writes or reads.
@@ -26,7 +27,9 @@ threads have arrived; ``bar.arrive`` does not wait, ``bar.sync`` does. A consume
 act together here (the kernel's release barriers count 8 = 2 warpgroups x 4 warps).
 
 The three-consumer build (``W3_CONSUMERS=3``, 192-row blocks at D = 64) runs the same operations with
-no turns: ``simulate(..., pingpong=False)`` with three tile counts, release barriers of 12 arrivals.
+three tile counts and release barriers of 12 arrivals, with no turns (``simulate(..., turns=False)``)
+or, built with ``W3_C3_TURNS``, with turns in a ring: consumer w waits on barrier 1 + w, which the
+consumer before it (2 before 0) completes with its ``bar.arrive``.
 
 Rung W4 (``kernels/fwd_w4_persistent.cu``) runs W3's operations for a sequence of query blocks in one
 block: :func:`simulate_persistent`. The ring's tile count carries on across query blocks (tile g in
@@ -38,8 +41,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-#: named barrier ids of the two consumers' turns (0 is __syncthreads')
-TURN = (1, 2)
+#: named barrier ids of the consumers' turns (0 is __syncthreads')
+TURN = (1, 2, 3)
 #: warps per consumer warpgroup: its arrivals on a release barrier
 WARPS = 4
 
@@ -99,17 +102,18 @@ def persistent_producer_ops(blocks, stages: int):
     yield ("arrive", "q_full", 1)
 
 
-def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, **knobs):
+def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, consumers: int = 2, **knobs):
     """Consumer warpgroup ``cw`` of ``flash_fwd_w3`` with ``my_tiles`` of the block's ``n_tiles``.
 
-    ``pingpong``: the two-consumer build, whose consumers take turns on named barriers (``cw`` 0 or
-    1); without it (``W3_CONSUMERS=3``) the same operations run with no turn taken or given.
+    ``consumers``: how many there are (2, or 3 for ``W3_CONSUMERS=3``). ``turns``: they take turns on
+    named barriers in a ring (always with two: ping-pong; with three: ``W3_C3_TURNS``); without it the
+    same operations run with no turn taken or given.
     The other keywords break one rule each, for the tests that show the simulation catches it: ``prime``
-    (consumer 1 gives consumer 0 its first turn), ``final_arrive`` (consumer 1 also gives a turn after
-    its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before the idle
-    turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait before a
-    stage is released)."""
-    yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, **knobs)
+    (the last consumer gives consumer 0 its first turn), ``final_arrive`` (the last consumer also gives a
+    turn after its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before
+    the idle turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait
+    before a stage is released)."""
+    yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, consumers, **knobs)
 
 
 def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", **knobs):
@@ -118,27 +122,29 @@ def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "afte
     ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait)."""
     kv0 = 0
     for it, (n_tiles, my_tiles) in enumerate(blocks):
-        yield from _consumer_block(cw, n_tiles, my_tiles[cw], stages, kv0, it, True, q_release=q_release, **knobs)
+        yield from _consumer_block(cw, n_tiles, my_tiles[cw], stages, kv0, it, True, len(my_tiles),
+                                   q_release=q_release, **knobs)
         kv0 += n_tiles
     yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
 
 
-def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool, *,
-                    pingpong: bool = True, prime: bool = True, final_arrive: bool = False,
+def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool,
+                    consumers: int = 2, *, turns: bool = True, prime: bool = True, final_arrive: bool = False,
                     interleave_idle: bool = True, own_barriers: bool = True, wait_before_release: bool = True,
                     q_release: str = "after_last_s"):
-    mine, other = (TURN[cw], TURN[1 - cw]) if own_barriers and pingpong else (TURN[0], TURN[0])
+    last = consumers - 1
+    mine, nxt = (TURN[cw], TURN[(cw + 1) % consumers]) if own_barriers else (TURN[0], TURN[0])
 
     def end_turn(slot):
-        if not pingpong:
+        if not turns:
             return
-        if cw == 0 or slot < n_tiles or final_arrive:
-            yield ("bar_arrive", other)
+        if cw != last or slot < n_tiles or final_arrive:
+            yield ("bar_arrive", nxt)
         else:
             yield ("end_turn",)
 
     def turn():
-        if pingpong:
+        if turns:
             yield ("sync", mine)
 
     def stage(j):   # the ring stage of the query block's tile j
@@ -155,7 +161,7 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
         if persistent and q_release == when:
             yield ("arrive", "q_empty", WARPS)
 
-    if cw == 1 and prime and pingpong:
+    if cw == last and prime and turns:
         yield ("bar_arrive", TURN[0])
     yield ("wait", "q_full", it & 1, it)
     if my_tiles > 0:
@@ -248,9 +254,10 @@ class Trace:
 
 def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int = 0, **knobs) -> Trace:
     """One run of ``flash_fwd_w3``'s block with the consumers' tile counts ``my_tiles`` (one per consumer:
-    two with ping-pong, three with ``pingpong=False``, the ``W3_CONSUMERS=3`` build), the next process
-    picked at random (``seed``); ``knobs`` go to :func:`consumer_ops`. Raises :class:`ScheduleError`."""
-    _check_block(n_tiles, my_tiles, stages, knobs.get("pingpong", True))
+    two, or three for the ``W3_CONSUMERS=3`` build), the next process picked at random (``seed``);
+    ``knobs`` go to :func:`consumer_ops` (``turns=False``: the three-consumer build without turns).
+    Raises :class:`ScheduleError`."""
+    _check_block(n_tiles, my_tiles, stages)
     return _simulate([(n_tiles, tuple(my_tiles))], stages, seed, False, knobs)
 
 
@@ -262,18 +269,18 @@ def simulate_persistent(blocks, stages: int = 2, seed: int = 0, **knobs) -> Trac
     if not blocks or len({len(mine) for _, mine in blocks}) != 1:
         raise ValueError(f"need at least one query block, each with the same number of consumers, got {blocks}")
     for n_tiles, mine in blocks:
-        _check_block(n_tiles, mine, stages, knobs.get("pingpong", True))
+        _check_block(n_tiles, mine, stages)
     return _simulate(blocks, stages, seed, True, knobs)
 
 
-def _check_block(n_tiles, my_tiles, stages, pingpong):
-    if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2 or (pingpong and len(my_tiles) != 2):
-        raise ValueError(f"need 0 <= my_tiles <= n_tiles, stages >= 2 and two consumers with ping-pong, "
+def _check_block(n_tiles, my_tiles, stages):
+    if not all(0 <= t <= n_tiles for t in my_tiles) or stages < 2 or len(my_tiles) not in (2, 3):
+        raise ValueError(f"need 0 <= my_tiles <= n_tiles, stages >= 2 and two or three consumers, "
                          f"got {my_tiles}, {n_tiles}, {stages}")
 
 
 def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> Trace:
-    pingpong = knobs.get("pingpong", True)
+    turns = knobs.get("turns", True)
     n_tiles, my_tiles = blocks[0]
     consumers = range(len(my_tiles))
     rng = random.Random(seed)
@@ -293,7 +300,7 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
     else:
         procs = {"producer": producer_ops(n_tiles, stages)}
         for cw in consumers:
-            procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, **knobs)
+            procs[cw] = consumer_ops(cw, n_tiles, my_tiles[cw], stages, len(my_tiles), **knobs)
     nxt = {name: next(gen, None) for name, gen in procs.items()}
     buffers = {}                                  # buf -> (tile, landed)
     in_flight = []                                # copies: (bar, buf, tile)
@@ -323,8 +330,9 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
             named[bid] = _Named()
 
     def take_turn(cw):
-        if in_turn[1 - cw]:
-            fail(f"consumer {cw} takes the turn while consumer {1 - cw} holds it")
+        for other in consumers:
+            if other != cw and in_turn[other]:
+                fail(f"consumer {cw} takes the turn while consumer {other} holds it")
         in_turn[cw] = True
         turns.append((cw, sum(1 for c, _ in turns if c == cw)))
 
@@ -368,7 +376,7 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         elif kind == "end_turn":
             in_turn[name] = False
         elif kind == "issue":
-            if pingpong and not in_turn[name]:
+            if turns and not in_turn[name]:
                 fail(f"consumer {name} issues {op[1]} outside its turn")
             for buf, tile in op[2]:
                 if buffers.get(buf) != (tile, True):

@@ -40,11 +40,15 @@
 // masked tails for any Nq and Nk, o = 0 and lse = -inf for a row that sees no key, the launch interface.
 //
 // W3_CONSUMERS = 3 (the D = 64 variant, FlashAttention-3's choice at head dim 64): three consumer
-// warpgroups of 64 rows, 192-row blocks, 512 threads, setmaxnreg 24 / 160, and no ping-pong: with three
-// warpgroups on the tensor cores each one's softmax already runs under the others' products, and a turn
-// order among three would add a named-barrier round per slot. Each keeps the intra-warpgroup pipelining.
+// warpgroups of 64 rows, 192-row blocks, 512 threads, setmaxnreg 24 / 160. Each keeps the
+// intra-warpgroup pipelining. By default they take no turns: with three warpgroups on the tensor cores
+// each one's softmax may already run under the others' products. W3_C3_TURNS = 1 makes them take turns in
+// a ring, 0, 1, 2, 0 ... (barrier W3_BAR_TURN0 + w, 256 threads: warpgroup w's bar.sync and its
+// predecessor's bar.arrive), so that the three softmaxes are staggered by the order of the products
+// rather than left to fall into step: at D = 64 a tile's exponentials take the special-function unit
+// as long as its two products take the tensor cores (book/perflog_hopper.md).
 #ifndef W3_CONSUMERS
-#define W3_CONSUMERS 2  // consumer warpgroups: 2 (ping-pong) or 3 (no turns)
+#define W3_CONSUMERS 2  // consumer warpgroups: 2 (ping-pong) or 3 (no turns unless W3_C3_TURNS)
 #endif
 #if W3_CONSUMERS != 2 && W3_CONSUMERS != 3
 #error "W3_CONSUMERS must be 2 or 3"
@@ -64,10 +68,16 @@
 #ifndef W3_TMA_STORE
 #define W3_TMA_STORE 0   // 1: the output through shared memory and TMA stores (w3_store_tma), not from registers
 #endif
+#ifndef W3_C3_TURNS
+#define W3_C3_TURNS 0    // 1: three consumers take turns in a ring (W3_CONSUMERS = 3 only)
+#endif
+#if W3_C3_TURNS && W3_CONSUMERS != 3
+#error "W3_C3_TURNS is the turn ring of three consumers; two always take turns (ping-pong)"
+#endif
 #if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
 #error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
-#define W3_PINGPONG (W3_CONSUMERS == 2)
+#define W3_TURNS (W3_CONSUMERS == 2 || W3_C3_TURNS)   // the consumers take turns to issue their wgmma
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
 
@@ -85,21 +95,22 @@
 #define W3_Q_BYTES (W3_BLOCK_M * HEAD_DIM * 2)
 #define W3_KV_BYTES (W3_BLOCK_N * HEAD_DIM * 2)
 #define W3_CONSUMER_WARPS (4 * W3_CONSUMERS)   // arrivals that release a K or V stage: every consumer warp once
-// Named barriers: 0 is __syncthreads' (all the block's threads, once, before the roles split); 1 and 2 are the
-// turns of consumer warpgroups 0 and 1. Each counts 256 threads: the 128 of the warpgroup that waits
-// (bar.sync) and the 128 of the one that lets it go (bar.arrive), so it completes only when both did.
+// Named barriers: 0 is __syncthreads' (all the block's threads, once, before the roles split); 1 and 2 (and 3
+// with W3_C3_TURNS) are the turns of consumer warpgroups 0 and 1 (and 2). Each counts 256 threads: the 128
+// of the warpgroup that waits (bar.sync) and the 128 of the one that lets it go (bar.arrive), so it
+// completes only when both did.
 #define W3_BAR_TURN0 1
 #define W3_TURN_THREADS 256
 
 // The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
 // barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
 __device__ __forceinline__ void named_bar_sync(int id) {
-#if FT_SM90A && W3_PINGPONG
+#if FT_SM90A && W3_TURNS
     asm volatile("bar.sync %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
 __device__ __forceinline__ void named_bar_arrive(int id) {
-#if FT_SM90A && W3_PINGPONG
+#if FT_SM90A && W3_TURNS
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
@@ -161,7 +172,7 @@ __device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned 
 // the tensor map's bounds clip them. Ordering: each thread's shared-memory writes are made visible to the
 // TMA unit (the async proxy) by fence.proxy.async before the warpgroup's named barrier, and the thread that
 // issued the copies waits until they have read shared memory (wait_group.read) before the block may end.
-#define W3_STORE_BAR0 3   // named barriers 3, 4 (and 5): one per consumer warpgroup, 128 threads; 0-2 are taken
+#define W3_STORE_BAR0 (W3_BAR_TURN0 + W3_CONSUMERS)   // one per consumer warpgroup, 128 threads, after the turns'
 __device__ __forceinline__ void w3_store_tma(const unsigned char* tmaps, const float* acc, const float (&m)[2],
                                              const float (&l)[2], float* lse, unsigned q_s, int cw, int wg_row0,
                                              int bh, int Nq, int r0, int t, float scale_log2) {
@@ -203,10 +214,12 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
-#if W3_PINGPONG
+#if W3_CONSUMERS == 2
     const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
+#elif W3_TURNS
+    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + (cw == 2 ? 0 : cw + 1);   // the next
 #else
-    const int my_turn = 0;   // named_bar_sync(my_turn) compiles to nothing without ping-pong
+    const int my_turn = 0;   // named_bar_sync(my_turn) compiles to nothing without turns
     (void)cw;
 #endif
 
@@ -216,19 +229,22 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     if (wg_row0 < Nq) my_end = causal ? min(Nk, max(0, min(wg_row0 + 64, Nq) + diag_offset)) : Nk;
     const int my_tiles = min(n_tiles, (my_end + W3_BLOCK_N - 1) / W3_BLOCK_N);
 
-    // Both consumers take the same n_tiles + 1 turns, whatever their own tile counts: slot j of consumer 0,
-    // then slot j of consumer 1, then slot j + 1 of consumer 0 ... A warpgroup with fewer tiles spends its
-    // remaining turns idle rather than leaving, because a named barrier counts arrivals, not who made them:
-    // had one warpgroup arrived twice on the other's barrier in a row, the 256 would be reached by one side.
-    // Consumer 0 issues first: consumer 1 gives it its first turn here. Consumer 1 does not give a turn
+    // Every consumer takes the same n_tiles + 1 turns, whatever its own tile count: slot j of consumer 0,
+    // then slot j of consumer 1 (and 2), then slot j + 1 of consumer 0 ... A warpgroup with fewer tiles
+    // spends its remaining turns idle rather than leaving, because a named barrier counts arrivals, not who
+    // made them: had one warpgroup arrived twice on the next one's barrier in a row, the 256 would be reached
+    // by one side. Consumer 0 issues first: the last consumer gives it its first turn here, and gives none
     // after its last slot (n_tiles): consumer 0 has no slot n_tiles + 1 to take it, and an arrival left on
     // the barrier would be a half-counted generation at exit (W4: at the next query block, whose first
-    // turn consumer 1 gives here again, so the turns alternate across blocks too).
-    // Without ping-pong (three consumers) the turns compile to nothing: named_bar_sync and
+    // turn the last consumer gives here again, so the turns go round across blocks too).
+    // Without turns (three consumers, W3_C3_TURNS = 0) they compile to nothing: named_bar_sync and
     // named_bar_arrive are empty and W3_END_TURN gives no turn.
-#if W3_PINGPONG
+#if W3_CONSUMERS == 2
     if (cw == 1) named_bar_arrive(W3_BAR_TURN0);
 #define W3_END_TURN(slot) do { if (cw == 0 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+#elif W3_TURNS
+    if (cw == 2) named_bar_arrive(W3_BAR_TURN0);
+#define W3_END_TURN(slot) do { if (cw != 2 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
 #else
 #define W3_END_TURN(slot) do { } while (0)
 #endif
