@@ -10,7 +10,9 @@ stage() { echo "== $1 $(date -u +%H:%M:%S)" | tee -a "$LOG"; }
 machine_info() {
     { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
       python3 -c 'import sys, torch, triton, cupy; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, "cupy", cupy.__version__)'
-      git log -1 --format='commit %H' 2>/dev/null; } >> "$LOG" 2>&1
+      # the device's copy of the tree may carry a stale .git: the commit the caller names comes first
+      if [ -n "${FLASHTUT_SOURCE_COMMIT:-}" ]; then echo "commit $FLASHTUT_SOURCE_COMMIT (FLASHTUT_SOURCE_COMMIT)"
+      else git log -1 --format='commit %H (git)' 2>/dev/null; fi; } >> "$LOG" 2>&1
 }
 
 # pytest's worker option where pytest-xdist is installed (8 workers), else nothing

@@ -18,7 +18,8 @@ over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
 grid with heads first, and at D = 64 the turns of three consumers)
-at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed).
+at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option names
+after it (``--w3-options c3_turns``) keep only those options.
 """
 import os
 import sys
@@ -46,9 +47,13 @@ def new_dims():
     print("sanitizer launches (new head dims) done")
 
 
-def w3_options():
-    from flashtut.cuda.configs import HOPPER_CONSUMERS
+def w3_options(only=()):
+    from flashtut.cuda.configs import HOPPER_CONSUMERS, W3_OPTIONS
     from flashtut.cuda.hopper import forward_hopper
+
+    unknown = set(only) - set(W3_OPTIONS)
+    if unknown:
+        sys.exit(f"unknown W3 option(s) {sorted(unknown)}; accepted: {', '.join(W3_OPTIONS)}")
 
     for dtype in (torch.float16, torch.bfloat16):
         for D in (64, 128):
@@ -56,6 +61,8 @@ def w3_options():
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
             for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
                             {"heads_first": True}, *([{"c3_turns": True}] if HOPPER_CONSUMERS[D] == 3 else [])):
+                if only and not set(options) & set(only):
+                    continue
                 run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
                 for causal in (False, True, "bottom-right"):
                     forward_hopper(q, k, v, causal=causal, **run)
@@ -69,7 +76,7 @@ if "--dims" in sys.argv[1:]:
     new_dims()
     sys.exit(0)
 if "--w3-options" in sys.argv[1:]:
-    w3_options()
+    w3_options(sys.argv[sys.argv.index("--w3-options") + 1:])
     sys.exit(0)
 
 for D in (64, 128):

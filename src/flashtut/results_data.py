@@ -164,6 +164,11 @@ PRODUCERS = {
                                   "(2 stages, 128-key tiles), SDPA flash and cuDNN, one process, the protocol's 8 "
                                   "D 64 cases (H200, 2026-12-02 06:23 UTC, commit 2e69e68): both slower",
                                   "python -m flashtut.bench run --preset hopper --impl \'sdpa-flash,sdpa-cudnn,hopper-w3[c3],hopper-w3[c3,s3],hopper-w3[c3,n64]\' -D 64 --out book/data/hopper_c3_tiles_h200.json"),
+    "hopper_turns_h200.json": ("the three-consumer W3 build at D 64 with its consumers taking turns in a ring "
+                               "(hopper-w3[c3,turns]) against the same without (hopper-w3[c3]), SDPA flash and "
+                               "cuDNN, the protocol's 8 cases at D 64 (H200, 2026-12-02 08:37 UTC, commit "
+                               "acfba6a): the turns faster in every case",
+                               "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3],hopper-w3[c3,turns]' -D 64 --out book/data/hopper_turns_h200.json"),
     "hopper_heads_h200.json": ("cuda_attention's W3 builds (three consumers at D 64, the TMA store at D 128) against "
                                "the same with the grid as (heads, query blocks) (hopper-w3[c3,heads], "
                                "hopper-w3[heads,store]), SDPA flash and cuDNN, the protocol's 16 cases (H200, "

@@ -77,6 +77,7 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 64, consumers=3, heads_first=True),
     configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True),
     configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, tma_store=True),
+    configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -362,7 +363,7 @@ CONFIG_ERRORS = [
     (("w4", torch.float16, 64), dict(tma_store=True), r"tma_store is built for variant 'w3' only, got 'w4'"),
     (("w4", torch.float16, 64), dict(section_order=True), r"section_order is built for variant 'w3' only"),
     (("w4", torch.float16, 64), dict(heads_first=True), r"heads_first is built for variant 'w3' only"),
-    (("w4", torch.float16, 64), dict(consumers=3, c3_turns=True), r"c3_turns is built for variant 'w3' only"),
+    (("w2", torch.float16, 64), dict(c3_turns=True), r"c3_turns is built for variant 'w3' or 'w4' only"),
     (("w3", torch.float16, 64), dict(c3_turns=True), r"c3_turns \(.*\) needs consumers=3; two consumers always take turns, got consumers=2"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
@@ -686,7 +687,8 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"section_order": True}), ("w3", 2, {"section_order": True}),
             ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True}),
             ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True}),
-            ("w3", 3, {"c3_turns": True}), ("w3", 3, {"c3_turns": True, "tma_store": True})]
+            ("w3", 3, {"c3_turns": True}), ("w3", 3, {"c3_turns": True, "tma_store": True}),
+            ("w4", 3, {"c3_turns": True})]
 
 
 def _options_label(options: dict) -> str:
@@ -808,17 +810,19 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
     from flashtut.bench.report import gains
 
     chosen = {D: set() for D in configs.HOPPER_HEAD_DIMS}
-    for name, options in (("hopper_softmax_h200.json", ("poly1", "poly2", "tree")),
-                          ("hopper_options_h200.json", ("order", "store"))):
+    for name, options, dims in (("hopper_softmax_h200.json", ("poly1", "poly2", "tree"), (64, 128)),
+                                ("hopper_options_h200.json", ("order", "store"), (64, 128)),
+                                ("hopper_turns_h200.json", ("turns",), (64,))):
         rows, _ = results_data.load_results(name)
-        for D, base in default_impl.items():
+        for D, base in ((D, default_impl[D]) for D in dims):
             for option in options:
                 impl = base[:-1] + f",{option}]" if base.endswith("]") else f"{base}[{option}]"
                 by_case = gains(rows, impl, base)[D]
                 assert len(by_case) == 8, (name, impl)
                 if min(by_case.values()) > 0:
                     chosen[D].add(option)
-    spelled = {"exp2_poly": "poly", "row_tree": "tree", "section_order": "order", "tma_store": "store"}
+    spelled = {"exp2_poly": "poly", "row_tree": "tree", "section_order": "order", "tma_store": "store",
+               "c3_turns": "turns"}
     assert chosen == {D: {spelled[k] for k in configs.HOPPER_OPTIONS[D]} for D in chosen}
     rows, _ = results_data.load_results("hopper_h200.json")
     cases = {}

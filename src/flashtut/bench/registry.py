@@ -265,7 +265,12 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True}),
                 "hopper-w3[c3,heads]": ("w3", 128, True, 2, 3, {"heads_first": True}),
                 "hopper-w3[heads,store]": ("w3", 128, True, 2, 2, {"heads_first": True, "tma_store": True}),
-                "hopper-w3[c3,turns]": ("w3", 128, True, 2, 3, {"c3_turns": True})}
+                "hopper-w3[c3,turns]": ("w3", 128, True, 2, 3, {"c3_turns": True}),
+                # the losing options again, on top of the turns (which change how the pipes overlap)
+                "hopper-w3[c3,turns,store]": ("w3", 128, True, 2, 3, {"c3_turns": True, "tma_store": True}),
+                "hopper-w3[c3,turns,tree]": ("w3", 128, True, 2, 3, {"c3_turns": True, "row_tree": True}),
+                "hopper-w3[c3,turns,poly1]": ("w3", 128, True, 2, 3, {"c3_turns": True, "exp2_poly": 1}),
+                "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True})}
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
                 "w4": ", TMA, softmax overlapped, persistent blocks"}

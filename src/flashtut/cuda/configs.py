@@ -587,7 +587,7 @@ W3_OPTIONS = {
     "tma_store": ("W3_TMA_STORE", (False, True), ("w3",),
                   "each consumer warpgroup writes its output tile into its rows of the Q tile and one TMA copy "
                   "stores it, instead of 4-byte stores from registers"),
-    "c3_turns": ("W3_C3_TURNS", (False, True), ("w3",),
+    "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),
 }
@@ -671,11 +671,12 @@ HOPPER_DEFAULT = "w3"
 #: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: its further build options per head dim (:data:`W3_OPTIONS`), those measured faster than W3 without them
-#: in every case of the same process (book/data/hopper_options_h200.json): at D = 128 the TMA store of the
-#: output (+0.6 to +5.2% over W3 in the 8 protocol cases); at D = 64 with three consumers it lost in all 8
-#: (-0.6 to -10%); W4's causal order, the exponentials on the float32 pipe, the row trees
-#: (hopper_softmax_h200.json) and the grid with heads first (hopper_heads_h200.json) lost at both head dims
-HOPPER_OPTIONS = {64: {}, 128: {"tma_store": True}}
+#: in every case of the same process: at D = 128 the TMA store of the output (+0.6 to +5.2% over W3 in the
+#: 8 protocol cases, book/data/hopper_options_h200.json; at D = 64 with three consumers it lost in all 8,
+#: -0.6 to -10%); at D = 64 the three consumers' turns (+1.0 to +7.7%, hopper_turns_h200.json); W4's
+#: causal order, the exponentials on the float32 pipe, the row trees (hopper_softmax_h200.json) and the
+#: grid with heads first (hopper_heads_h200.json) lost at both head dims
+HOPPER_OPTIONS = {64: {"c3_turns": True}, 128: {"tma_store": True}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {

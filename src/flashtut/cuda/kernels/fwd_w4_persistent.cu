@@ -12,8 +12,8 @@
 // consumer warp has issued its last Q K^T of the current one (a q_empty mbarrier, the one new barrier),
 // and its K/V tiles into the ring as stages free up, while the consumers finish. The ring's stage and
 // phase count on across query blocks (tile g of the block's whole K/V stream sits in stage g % S), and
-// the ping-pong turns continue in the same alternation (consumer 1 gives consumer 0 the first turn of
-// every query block, and none after its last slot).
+// the turns continue in the same order (the last consumer gives consumer 0 the first turn of every query
+// block, and none after its last slot): ping-pong with two consumers, the ring with three and W3_C3_TURNS.
 //
 // The order of the query blocks is static: causal, the heaviest (last) query block of every head first,
 // then the next heaviest, so that the last blocks to start are the shortest; otherwise a head's blocks in
