@@ -60,7 +60,9 @@ def w3_options(only=()):
             q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
             for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
-                            {"heads_first": True}, *([{"c3_turns": True}] if HOPPER_CONSUMERS[D] == 3 else [])):
+                            {"heads_first": True},
+                            *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True}] if HOPPER_CONSUMERS[D] == 3
+                              else [])):
                 if only and not set(options) & set(only):
                     continue
                 run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
