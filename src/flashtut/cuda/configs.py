@@ -676,7 +676,7 @@ HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: -0.6 to -10%); at D = 64 the three consumers' turns (+1.0 to +7.7%, hopper_turns_h200.json); W4's
 #: causal order, the exponentials on the float32 pipe, the row trees (hopper_softmax_h200.json) and the
 #: grid with heads first (hopper_heads_h200.json) lost at both head dims
-HOPPER_OPTIONS = {64: {"c3_turns": True, "tma_store": True}, 128: {"tma_store": True}}
+HOPPER_OPTIONS = {64: {"c3_turns": True}, 128: {"tma_store": True}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {
