@@ -8,13 +8,14 @@
 #   bench      python -m flashtut.bench run --preset hopper: the Hopper rungs against SDPA flash and
 #              cuDNN and the fast mma.sync CUDA kernel (cuda-mma) in one process (QUICK=1: N 4096, float16 only)
 #   ncu        Nsight Compute on one launch each of W1 to W4, the mma.sync CUDA forward and SDPA flash at
-#              N = 4096, D = 128 and 64 (tools/ncu_launches.py): the sections (speed of light, warp states,
-#              occupancy), then the tensor-pipe, wgmma and stall metrics by name
+#              N = 4096, D = 128 and 64 (python -m flashtut.bench profile, NCU_SETS=ladder; 'options': W3 with
+#              each build option): the sections (speed of light, warp states, occupancy), then the tensor-pipe,
+#              wgmma, pipe and stall metrics by name, as ncu_profile.json
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck of tools/sanitizer_launches.py
 #              (which launches every Hopper build on an sm_90 GPU; the TMA rungs only when the tests stage passed,
 #              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 / _W4=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
-# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_MODE=options] [NCU_DIMS="128 64"] bash tools/gpu_hopper.sh
+# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_SETS=ladder,options] [NCU_DIMS="128 64"] bash tools/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
 # run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
 # benchmark, 9 s of ncu sections and 5 s of memcheck, so the whole script fits one 600-second call.
@@ -28,7 +29,7 @@ OUT=$(mktemp -d)
 STAGES=" ${STAGES:-tests sass bench ncu sanitizer} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 pack() {
-    cp "$LOG" "$FINAL/run.log"; cp "$OUT/hopper_h200.json" "$FINAL/" 2>/dev/null
+    cp "$LOG" "$FINAL/run.log"; cp "$OUT/hopper_h200.json" "$OUT/ncu_profile.json" "$FINAL/" 2>/dev/null
     tar czf "$FINAL/hopper_run.tgz" -C "$OUT" . 2>/dev/null
 }
 trap pack EXIT
@@ -102,40 +103,22 @@ fi
 
 if want ncu && command -v ncu > /dev/null; then
     stage ncu
-    # one launch of each kernel (tools/ncu_launches.py) per head dim: SDPA flash, the mma.sync forward,
-    # W1, W2, W3; the sections first, then the ladder table's columns by name: tensor-pipe activity (wgmma
-    # counts under hmma_hgmma_qgmma), instructions per pipe, bank conflicts of wgmma's shared-memory
-    # reads, stall reasons per issue
-    METRICS=sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
-    METRICS=$METRICS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
-    METRICS=$METRICS,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__inst_executed_pipe_tensor_op_hmma.sum
-    METRICS=$METRICS,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum,gpu__time_duration.sum
-    METRICS=$METRICS,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
-    for reason in gmma barrier long_scoreboard math_pipe_throttle wait short_scoreboard; do
-        METRICS=$METRICS,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
-    done
-    # the special-function unit (xu: MUFU.EX2) against the float32 pipe (fma) and the issue slots
-    for pipe in xu fma alu; do METRICS=$METRICS,sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active; done
-    METRICS=$METRICS,sm__issue_active.avg.pct_of_peak_sustained_active
-    for D in ${NCU_DIMS:-128 64}; do
-        # NCU_MODE=options: the W3 build of each D plain and with each build option (tools/ncu_launches.py)
-        python3 tools/ncu_launches.py $D ${NCU_MODE:-} > /dev/null 2>&1
+    # each set of launches (flashtut.bench.profile: 'ladder', SDPA flash, the mma.sync forward and every
+    # rung; 'options', W3 with each build option) at each head dim: ncu's sections for the text report,
+    # then every launch's metrics as one results file (ncu_profile.json, kind 'profile')
+    sets=${NCU_SETS:-ladder}
+    for D in ${NCU_DIMS:-128 64}; do for S in ${sets//,/ }; do
+        python3 -m flashtut.bench.profile --launch $S $D > /dev/null 2>&1   # compiles and caches every kernel
         timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --section SpeedOfLight \
-            --section WarpStateStats --section Occupancy python3 tools/ncu_launches.py $D ${NCU_MODE:-} \
-            > "$OUT/ncu_d$D.txt" 2>&1
-        echo "ncu D=$D rc=$?" | tee -a "$LOG"
-        grep -E "^  [a-z_]*flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" "$OUT/ncu_d$D.txt" \
-            | tee -a "$LOG"
-        timeout "${T_NCU:-60}" ncu --clock-control none -k regex:flash_fwd --metrics "$METRICS" --csv \
-            python3 tools/ncu_launches.py $D ${NCU_MODE:-} > "$OUT/ncu_metrics_d$D.csv" 2>&1
-        echo "ncu metrics D=$D rc=$?" | tee -a "$LOG"
-        python3 - "$OUT/ncu_metrics_d$D.csv" <<'PY' | tee -a "$LOG"
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10 and r[0] != "ID"]
-for r in rows:   # ID, process, host, name, ..., kernel name at 4, metric name -3, unit -2, value -1
-    print(f"{r[4][:40]:40s} {r[-3]:85s} {r[-1]}")
-PY
-    done
+            --section WarpStateStats --section Occupancy python3 -m flashtut.bench.profile --launch $S $D \
+            > "$OUT/ncu_${S}_d$D.txt" 2>&1
+        echo "ncu sections $S D=$D rc=$?" | tee -a "$LOG"
+        grep -E "^  [a-z_:]*flash_fwd|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" \
+            "$OUT/ncu_${S}_d$D.txt" | tee -a "$LOG"
+    done; done
+    dims=${NCU_DIMS:-128 64}
+    timeout "${T_NCU_METRICS:-300}" python3 -m flashtut.bench profile --set "$sets" -D "${dims// /,}" \
+        --out "$OUT/ncu_profile.json" 2>&1 | tee -a "$LOG"
 fi
 
 if want sanitizer; then

@@ -643,7 +643,7 @@ def test_tools_hold_no_second_harness_and_share_one_common_script():
     tools = os.path.join(ROOT, "tools")
     scripts = sorted(os.listdir(tools))
     assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "layout_only.py",
-                                                             "ncu_launches.py", "run_notebooks_plain.py",
+                                                             "run_notebooks_plain.py",
                                                              "sanitizer_launches.py"]
     shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
     assert "gpu_check.sh" in shells

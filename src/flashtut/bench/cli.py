@@ -307,6 +307,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-D", "--head-dim", type=_positive_int, default=128, help="head dim of the kernels (default 128)")
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
+    p = sub.add_parser("profile", help="Nsight Compute metrics of one launch of each Hopper forward (ncu, sm_90)",
+                       description="Run ncu over one launch of each forward of a set (flashtut.bench.profile: "
+                                   "'ladder', SDPA flash, the mma.sync forward and the Hopper rungs; 'options', "
+                                   "W3 with each build option) at the protocol's N = 4096, float16, and write "
+                                   "each launch's metrics (tensor pipe, stall reasons, pipes, issue) as one row.")
+    p.add_argument("--set", type=_profile_sets, default=["ladder", "options"],
+                   help="comma-separated: ladder, options (default: both)")
+    p.add_argument("-D", "--head-dim", type=_int_list, default=[128, 64], help="head dims (default 128,64)")
+    p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool (default: ncu)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="limit per set and head dim (s)")
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
+
     p = sub.add_parser("window-backward", help="the sliding window's Triton backward, kernel by kernel, "
                                                "against SDPA flash (a diagnosis, CUDA only)",
                        description="Causal, window 4096 against none, N 16384, H 16, D 128, fp16: the whole "
@@ -323,12 +335,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sass_parts(text: str) -> list[str]:
-    parts = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in parts if t not in ("triton", "cuda", "sdpa")]
-    if bad or not parts:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of triton, cuda, sdpa, got {text!r}")
-    return parts
+def _names_from(allowed: tuple[str, ...]):
+    """An argparse type: a non-empty comma-separated list of names from ``allowed``."""
+    def parse(text: str) -> list[str]:
+        parts = [t.strip() for t in text.split(",") if t.strip()]
+        if not parts or any(t not in allowed for t in parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(allowed)}, got {text!r}")
+        return parts
+    return parse
+
+
+_sass_parts = _names_from(("triton", "cuda", "sdpa"))
+_profile_sets = _names_from(("ladder", "options"))
 
 
 def _setting_path(text: str) -> tuple[str, str]:
@@ -586,6 +604,29 @@ def _cmd_sass(parser, args, argv) -> int:
     return 1 if failed else 0
 
 
+def _cmd_profile(parser, args, argv) -> int:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        parser.error("profile runs the Hopper kernels under ncu: run it on an sm_90 GPU (H100, H200)")
+    from . import profile
+
+    rows = []
+    for D in args.head_dim:
+        for set_name in args.set:
+            got = profile.profile(set_name, D, args.ncu, args.timeout_s)
+            print(f"{set_name} D = {D}: {len(got)} launches profiled", flush=True)
+            for r in got:
+                m = r["metrics"]
+                print(f"  {r['impl']:28s} causal {str(r['causal']):5s} {m.get(profile.DURATION, 0) / 1e6:7.3f} ms  "
+                      f"tensor {m.get(profile.TENSOR, 0):5.1f}%", flush=True)
+            rows += got
+    if args.out:
+        config = {"sets": args.set, "head_dims": args.head_dim, "metrics": list(profile.NCU_METRICS),
+                  "ncu": profile.ncu_command("SET", 0, args.ncu)}
+        save_results(args.out, "profile", rows, collect(torch.device("cuda"), argv), config)
+        print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
 def _cmd_window_backward(parser, args) -> int:
     if not torch.cuda.is_available():
         parser.error("window-backward times CUDA kernels: run it on a CUDA GPU")
@@ -615,4 +656,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_sass(parser, args, argv)
     if args.command == "window-backward":
         return _cmd_window_backward(parser, args)
+    if args.command == "profile":
+        return _cmd_profile(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

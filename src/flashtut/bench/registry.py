@@ -271,6 +271,17 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[c3,turns,tree]": ("w3", 128, True, 2, 3, {"c3_turns": True, "row_tree": True}),
                 "hopper-w3[c3,turns,poly1]": ("w3", 128, True, 2, 3, {"c3_turns": True, "exp2_poly": 1}),
                 "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True})}
+def hopper_name(variant: str, consumers: int, options: dict) -> str:
+    """The registry name of Hopper rung ``variant`` with ``consumers`` consumer warpgroups and the build
+    ``options`` (flashtut.cuda.configs.W3_OPTIONS), at 128-key tiles and two stages: ``hopper_name("w3",
+    3, {"c3_turns": True})`` is ``"hopper-w3[c3,turns]"``. ValueError where the registry has none."""
+    for name, (v, block_n, pv_split, stages, c, *build) in HOPPER_IMPLS.items():
+        if (v, block_n, pv_split, stages, c) == (variant, 128, True, 2, consumers) and (build or [{}])[0] == options:
+            return name
+    raise ValueError(f"no Hopper implementation of rung {variant!r} with {consumers} consumers and options "
+                     f"{options}; named ones: {', '.join(HOPPER_IMPLS)}")
+
+
 #: what each rung adds to wgmma, for the implementation's description
 _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipelined and ping-pong warpgroups",
                 "w4": ", TMA, softmax overlapped, persistent blocks"}

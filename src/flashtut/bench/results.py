@@ -1,12 +1,14 @@
 """JSON files of benchmark results: one schema for every measurement the book commits.
 
-A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "compile" | "sass",
+A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "compile" | "sass"
+| "profile",
 "provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
 each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
 ``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
 names the file and row that is malformed. A row may name its own ``kind``: a ``sass`` file (the
 instruction counts of compiled kernels, ``flashtut.bench.sass``) also holds the speed rows measured
-with those kernels.
+with those kernels. A ``profile`` row is one kernel launch's Nsight Compute metrics
+(``flashtut.bench.profile``).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass")
+KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass", "profile")
 #: what a ``compile`` row timed (``flashtut.bench.compile_time``): one NVRTC build, or a whole
 #: first call (compile + load + launch) of ``cuda_attention``'s forward or backward
 COMPILE_WHATS = ("nvrtc", "first-call")
@@ -70,7 +72,7 @@ def check_row(row, kind: str | None = None) -> str | None:
     optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
                         "roofline": ("tflops", "gb_per_s", "ms"), "host": (),
                         "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops"),
-                        "compile": ("seconds",), "sass": ()}[kind]
+                        "compile": ("seconds",), "sass": (), "profile": ()}[kind]
     for key in optional_numbers:
         if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
             return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
@@ -113,6 +115,22 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"counts: got {counts!r}; accepted: an object of opcode -> non-negative integer"
         if status == "ok" and not counts:
             return "counts: empty in a row whose status is 'ok'"
+    if kind == "profile":        # flashtut.bench.profile: one launch's Nsight Compute metrics
+        for key in ("impl", "kernel"):
+            if not isinstance(row.get(key), str):
+                return f"{key}: got {row.get(key)!r}; accepted: a name"
+        for key in ("N", "D"):
+            if not _count(row.get(key)):
+                return f"{key}: got {row.get(key)!r}; accepted: a positive integer"
+        if not isinstance(row.get("causal"), bool):
+            return f"causal: got {row.get('causal')!r}; accepted: true or false"
+        metrics = row.get("metrics")
+        # a metric that does not apply to a kernel is null (ncu's n/a)
+        if not isinstance(metrics, dict) or not all(isinstance(k, str) and (v is None or _number(v))
+                                                    for k, v in metrics.items()):
+            return f"metrics: got {metrics!r}; accepted: an object of metric name -> number or null"
+        if status == "ok" and not metrics:
+            return "metrics: empty in a row whose status is 'ok'"
     if kind == "compile":        # flashtut.bench.compile_time: first-call build time of the CUDA kernels
         if row.get("what") not in COMPILE_WHATS:
             return f"what: got {row.get('what')!r}; accepted: {', '.join(COMPILE_WHATS)}"
@@ -167,6 +185,9 @@ def measurement_key(row: dict) -> tuple:
         return ("host", row.get("device"), row.get("entry"), row.get("version"))
     if row.get("kind") == "sass":
         return ("sass", row.get("device"), row.get("impl"), row.get("setting"), row.get("kernel"), row.get("binary"))
+    if row.get("kind") == "profile":
+        return ("profile", row.get("device"), row.get("set"), row.get("impl"), row.get("dtype"), row.get("D"),
+                row.get("N"), row.get("causal"))
     if row.get("kind") == "compile":
         return ("compile", row.get("device"), row.get("arch"), row.get("what"), row.get("cache"), row.get("step"),
                 row.get("dtype"), row.get("D"), str(sorted((row.get("defines") or {}).items())))
