@@ -169,6 +169,19 @@ PRODUCERS = {
                                "cuDNN, the protocol's 8 cases at D 64 (H200, 2026-12-02 08:37 UTC, commit "
                                "acfba6a): the turns faster in every case",
                                "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3],hopper-w3[c3,turns]' -D 64 --out book/data/hopper_turns_h200.json"),
+    "hopper_turns_stack_h200.json": ("on top of the three consumers' turns (hopper-w3[c3,turns]), the options that "
+                                     "lost without them (the TMA store, row trees, 1 of 8 exponentials by a cubic) "
+                                     "and W4 with and without turns, SDPA flash and cuDNN, 8 cases at D 64 (H200, "
+                                     "2026-12-02 08:41 UTC, commit 758b193)",
+                                     "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,store],hopper-w3[c3,turns,tree],hopper-w3[c3,turns,poly1],hopper-w4[c3],hopper-w4[c3,turns]' -D 64 --out book/data/hopper_turns_stack_h200.json"),
+    "hopper_turns_store_h200.json": ("the TMA store on top of the three consumers' turns against the turns alone, in "
+                                     "one process, with SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 "
+                                     "08:49 UTC, commit 3061470): faster in 5 of 8 cases, not kept",
+                                     "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,store]' -D 64 --out book/data/hopper_turns_store_h200.json"),
+    "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
+                             "mma.sync forward (set ladder) and of W3 with each build option (set options), "
+                             "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",
+                             "python -m flashtut.bench profile --set ladder,options -D 128,64 --out book/data/ncu_hopper_h200.json"),
     "hopper_heads_h200.json": ("cuda_attention's W3 builds (three consumers at D 64, the TMA store at D 128) against "
                                "the same with the grid as (heads, query blocks) (hopper-w3[c3,heads], "
                                "hopper-w3[heads,store]), SDPA flash and cuDNN, the protocol's 16 cases (H200, "
