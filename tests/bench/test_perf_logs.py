@@ -70,6 +70,14 @@ HOPPER_C3_TILES_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3, 3 consumers": "hoppe
                            "64-key tiles": "hopper-w3[c3,n64]"}
 HOPPER_HEADS_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3": {128: "hopper-w3[store]", 64: "hopper-w3[c3]"},
                         "heads first": {128: "hopper-w3[heads,store]", 64: "hopper-w3[c3,heads]"}}
+#: the Hopper log's tables of the three consumers' turns (D = 64 only)
+HOPPER_TURNS_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3, 3 consumers": "hopper-w3[c3]", "with turns": "hopper-w3[c3,turns]"}
+HOPPER_TURNS_STACK_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "turns": "hopper-w3[c3,turns]",
+                              "+ TMA store": "hopper-w3[c3,turns,store]", "+ rows as trees": "hopper-w3[c3,turns,tree]",
+                              "+ 1 of 8 by the cubic": "hopper-w3[c3,turns,poly1]", "W4": "hopper-w4[c3]",
+                              "W4 with turns": "hopper-w4[c3,turns]"}
+HOPPER_TURNS_STORE_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "turns": "hopper-w3[c3,turns]",
+                              "+ TMA store": "hopper-w3[c3,turns,store]"}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -84,6 +92,9 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_options_h200.json", HOPPER_OPTIONS_COLUMNS, "fwd", None, 16),
     ("perflog_hopper.md", "hopper_c3_tiles_h200.json", HOPPER_C3_TILES_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_heads_h200.json", HOPPER_HEADS_COLUMNS, "fwd", None, 16),
+    ("perflog_hopper.md", "hopper_turns_h200.json", HOPPER_TURNS_COLUMNS, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_turns_stack_h200.json", HOPPER_TURNS_STACK_COLUMNS, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_turns_store_h200.json", HOPPER_TURNS_STORE_COLUMNS, "fwd", None, 8),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),
@@ -177,3 +188,34 @@ def test_the_pageable_maps_stand_in_for_the_launchs_own():
     ours, theirs = (inspect.signature(f) for f in (hopper_ab.pageable_tensor_maps, hopper_launch.tensor_maps))
     assert list(ours.parameters) == list(theirs.parameters)
     assert all(ours.parameters[n].default == theirs.parameters[n].default for n in ours.parameters)
+
+
+#: the Hopper log's Nsight Compute tables generated from ncu_hopper_h200.json: (set, [(label, impl, D, causal)])
+def _ladder_profile():
+    entries = []
+    for D, more in ((128, [("W3, TMA store", "hopper-w3[store]"), ("W4", "hopper-w4")]),
+                    (64, [("W3, 3 consumers", "hopper-w3[c3]"), ("W3, 3 consumers, turns", "hopper-w3[c3,turns]"),
+                          ("W4, 3 consumers", "hopper-w4[c3]")])):
+        base = [("SDPA flash", "sdpa-flash"), ("mma.sync", "cuda-mma"), ("W1", "hopper-w1"), ("W2", "hopper-w2"),
+                ("W3", "hopper-w3")]
+        entries += [(label, impl, D, False) for label, impl in base + more]
+    return entries
+
+
+PROFILE_TABLES = [
+    ("ladder", _ladder_profile()),
+    ("options", [("W3, 3 consumers", "hopper-w3[c3]", 64, False), ("with turns", "hopper-w3[c3,turns]", 64, False),
+                 ("W3, 3 consumers, causal", "hopper-w3[c3]", 64, True),
+                 ("with turns, causal", "hopper-w3[c3,turns]", 64, True)]),
+]
+
+
+@pytest.mark.parametrize("set_name,entries", PROFILE_TABLES, ids=[s for s, _ in PROFILE_TABLES])
+def test_hopper_profile_tables_match_the_data(set_name, entries):
+    from flashtut.bench import profile
+    from flashtut.bench.report import format_table
+
+    rows, _ = load_results("ncu_hopper_h200.json")
+    table_lines = format_table(*profile.table(rows, entries, set_name=set_name), markdown=True).splitlines()
+    assert len(table_lines) == 2 + len(entries)
+    _assert_in_page("perflog_hopper.md", table_lines)

@@ -123,3 +123,16 @@ def test_the_ncu_command_and_the_cli():
     if not (profile.torch.cuda.is_available() and profile.torch.cuda.get_device_capability() == (9, 0)):
         with pytest.raises(SystemExit):     # parser.error: profile runs the Hopper kernels under ncu
             cli.main(["profile", "--set", "ladder", "-D", "64"])
+
+
+def test_a_profile_table_reads_each_launch_of_its_set():
+    plan = profile.launches("ladder", 64)
+    entries = [(kernel_name(n), {m: f"{i + 1}.25" for m in profile.NCU_METRICS}) for i, (n, _) in enumerate(plan)]
+    entries[4][1][profile.DURATION] = "1,289,000"
+    rows = profile.profile_rows("ladder", 64, profile.parse_ncu_csv(fake_csv(entries)))
+    header, body = profile.table(rows, [("W3", "hopper-w3", 64, False), ("W3 turns causal", "hopper-w3[c3,turns]", 64, True)])
+    assert header[:4] == ["D", "kernel", "ms", "tensor pipe %"] and len(header) == 2 + len(profile.TABLE_COLUMNS)
+    assert body[0][:4] == ["64", "W3", "1.289", "5.2"] and body[1][3] == "9.2"   # the 9th launch: W3 turns, causal
+    assert profile.metric(rows, "hopper-w3", 64, False, profile.TENSOR) == 5.25
+    with pytest.raises(KeyError, match=r"no profile of hopper-w3 at D = 64 \(causal True\) in set 'ladder'"):
+        profile.metric(rows, "hopper-w3", 64, True, profile.TENSOR)

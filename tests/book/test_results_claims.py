@@ -724,7 +724,8 @@ def test_w3_options_claims():
     assert all(max(g[64]) < 0 for g in soft.values())
     # the choice: the store where it won every case, nothing else anywhere
     assert min(opts["store"][128]) > 0 and max(opts["store"][64]) < 0
-    assert configs.HOPPER_OPTIONS == {128: {"tma_store": True}, 64: {}}
+    assert configs.HOPPER_OPTIONS[128] == {"tma_store": True}
+    assert not set(configs.HOPPER_OPTIONS[64]) & {"exp2_poly", "row_tree", "section_order", "tma_store"}
     # the ladder table's row for the store, and W3 in the same run
     rows = [r for r in results_data.load_results("hopper_options_h200.json")[0] if r.get("tflops")]
     ratio = lambda impl, D: [x for k, x in _ratios(rows, impl, "sdpa-flash").items() if k[1] == D]  # noqa: E731
@@ -761,3 +762,66 @@ def test_heads_first_claims():
     worst = min(min(g) for g in all_gains)
     best = max(max(g) for g in all_gains)
     assert f"loses by {round(-best)} to {round(-worst)}% in every case" in _chapter_11_text()
+
+
+# --- turns among three consumers (c3_turns): hopper_turns*.json and ncu_hopper_h200.json, the Hopper log ---
+
+def _turn_gains(data: str, impl: str, base: str) -> dict:
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results(data)
+    return gains(rows, impl, base)[64]
+
+
+def test_turns_claims():
+    """perflog_hopper.md, "Turns among three consumers": every percentage and ratio recomputed, and the
+    choice in configs.HOPPER_OPTIONS that follows from them."""
+    from flashtut.bench import profile
+    from flashtut.cuda import configs
+
+    log = _log()
+    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
+    turns = _turn_gains("hopper_turns_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3]")
+    assert len(turns) == 8 and min(turns.values()) > 0
+    assert f"The turns win every case, {pct(turns.values())}" in log
+    assert sum(1 <= g <= 4 for g in turns.values()) == 6 and "in 6 of 8 cases, above it in 2" in log
+    short = {dt: turns[(4096, dt, True)] for dt in ("float16", "bfloat16")}
+    assert f"gained +{short['float16']:.1f}% (float16) and +{short['bfloat16']:.1f}% (bfloat16)" in log
+    rows, _ = results_data.load_results("hopper_turns_h200.json")
+    flash = _ratios(rows, "hopper-w3[c3,turns]", "sdpa-flash")
+    assert f"(1.47x and 1.49x)" in log and (round(flash[("float16", 64, 4096, True)], 2),
+                                           round(flash[("bfloat16", 64, 4096, True)], 2)) == (1.47, 1.49)
+    cudnn = _ratios(rows, "hopper-w3[c3,turns]", "sdpa-cudnn")
+    behind = {k: x for k, x in cudnn.items() if x < 1}
+    assert set(behind) == {("float16", 64, 4096, True)}
+    assert f"behind by {100 * (1 - behind[('float16', 64, 4096, True)]):.1f}% at N = 4096, float16, causal" in log
+    assert f"by {100 * (cudnn[('bfloat16', 64, 4096, True)] - 1):.1f}% in the closest" in log
+    # the profile of the same builds
+    ncu, _ = results_data.load_results("ncu_hopper_h200.json")
+
+    def m(impl, causal, name):
+        return profile.metric(ncu, impl, 64, causal, name, "options")
+
+    stall = profile.STALL.format
+    for causal in (False, True):
+        a, b = "hopper-w3[c3]", "hopper-w3[c3,turns]"
+        assert m(b, causal, profile.TENSOR) > m(a, causal, profile.TENSOR)
+        assert m(b, causal, stall("math_pipe_throttle")) < 0.65 * m(a, causal, stall("math_pipe_throttle"))
+    assert (f"measured {m('hopper-w3[c3,turns]', False, profile.TENSOR):.1f}% (not causal) and "
+            f"{m('hopper-w3[c3,turns]', True, profile.TENSOR):.1f}% (causal, against "
+            f"{m('hopper-w3[c3]', True, profile.TENSOR):.1f}%)") in log
+    # the stack and the pair: the store on top of the turns, and why it is not kept
+    stack = {o: _turn_gains("hopper_turns_stack_h200.json", i, "hopper-w3[c3,turns]") for o, i in (
+        ("poly1", "hopper-w3[c3,turns,poly1]"), ("tree", "hopper-w3[c3,turns,tree]"), ("w4", "hopper-w4[c3]"),
+        ("w4turns", "hopper-w4[c3,turns]"), ("store", "hopper-w3[c3,turns,store]"))}
+    assert (f"the cubic {pct(stack['poly1'].values())} and the trees {pct(stack['tree'].values())}" in log
+            and f"W4 {pct(stack['w4'].values())} and W4 with turns {pct(stack['w4turns'].values())}" in log)
+    won = [g for g in stack["store"].values() if g > 0]
+    assert len(won) == 7 and f"ahead in 7 of 8 cases, {pct(won)}, and {min(stack['store'].values()):.1f}%" in log
+    pair = _turn_gains("hopper_turns_store_h200.json", "hopper-w3[c3,turns,store]", "hopper-w3[c3,turns]")
+    lost = sorted(g for g in pair.values() if g < 0)
+    assert len(lost) == 3 and f"Five of eight this time: {pct(pair.values())}" in log
+    assert f"the three losses {lost[0]:.1f}%, {lost[1]:.1f}% and {lost[2]:.1f}%" in log
+    both = list(stack["store"].values()) + list(pair.values())
+    assert sum(g < 0 for g in both) == 4 and f"by {-min(both):.1f}% at most" in log
+    assert configs.HOPPER_OPTIONS[64] == {"c3_turns": True}

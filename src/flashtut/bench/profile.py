@@ -83,6 +83,44 @@ def launches(set_name: str, D: int) -> list[tuple[str, bool]]:
     return [(n, causal) for causal in (False, True) for n in [wide, *options]]
 
 
+#: a profile table's columns: header -> (metric, format); ms from ncu's nanoseconds
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+TABLE_COLUMNS = {
+    "ms": (DURATION, "ms"), "tensor pipe %": (TENSOR, ".1f"),
+    "xu %": ("sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active", ".1f"),
+    "issue %": ("sm__issue_active.avg.pct_of_peak_sustained_active", ".1f"),
+    "warps active %": ("sm__warps_active.avg.pct_of_peak_sustained_active", ".1f"),
+    "registers": ("launch__registers_per_thread", ".0f"),
+    **{reason.replace("_", " "): (STALL.format(reason), ".2f")
+       for reason in ("wait", "barrier", "long_scoreboard", "math_pipe_throttle")},
+}
+
+
+def metric(rows: list[dict], impl: str, D: int, causal: bool, name: str, set_name: str = "ladder") -> float:
+    """Metric ``name`` of the launch of ``impl`` at ``D`` (``causal``) in set ``set_name`` of profile
+    ``rows``; KeyError naming the launch when the rows hold none."""
+    for r in rows:
+        if (r.get("kind"), r.get("set"), r["impl"], r["D"], r["causal"]) == ("profile", set_name, impl, D, causal):
+            value = r["metrics"].get(name)
+            return math.nan if value is None else value
+    raise KeyError(f"no profile of {impl} at D = {D} (causal {causal}) in set {set_name!r}")
+
+
+def table(rows: list[dict], entries, columns: dict | None = None, set_name: str = "ladder"):
+    """(header, body) of one line per entry ``(label, impl, D, causal)`` with the :data:`TABLE_COLUMNS`
+    (or ``columns``) of its launch in set ``set_name``, for ``flashtut.notebook.show_table`` or a
+    Markdown table."""
+    columns = TABLE_COLUMNS if columns is None else columns
+    body = []
+    for label, impl, D, causal in entries:
+        cells = [str(D), label]
+        for name, spec in columns.values():
+            value = metric(rows, impl, D, causal, name, set_name)
+            cells.append(f"{value / 1e6:.3f}" if spec == "ms" else format(value, spec))
+        body.append(cells)
+    return ["D", "kernel", *columns], body
+
+
 def run_launches(set_name: str, D: int) -> None:
     """Launch each implementation of the set once (the child process ncu profiles)."""
     from . import registry
