@@ -825,3 +825,31 @@ def test_turns_claims():
     both = list(stack["store"].values()) + list(pair.values())
     assert sum(g < 0 for g in both) == 4 and f"by {-min(both):.1f}% at most" in log
     assert configs.HOPPER_OPTIONS[64] == {"c3_turns": True}
+
+
+def test_chapter_11_profile_and_turns_claims():
+    """Chapter 11's readings of the committed profile (ncu_hopper_h200.json) and of the turns' runs."""
+    from flashtut.bench import profile
+
+    ncu, _ = results_data.load_results("ncu_hopper_h200.json")
+    text = _chapter_11_text()
+    m = lambda impl, name, causal=False, s="ladder": profile.metric(ncu, impl, 64, causal, name, s)  # noqa: E731
+    stall = profile.STALL.format
+    ms = lambda impl: m(impl, profile.DURATION) / 1e6  # noqa: E731
+    assert f"The launch takes {ms('hopper-w3[c3]'):.3f} ms against {ms('hopper-w3'):.3f}." in text
+    assert (f"`wait` {m('hopper-w3', stall('wait')):.2f} to {m('hopper-w3[c3]', stall('wait')):.2f}, long scoreboard "
+            f"{m('hopper-w3', stall('long_scoreboard')):.2f} to {m('hopper-w3[c3]', stall('long_scoreboard')):.2f}") in text
+    assert f"(math pipe throttle {m('hopper-w3', stall('math_pipe_throttle')):.2f} at $D = 64$)" in text
+    # 11.11: "to 54.9% (not causal), just under the predicted 55 to 58%"; "about 40% rarer"
+    turns = m("hopper-w3[c3,turns]", profile.TENSOR, s="options")
+    assert f"to {turns:.1f}% (not causal), just under the predicted 55 to 58%" in text and turns < 55
+    for causal in (False, True):
+        drop = 1 - m("hopper-w3[c3,turns]", stall("math_pipe_throttle"), causal, "options") / m(
+            "hopper-w3[c3]", stall("math_pipe_throttle"), causal, "options")
+        assert 0.35 < drop < 0.45
+    assert "is about 40% rarer" in text
+    rows, _ = results_data.load_results("hopper_turns_h200.json")
+    flash = _ratios(rows, "hopper-w3[c3,turns]", "sdpa-flash")
+    short = [round(flash[(dt, 64, 4096, True)], 2) for dt in ("float16", "bfloat16")]
+    assert "those two cases stay at 1.47 and 1.49" in text and short == [1.47, 1.49]
+    assert "won 7 of 8 cases in one run and 5 of 8 in the next" in text
