@@ -310,7 +310,7 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
             return False, "three consumer warpgroups are built for D = 64 only (at 128 their registers spill)"
         return ok, reason
 
-    adds = _HOPPER_ADDS[variant] if consumers == 2 else ", TMA, three pipelined consumer warpgroups, no ping-pong" \
+    adds = _HOPPER_ADDS[variant] if consumers == 2 else ", TMA, three pipelined consumer warpgroups" \
         + (", persistent blocks" if variant == "w4" else "")
     return Impl(name, f"Hopper rung {variant.upper()} (wgmma{adds}), {block_n} keys per tile"
                 + ("" if pv_split else ", one 128-column wgmma for P V")

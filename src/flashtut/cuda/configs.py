@@ -487,7 +487,7 @@ HOPPER_VARIANTS = {
 W2_REGS = {"producer": 24, "consumer": 240}
 
 #: W3 with three consumer warpgroups (``hopper_config(..., consumers=3)``): 192-row blocks of 512
-#: threads, no ping-pong, each consumer's registers after setmaxnreg ((65536 - 128 * 24) / 384,
+#: threads, no ping-pong (turns in a ring with the c3_turns option), each consumer's registers after setmaxnreg ((65536 - 128 * 24) / 384,
 #: rounded down to 8), built for D = 64 only (at D = 128 ptxas spills and serialises the wgmma)
 W3_WIDE = {"head_dims": (64,), "regs": 160}
 
@@ -618,8 +618,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     the N of the S = Q K^T wgmma. ``pv_split`` (D = 128 only): O += P V as two 64-column wgmma per
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
-    ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks
-    without turns, FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`). ``options``: the
+    ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks,
+    FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``). ``options``: the
     W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``, ``section_order``,
     ``heads_first``, ``tma_store``, ``c3_turns``), each off by default."""
     if variant not in HOPPER_VARIANTS:
@@ -667,8 +667,8 @@ def hopper_builds() -> list[HopperConfig]:
 #: (book/perflog_hopper.md). W4, W3 with persistent blocks, is faster at N = 4096 without a causal mask
 #: and slower at N = 16384 (hopper_w4_h200.json), so it is not the default.
 HOPPER_DEFAULT = "w3"
-#: its consumer warpgroups per head dim, the faster measured: at D = 64 three without ping-pong
-#: (1.45-1.64x SDPA flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
+#: its consumer warpgroups per head dim, the faster measured: at D = 64 three (without turns 1.45-1.64x SDPA
+#: flash, two-consumer W3 1.33-1.44x in the same run), at D = 128 two with ping-pong
 HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: its further build options per head dim (:data:`W3_OPTIONS`), those measured faster than W3 without them
 #: in every case of the same process: at D = 128 the TMA store of the output (+0.6 to +5.2% over W3 in the

@@ -7,8 +7,9 @@ next block's Q and K/V load while the consumers finish the last one.
 Rung W3 (``kernels/fwd_w3_pingpong.cu``, ``variant="w3"``) keeps W2's loads and overlaps the softmax
 with the tensor cores: each consumer warpgroup issues the next tile's ``Q K^T`` before its softmax, and
 the two consumers take turns on the tensor cores (ping-pong, ordered by named barriers); at D = 64 it
-may have three consumers instead, without turns. ``cuda_attention`` runs it on sm_90 (at D = 128 with
-its output stored by TMA, one of its build options: ``configs.W3_OPTIONS``).
+may have three consumers instead, which take turns in a ring with the ``c3_turns`` option.
+``cuda_attention`` runs it on sm_90 with build options per head dim (``configs.HOPPER_OPTIONS``: at
+D = 128 its output stored by TMA, at D = 64 three consumers taking turns).
 
 Rung W2 (``kernels/fwd_w2_tma.cu``, ``variant="w2"``) keeps W1's math and replaces its loads: a
 producer warpgroup issues TMA copies into a ring of shared-memory stages guarded by mbarriers, and
