@@ -15,6 +15,9 @@ is exercised; the Hopper launches also cover grouped heads and both causal align
 backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 
+``--w4``: instead, only rung W4, with its scheduler's counter and with its static schedule
+(``--w4 static``: the static one only).
+
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
 grid with heads first, and at D = 64 the turns of three consumers)
@@ -74,6 +77,29 @@ def w3_options(only=()):
     print("sanitizer launches (W3 options) done")
 
 
+def w4_launches(D, q, k, v, **options):
+    """W4 at the default grid, and one and three blocks that each walk many query blocks (the ring's
+    phases and Q's refills carry over), with two consumers and at D = 64 three."""
+    from flashtut.cuda.hopper import forward_hopper
+
+    for consumers in ((2, 3) if D == 64 else (2,)):
+        run = dict(variant="w4", consumers=consumers, **options)
+        for causal, ctas in ((False, None), (True, 1), ("bottom-right", 3)):
+            forward_hopper(q, k, v, causal=causal, ctas=ctas, **run)
+            forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, ctas=ctas, **run)
+        forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, ctas=2, **run)
+
+
+if "--w4" in sys.argv[1:]:
+    # W4 alone, with its counter and with its static schedule (--w4 static: the static one only)
+    for D in (64, 128):
+        q = torch.randn(1, 2, 77, D, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=torch.float16) for _ in range(2))
+        for static in ((True,) if "static" in sys.argv[1:] else (False, True)):
+            w4_launches(D, q, k, v, static_schedule=static)
+    torch.cuda.synchronize()
+    print("sanitizer launches (W4) done")
+    sys.exit(0)
 if "--dims" in sys.argv[1:]:
     new_dims()
     sys.exit(0)
@@ -136,15 +162,8 @@ if torch.cuda.get_device_capability() == (9, 0):
                     forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w3",
                                    consumers=3)
                 forward_hopper(k[:, :, :131], k, v, causal=True, variant="w3", block_n=64, consumers=3)
-            # W4 (W3 with persistent blocks), behind FLASHTUT_SANITIZE_W4=1: the default grid, and one and
-            # three blocks that each walk many query blocks (the ring's phases and Q's refills carry over)
+            # W4 (W3 with persistent blocks), behind FLASHTUT_SANITIZE_W4=1
             if os.environ.get("FLASHTUT_SANITIZE_W4") == "1":
-                for consumers in ((2, 3) if D == 64 else (2,)):
-                    for causal, ctas in ((False, None), (True, 1), ("bottom-right", 3)):
-                        forward_hopper(q, k, v, causal=causal, variant="w4", consumers=consumers, ctas=ctas)
-                        forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, variant="w4",
-                                       consumers=consumers, ctas=ctas)
-                    forward_hopper(k[:, :, :131], k, v, causal=True, variant="w4", block_n=64, consumers=consumers,
-                                   ctas=2)
+                w4_launches(D, q, k, v)
 torch.cuda.synchronize()
 print("sanitizer launches done")

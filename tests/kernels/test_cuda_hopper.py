@@ -78,6 +78,8 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True),
     configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, tma_store=True),
     configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True),
+    configs.hopper_config("w4", torch.bfloat16, 128, static_schedule=True),
+    configs.hopper_config("w4", torch.float16, 64, consumers=3, static_schedule=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -212,6 +214,10 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         check_exp2_poly_sass(cfg, text, share)
     if cfg.define_dict.get("FT_ROW_TREE"):
         check_row_tree_sass(cfg, text)
+    if cfg.define_dict.get("W4_STATIC"):
+        # no counter and no handover: no atomic, and no ordinary shared-memory access at all (the tiles are
+        # written by TMA and read by wgmma), so racecheck has nothing of W4's own to check
+        assert "ATOM" not in text and not re.search(r"\b(STS|LDS)(\.|\s)", text)
     if cfg.define_dict.get("W3_TMA_STORE"):
         # one TMA store per 64-column box of the output tile, and no 4-byte store of O from registers
         # (what is left of STG: the lse)
@@ -364,6 +370,7 @@ CONFIG_ERRORS = [
     (("w4", torch.float16, 64), dict(section_order=True), r"section_order is built for variant 'w3' only"),
     (("w4", torch.float16, 64), dict(heads_first=True), r"heads_first is built for variant 'w3' only"),
     (("w2", torch.float16, 64), dict(c3_turns=True), r"c3_turns is built for variant 'w3' or 'w4' only"),
+    (("w3", torch.float16, 64), dict(static_schedule=True), r"static_schedule is built for variant 'w4' only"),
     (("w3", torch.float16, 64), dict(c3_turns=True), r"c3_turns \(.*\) needs consumers=3; two consumers always take turns, got consumers=2"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
@@ -688,7 +695,7 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True}),
             ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True}),
             ("w3", 3, {"c3_turns": True}), ("w3", 3, {"c3_turns": True, "tma_store": True}),
-            ("w4", 3, {"c3_turns": True})]
+            ("w4", 3, {"c3_turns": True}), ("w4", 2, {"static_schedule": True}), ("w4", 3, {"static_schedule": True})]
 
 
 def _options_label(options: dict) -> str:

@@ -235,3 +235,21 @@ def test_persistent_argument_checks():
         hs.simulate_persistent([])
     with pytest.raises(ValueError, match="my_tiles"):
         hs.simulate_persistent([(1, (2, 0))])
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_the_static_schedule_finishes_without_the_last_handover(consumers):
+    # W4_STATIC: every warpgroup knows its query blocks, so the producer gives no "none left" phase and
+    # the consumers wait for none; the rest of the protocol is W4's
+    for walk in _walks(consumers, 40, seed=7 + consumers):
+        for seed in range(3):
+            static = hs.simulate_persistent(walk, 2, seed, turns=consumers == 2, static=True)
+            dynamic = hs.simulate_persistent(walk, 2, seed, turns=consumers == 2)
+            assert static.issued == dynamic.issued and static.turns == dynamic.turns, walk
+
+
+def test_a_consumer_waiting_for_a_handover_the_static_producer_never_gives_deadlocks(monkeypatch):
+    real = hs.persistent_producer_ops
+    monkeypatch.setattr(hs, "persistent_producer_ops", lambda blocks, stages, static=False: real(blocks, stages, True))
+    with pytest.raises(hs.ScheduleError, match="deadlock"):
+        hs.simulate_persistent([(2, (2, 2)), (1, (1, 0))], 2, 0)

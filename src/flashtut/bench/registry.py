@@ -248,7 +248,7 @@ def _ladder_fwd(variant: str):
 #: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
 #: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
-#: three consumers (``[c3,turns]``)
+#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -270,7 +270,9 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[c3,turns,store]": ("w3", 128, True, 2, 3, {"c3_turns": True, "tma_store": True}),
                 "hopper-w3[c3,turns,tree]": ("w3", 128, True, 2, 3, {"c3_turns": True, "row_tree": True}),
                 "hopper-w3[c3,turns,poly1]": ("w3", 128, True, 2, 3, {"c3_turns": True, "exp2_poly": 1}),
-                "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True})}
+                "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True}),
+                "hopper-w4[static]": ("w4", 128, True, 2, 2, {"static_schedule": True}),
+                "hopper-w4[c3,static]": ("w4", 128, True, 2, 3, {"static_schedule": True})}
 def hopper_name(variant: str, consumers: int, options: dict) -> str:
     """The registry name of Hopper rung ``variant`` with ``consumers`` consumer warpgroups and the build
     ``options`` (flashtut.cuda.configs.W3_OPTIONS), at 128-key tiles and two stages: ``hopper_name("w3",

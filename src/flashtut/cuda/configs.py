@@ -587,6 +587,9 @@ W3_OPTIONS = {
     "tma_store": ("W3_TMA_STORE", (False, True), ("w3",),
                   "each consumer warpgroup writes its output tile into its rows of the Q tile and one TMA copy "
                   "stores it, instead of 4-byte stores from registers"),
+    "static_schedule": ("W4_STATIC", (False, True), ("w4",),
+                        "persistent block b takes query blocks b, b + grid, ... in the same order, instead of the "
+                        "next number of a global counter handed to the consumers through shared memory"),
     "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),

@@ -88,14 +88,17 @@ def producer_ops(n_tiles: int, stages: int):
     yield from _producer_block(n_tiles, stages, 0, 0, False)
 
 
-def persistent_producer_ops(blocks, stages: int):
+def persistent_producer_ops(blocks, stages: int, static: bool = False):
     """The producer thread of ``flash_fwd_w4``: W3's loads for each query block of ``blocks`` (``(n_tiles,
     my_tiles)`` pairs) in turn, the ring's tile count carried on, each Q after the consumers' release;
-    then q_full completed with no copy, which tells the consumers that no query block is left."""
+    then q_full completed with no copy, which tells the consumers that no query block is left
+    (``static``, ``W4_STATIC``: nothing, every warpgroup knows its sequence of query blocks)."""
     kv0 = 0
     for it, (n_tiles, _) in enumerate(blocks):
         yield from _producer_block(n_tiles, stages, kv0, it, True)
         kv0 += n_tiles
+    if static:
+        return
     # no query block left: once Q is released, q_full completes with no copy (the slot says -1)
     it = len(blocks)
     yield ("wait", "q_empty", (it - 1) & 1, it - 1)
@@ -116,16 +119,19 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, consumers: i
     yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, consumers, **knobs)
 
 
-def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", **knobs):
+def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", static: bool = False,
+                            **knobs):
     """Consumer warpgroup ``cw`` of ``flash_fwd_w4``: W3's operations for each query block of ``blocks``
     in turn (its own tile count ``my_tiles[cw]`` of each), releasing Q once its last Q K^T is complete.
-    ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait)."""
+    ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait).
+    ``static``: the W4_STATIC build, which leaves after its last query block without waiting on q_full."""
     kv0 = 0
     for it, (n_tiles, my_tiles) in enumerate(blocks):
         yield from _consumer_block(cw, n_tiles, my_tiles[cw], stages, kv0, it, True, len(my_tiles),
                                    q_release=q_release, **knobs)
         kv0 += n_tiles
-    yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
+    if not static:
+        yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
 
 
 def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool,
@@ -264,7 +270,8 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
 def simulate_persistent(blocks, stages: int = 2, seed: int = 0, **knobs) -> Trace:
     """One run of a ``flash_fwd_w4`` block that walks the query blocks ``blocks``, each ``(n_tiles,
     my_tiles)`` as in :func:`simulate` (the same number of consumers in each); ``knobs`` go to
-    :func:`persistent_consumer_ops`. Raises :class:`ScheduleError`."""
+    :func:`persistent_consumer_ops` (``static=True``: the W4_STATIC build, for the producer too). Raises
+    :class:`ScheduleError`."""
     blocks = [(n, tuple(mine)) for n, mine in blocks]
     if not blocks or len({len(mine) for _, mine in blocks}) != 1:
         raise ValueError(f"need at least one query block, each with the same number of consumers, got {blocks}")
@@ -294,7 +301,7 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         bars["q_empty"] = _MBarrier(len(my_tiles) * WARPS, len(my_tiles) * WARPS)
     named = {i: _Named() for i in TURN}
     if persistent:
-        procs = {"producer": persistent_producer_ops(blocks, stages)}
+        procs = {"producer": persistent_producer_ops(blocks, stages, knobs.get("static", False))}
         for cw in consumers:
             procs[cw] = persistent_consumer_ops(cw, blocks, stages, **knobs)
     else:

@@ -74,6 +74,12 @@
 #if W3_C3_TURNS && W3_CONSUMERS != 3
 #error "W3_C3_TURNS is the turn ring of three consumers; two always take turns (ping-pong)"
 #endif
+#ifndef W4_STATIC
+#define W4_STATIC 0    // W4: 1, block b takes query blocks b, b + gridDim.x, ... (no counter, no handover)
+#endif
+#if W4_STATIC && !W3_PERSISTENT
+#error "W4_STATIC is a schedule of the persistent rung W4"
+#endif
 #if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
 #error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
@@ -442,14 +448,23 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     // the number to the consumers in shared memory (two slots: query block it uses slot it % 2), written
     // before the arrival on q_full that the consumers wait for (a release; their wait acquires), and
     // -1 when none is left: then q_full is completed with no copy, and everyone leaves.
+    // W4_STATIC: block b takes t = b, b + gridDim.x, ... and every warpgroup computes the same sequence,
+    // so nothing is handed over (the causal order still puts the heaviest query blocks first).
     const int n_mb = (Nq + W3_BLOCK_M - 1) / W3_BLOCK_M, n_work = n_mb * n_bh;
+#if !W4_STATIC
     int* const counter = reinterpret_cast<int*>(tmaps + 3 * 128);
     volatile int* const slot = (volatile int*)(smem + (bars - q_s) + 8 * (2 + 4 * W3_STAGES));
+#endif
     if (wg == 0) {
         setmaxnreg_dec<W3_PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             int t = blockIdx.x, kv0 = 0;
             for (int it = 0;; ++it) {
+#if W4_STATIC
+                if (t >= n_work) break;
+                if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q is free
+                const int next = t + (int)gridDim.x;
+#else
                 if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q and slot it % 2 are free
                 slot[it & 1] = t < n_work ? t : -1;
                 if (t >= n_work) {
@@ -457,6 +472,7 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                     break;
                 }
                 const int next = atomicAdd(counter, 1) + (int)gridDim.x;
+#endif
                 int mb, bh;
                 section_query_block(t, n_mb, n_bh, causal, mb, bh);
                 const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
@@ -469,9 +485,15 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     }
     setmaxnreg_inc<W3_CONSUMER_REGS>();
     for (int it = 0, kv0 = 0;; ++it) {
+#if W4_STATIC
+        const int t = (int)blockIdx.x + it * (int)gridDim.x;
+        if (t >= n_work) break;
+        mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
+#else
         mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
         const int t = slot[it & 1];
         if (t < 0) break;
+#endif
         int mb, bh;
         section_query_block(t, n_mb, n_bh, causal, mb, bh);
         const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
