@@ -735,7 +735,9 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
             run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
                                     stages=stages, consumers=consumers, **options)
-            w3 = run(variant="w3")[0] if variant == "w4" else None
+            # W3 with the same options, less those built for W4 alone (its schedule)
+            w4_only = {k: False for k in options if "w3" not in configs.W3_OPTIONS[k][2]}
+            w3 = run(variant="w3", **w4_only)[0] if variant == "w4" else None
             # the turns only order the issue of the same products: the same bits as without them
             if options.get("c3_turns"):
                 w3 = run(variant="w3", c3_turns=False)[0]
