@@ -693,6 +693,136 @@ def test_protocol_claims():
     assert f"(`book/data/cuda_protocol_h200.json`, 2026-12-02 {when}, which timed cuDNN" in readme
 
 
+def _protocol_version(commit):
+    """The rows and provenance of cuda_protocol_h200.json as committed at ``commit``, from git history (the
+    logs compare the current file with its earlier versions); skips where the checkout has no history."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "show", f"{commit}:book/data/cuda_protocol_h200.json"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"no git history with commit {commit} here")
+    data = json.loads(out)
+    return data["rows"], data["provenance"]
+
+
+#: the versions of cuda_protocol_h200.json the logs quote: the commit they name it by -> the commit that
+#: holds that version, and the name its mma.sync forward had there (2026-12-01 had no cuda-mma yet: cuda was
+#: the mma.sync forward)
+PROTOCOL_VERSIONS = {"28854c3": ("28854c3", "cuda"), "0c5be1b": ("0c5be1b", "cuda-mma"),
+                     "ecf3bd3": ("a29859d", "cuda-mma"), "f397297": ("167bba1", "cuda-mma")}
+
+
+def _moves(new, old, impl, keep=lambda k: True):
+    """% change of impl's TFLOP/s per case from the rows ``old`` to the rows ``new``, forward."""
+    tf = [{(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in rows
+           if r["impl"] == impl and r["mode"] == "fwd" and r.get("tflops")} for rows in (new, old)]
+    return {k: _pct(t, tf[1][k]) for k, t in tf[0].items() if keep(k)}
+
+
+def _pct_span(values):
+    return f"{min(values):+.1f}% to {max(values):+.1f}%".replace("+-", "-")
+
+
+@needs_data
+def test_protocol_history_in_the_files_previous_versions():
+    """What the logs and the README say about the earlier versions of cuda_protocol_h200.json, recomputed
+    from those versions: the issue-13 table of the mma.sync forward's worst cases, the `cuda` ranges of
+    06:11, 03:31 and 01:14 UTC, and how far each figure moved between the last two calls."""
+    import statistics
+
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    version = {label: _protocol_version(commit) for label, (commit, _) in PROTOCOL_VERSIONS.items()}
+    assert version["ecf3bd3"][1]["git"]["commit"].startswith("ecf3bd3")
+    assert version["f397297"][1]["git"]["commit"].startswith("f397297")
+    log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    # issue 13's table: "| f397297 | 0.966 (float16, D = 128, N = 4096, not causal) | 1.003 | met |"
+    for label, (_, impl) in PROTOCOL_VERSIONS.items():
+        x = _protocol_ratios(version[label][0])(impl, "sdpa-flash")
+        assert len(x) == 16
+        k = min(x, key=x.get)
+        below = sum(v < 0.95 for v in x.values())
+        floor = f"missed in {below} case" + ("s" if below > 1 else "") if below else "met"
+        row = (f"| {label} | {x[k]:.3f} ({k[0]}, D = {k[1]}, N = {k[2]}, {'causal' if k[3] else 'not causal'}) "
+               f"| {statistics.median(x.values()):.3f} | {floor} |")
+        assert row in log, row
+    old = version["f397297"][0]
+    # "From 06:11 to 08:42 UTC the mma.sync forward's ratio moved case by case by ..."
+    ratio = [_protocol_ratios(r)("cuda-mma", "sdpa-flash") for r in (rows, old)]
+    mma, flash = _moves(rows, old, "cuda-mma"), _moves(rows, old, "sdpa-flash")
+    worst = min(ratio[0], key=ratio[0].get)
+    assert (f"ratio moved case by case by {_pct_span([_pct(v, ratio[1][k]) for k, v in ratio[0].items()])}, its "
+            f"TFLOP/s by {_pct_span(mma.values())} and SDPA flash's by {_pct_span(flash.values())}; in the case "
+            f"that misses, SDPA flash ran {abs(flash[worst]):.1f}% {'faster' if flash[worst] > 0 else 'slower'} and "
+            f"the mma.sync forward {abs(mma[worst]):.1f}% {'faster' if mma[worst] > 0 else 'slower'} than at 06:11 "
+            "UTC") in log
+    # the cuda ranges of the previous versions
+    by = _by_d
+    cuda = {label: _protocol_ratios(version[label][0])("cuda", "sdpa-flash")
+            for label in ("f397297", "ecf3bd3", "0c5be1b")}
+    prev = cuda["f397297"]
+    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
+    assert {k for k, v in prev.items() if v < 1.5} == {fp16, bf16}
+    assert (f"had `cuda` at {_span(by(prev, 128))}x and {_span(by(prev, 64))}x (06:11 UTC, three consumers without "
+            f"turns at D = 64; below 1.5 only at D = 64, N = 4096, causal: {prev[fp16]:.3f}x float16, "
+            f"{prev[bf16]:.3f}x bfloat16), at {_span(by(cuda['ecf3bd3'], 128))}x and {_span(by(cuda['ecf3bd3'], 64))}x "
+            f"(03:31 UTC, W3 without the TMA store at D = 128) and at {_span(by(cuda['0c5be1b'], 128))}x and "
+            f"{_span(by(cuda['0c5be1b'], 64))}x (01:14 UTC") in log
+    # cuDNN's two new places behind cuda at D = 128: the cuda build there unchanged, cuDNN slower in them
+    now = _protocol_ratios(rows)("cuda", "sdpa-cudnn")
+    then = _protocol_ratios(old)("cuda", "sdpa-cudnn")
+    new_ahead = {k for k in now if k[1] == 128 and now[k] > 1 >= then[k]}
+    assert new_ahead == {("float16", 128, 16384, False), ("bfloat16", 128, 16384, False)}
+    cudnn = _moves(rows, old, "sdpa-cudnn")
+    assert (f"cuDNN ran {-cudnn[('bfloat16', 128, 16384, False)]:.1f}% (bfloat16) and "
+            f"{-cudnn[('float16', 128, 16384, False)]:.1f}% (float16) slower in them than at 06:11 UTC") in log
+    # the turns between two calls: "at D = 64 `cuda`'s TFLOP/s moved by ... and at D = 128 ... by ..."
+    cuda_moves = _moves(rows, old, "cuda")
+    assert (f"at D = 64 `cuda`'s TFLOP/s moved by {_pct_span(by(cuda_moves, 64))} case by case from 06:11 to "
+            f"08:42 UTC, and at D = 128, where its build did not change, by {_pct_span(by(cuda_moves, 128))}") in log
+    assert (f"gained {cuda_moves[fp16]:+.1f}% (float16) and {cuda_moves[bf16]:+.1f}% (bfloat16) in TFLOP/s between "
+            "the calls") in log
+    # the TMA store between the two calls before: "moved by -5.7% to +3.6% case by case from 03:31 to 06:11"
+    store_moves = _moves(old, version["ecf3bd3"][0], "cuda", keep=lambda k: k[1] == 128)
+    assert (f"at D = 128 `cuda`'s TFLOP/s moved by {_pct_span(store_moves.values())} case by case from 03:31 to "
+            "06:11 UTC") in log
+    # the backward's geometric means in the earlier versions
+    from flashtut.bench.report import ratio_summary
+
+    bwd_log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
+    g = {label: {(s["impl"], s["D"]): s["gmean"] for s in ratio_summary(version[label][0], ["cuda-mma", "cuda"])}
+         for label in ("f397297", "ecf3bd3", "0c5be1b")}
+    f, e, z = g["f397297"], g["ecf3bd3"], g["0c5be1b"]
+    assert (f"in this file's version of 06:11 UTC (commit f397297) {f['cuda-mma', 128]:.3f} and "
+            f"{f['cuda-mma', 64]:.3f} ({f['cuda', 128]:.3f} and {f['cuda', 64]:.3f}), in that of 03:31 UTC (commit "
+            f"ecf3bd3) {e['cuda-mma', 128]:.3f} and {e['cuda-mma', 64]:.3f} ({e['cuda', 128]:.3f} and "
+            f"{e['cuda', 64]:.3f}), and in that of 01:14 UTC (commit 0c5be1b) {z['cuda-mma', 128]:.3f} and "
+            f"{z['cuda-mma', 64]:.3f}.") in bwd_log
+    # the Hopper log's sentences about the 06:11 version
+    vs_cudnn = {k: v for k, v in then.items() if k[1] == 64}
+    hopper_log = _log()
+    for quoted in (
+            f"the file's version of 06:11 UTC, without the turns, had them below ({prev[fp16]:.3f}x and "
+            f"{prev[bf16]:.3f}x)",
+            f"(`cuda_protocol_h200.json` as measured at 06:11 UTC, commit f397297, where `cuda` ran this build; "
+            f"5 / 40 ms budgets, SDPA cuDNN in the same process, `perflog_cuda.md`): {_span(by(prev, 64))}x SDPA "
+            f"flash, below 1.5 again only at N = 4096, causal ({prev[fp16]:.3f}x float16, {prev[bf16]:.3f}x "
+            f"bfloat16), and {_span(vs_cudnn.values())}x cuDNN, ahead in {sum(v > 1 for v in vs_cudnn.values())} of "
+            "8 cases, behind in those two",
+            f"its forward is {_span(by(prev, 128))}x SDPA flash at D = 128, now at least 1.75x in every case, and "
+            f"{_span(by(prev, 64))}x at D = 64, where N = 4096 causal is still just under 1.5x ({prev[fp16]:.3f} "
+            f"float16, {prev[bf16]:.3f} bfloat16)"):
+        assert quoted in hopper_log, quoted
+    assert {k for k, v in vs_cudnn.items() if v < 1} == {fp16, bf16} and min(by(prev, 128)) >= 1.75
+    # README: the four D = 128, N = 16384 cases against cuDNN in the previous version, and cuDNN's moves there
+    four = lambda x: [v for k, v in x.items() if k[1:3] == (128, 16384)]  # noqa: E731
+    readme = " ".join(README.read_text().split())
+    assert (f"where the file's previous version, 06:11 UTC, had {_span(four(then))}x with the same build at this "
+            f"head dim; cuDNN's own figures moved by {_pct_span(four(cudnn))} between the two calls") in readme
+
+
 @needs_data
 def test_hopper_log_w3_reading_numbers(hopper):
     """The W3 section's prediction table and reading: TFLOP/s spans, the best case against the measured
