@@ -119,9 +119,9 @@ PRODUCERS = {
                                   "python -m flashtut.bench.cuda_ladder --bwd-only "
                                   "--out book/data/cuda_ladder_bwd_h200.json"),
     "cuda_protocol_h200.json": ("cuda_attention (its default, on an H200 the W3 forward with the TMA store at D 128 "
-                                "and three consumer warpgroups at D 64, and forward_kernel='mma') against SDPA flash "
-                                "and SDPA cuDNN at the protocol's N 4096 and 16384, backward with the warp grid "
-                                "(H200, 2026-12-02 06:11 UTC)",
+                                "and three consumer warpgroups taking turns at D 64, and forward_kernel='mma') "
+                                "against SDPA flash and SDPA cuDNN at the protocol's N 4096 and 16384, backward "
+                                "with the warp grid (H200, 2026-12-02 08:42 UTC)",
                                 "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd "
                                 "-D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 "
                                 "--hidden 2048 --warmup-ms 5 --rep-ms 40 --no-progress "

@@ -82,9 +82,20 @@ def _tma_store_gain():
     return gain
 
 
+def _turns_gain():
+    """W3's three consumers at D = 64 taking turns against the same build without turns, % per case, from
+    the same process (hopper_turns_h200.json)."""
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results("hopper_turns_h200.json")
+    gain = list(gains(rows, "hopper-w3[c3,turns]", "hopper-w3[c3]")[64].values())
+    assert len(gain) == 8
+    return gain
+
+
 @needs_data
 def test_readme_prose_ranges():
-    # "there `cuda_attention`'s forward is 0.91-1.09x cuDNN's in these four cases" (D = 128, N = 16384);
+    # "there `cuda_attention`'s forward is 1.04-1.13x cuDNN's in these four cases" (D = 128, N = 16384);
     # "1.57-1.84x SDPA flash at D = 128, 1.45-1.64x at D = 64": the W3 build cuda_attention runs per head dim
     text = " ".join(README.read_text().split())
     proto, _ = results_data.load_results("cuda_protocol_h200.json")
@@ -103,6 +114,12 @@ def test_readme_prose_ranges():
     assert min(store) > 0
     assert (f"written by a TMA store (+{min(store):.1f}% to +{max(store):.1f}% over W3 without it, in one "
             f"process: `book/data/hopper_options_h200.json`)") in text
+    # "at head dim 64 with the three taking turns ... (+1.0% to +7.7% over three without turns": faster in
+    # every case of that run, which is what made cuda_attention take them
+    turns = _turns_gain()
+    assert min(turns) > 0
+    assert (f"(+{min(turns):.1f}% to +{max(turns):.1f}% over three without turns, in one process: "
+            "`book/data/hopper_turns_h200.json`)") in text
 
 
 # --- chapter 11: the reading of rungs W2 and W3 --------------------------------------------------
@@ -199,10 +216,20 @@ def test_cuda_attention_runs_the_measured_hopper_rung():
     # "with three consumer warpgroups at D = 64": the build measured faster there (hopper-w3[c3])
     choice = configs.choose_forward("auto", 90, torch.float16, 64, (13, 0))
     assert (choice.kernel, choice.variant, choice.consumers) == ("wgmma", "w3", 3)
-    # README, chapters 08 and 09, the CUDA log: "at D = 128 with the TMA store of its output", not at D = 64
-    assert choice.options == ()
+    # README, chapters 08 and 09, the CUDA logs: "at D = 128 with the TMA store of its output", at D = 64 the
+    # three consumers "taking turns" and no store
+    assert choice.options == (("c3_turns", True),)
     choice = configs.choose_forward("auto", 90, torch.bfloat16, 128, (13, 0))
     assert choice.options == (("tma_store", True),)
+    import json
+
+    nb08 = json.loads((ROOT / "notebooks" / "08_cuda.ipynb").read_text())
+    text08 = " ".join(" ".join("".join(c["source"]).split()) for c in nb08["cells"] if c["cell_type"] == "markdown")
+    assert ("at $D = 128$ with the TMA store of its output, at $D = 64$ with three consumer warpgroups "
+            "taking turns on the tensor cores") in text08
+    log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    assert ("at D = 128 two consumer warpgroups with ping-pong and the output written by a TMA store; at "
+            "D = 64 three consumers taking turns in a ring, storing from registers; `configs.HOPPER_OPTIONS`") in log
 
 
 # --- chapter 09: the machine code and the DISABLE_MMA_V3 switch -----------------------------------
@@ -474,18 +501,30 @@ def test_ring_depth_claims():
     assert "made W3 no faster at either head dim" in _chapter_11_text()
 
 
+def _chapter_09_text():
+    import json
+
+    nb = json.loads((ROOT / "notebooks" / "09_results.ipynb").read_text())
+    return " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
 @needs_data
 def test_chapter_09_reading_of_the_mma_sync_kernels_after_chapter_8s_ladder():
-    # "puts our mma.sync forward at 0.97 to 1.03 times sdpa-flash and the backward at 0.98 to 1.06"
+    # "puts our mma.sync forward at 0.95 to 1.05 times sdpa-flash and the backward at 0.98 to 1.06: level
+    # with it"
     rows, _ = results_data.load_results("cuda_protocol_h200.json")
-    for mode, low, high in (("fwd", 0.97, 1.03), ("bwd", 0.98, 1.06)):
+    span = {}
+    for mode in ("fwd", "bwd"):
         flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
                  if r["impl"] == "sdpa-flash" and r["mode"] == mode}
         ratios = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
                   if r["impl"] == "cuda-mma" and r["mode"] == mode]
-        assert len(ratios) == 16 and (f"{min(ratios):.2f}", f"{max(ratios):.2f}") == (f"{low:.2f}", f"{high:.2f}")
-    text = (ROOT / "notebooks" / "09_results.ipynb").read_text()
-    assert "0.97 to\\n" in text and "1.03 times `sdpa-flash` and the backward at 0.98 to 1.06" in text
+        assert len(ratios) == 16
+        # "level with it": within 10% either way in every case, where W3 and cuDNN are 1.5 to 2 times ahead
+        assert 0.9 < min(ratios) and max(ratios) < 1.1, (mode, min(ratios), max(ratios))
+        span[mode] = f"{min(ratios):.2f} to {max(ratios):.2f}"
+    assert (f"puts our `mma.sync` forward at {span['fwd']} times `sdpa-flash` and the backward at "
+            f"{span['bwd']}: level with it") in _chapter_09_text()
 
 
 # --- W3 with three consumer warpgroups at D = 64 (hopper-w3[c3]): the log, chapters 11 and 09 ----------
@@ -539,34 +578,56 @@ def test_three_consumer_claims(hopper):
 
 # --- the protocol run of cuda_attention (cuda_protocol_h200.json): the CUDA logs and the Hopper log ----
 
-@needs_data
-def test_protocol_claims():
-    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+def _protocol_ratios(rows):
+    """ratios(impl, base, mode) -> {(dtype, D, N, causal): impl's TFLOP/s over base's} for one version of
+    cuda_protocol_h200.json."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("tflops")]
 
     def ratios(impl, base, mode="fwd"):
         return {(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] / _tflops(
             ok, base, **{k: r[k] for k in ("mode", "dtype", "D", "N", "causal")})
             for r in ok if r["impl"] == impl and r["mode"] == mode}
+    return ratios
 
+
+def _by_d(x, d):
+    return [v for k, v in x.items() if k[1] == d]
+
+
+def _run_label(prov):
+    """("08:42 UTC", "758b193"): how the logs name a run of the protocol file, from its provenance."""
+    return f"{prov['date'][11:16]} UTC", prov["git"]["commit"][:7]
+
+
+@needs_data
+def test_protocol_claims():
+    rows, prov = results_data.load_results("cuda_protocol_h200.json")
+    ratios = _protocol_ratios(rows)
     cuda, cudnn = ratios("cuda", "sdpa-flash"), ratios("sdpa-cudnn", "sdpa-flash")
     vs_cudnn = ratios("cuda", "sdpa-cudnn")
-    by = lambda x, d: [v for k, v in x.items() if k[1] == d]  # noqa: E731
-    short = {k: v for k, v in cuda.items() if v < 1.5}
-    assert set(short) == {("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)}
-    misses = f"({short[('float16', 64, 4096, True)]:.3f}x float16, {short[('bfloat16', 64, 4096, True)]:.3f}x bfloat16)"
+    by = _by_d
+    when, commit = _run_label(prov[0])
+    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
+    # "at least 1.5 in every case", the lowest named; the two cases below 1.5 in the previous version and in
+    # chapter 11's run of the three-consumer build are N = 4096, causal at D = 64
+    assert min(cuda.values()) >= 1.5
+    low = min(cuda, key=cuda.get)
+    lowest = (f"the lowest {cuda[low]:.3f}x, {low[0]}, D = {low[1]}, N = {low[2]}, "
+              f"{'causal' if low[3] else 'not causal'}")
     log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    behind64 = {k for k, v in vs_cudnn.items() if k[1] == 64 and v < 1}
+    assert behind64 == {bf16}
+    ahead128 = {k for k, v in vs_cudnn.items() if k[1] == 128 and v > 1}
+    assert ahead128 == {k for k in vs_cudnn if k[1] == 128 and k[2] == 16384}
     for quoted in (
+            f"`book/data/cuda_protocol_h200.json` was measured again (2026-12-02 {when}, commit {commit}) after",
             f"`cuda_attention`'s forward (`cuda`): {_span(by(cuda, 128))}x SDPA flash at D = 128 and "
-            f"{_span(by(cuda, 64))}x at D = 64, below 1.5 only at D = 64, N = 4096, causal {misses}",
+            f"{_span(by(cuda, 64))}x at D = 64, at least 1.5 in every case ({lowest})",
             f"Against cuDNN in the same process: {_span(by(vs_cudnn, 128))}x at D = 128 (ahead in "
-            f"{sum(v > 1 for v in by(vs_cudnn, 128))} of 8 cases, N = 16384, causal, in both dtypes) and "
-            f"{_span(by(vs_cudnn, 64))}x at D = 64 (ahead in {sum(v > 1 for v in by(vs_cudnn, 64))} of 8, behind at "
-            f"N = 4096, causal)",
+            f"{len(ahead128)} of 8 cases, those at N = 16384) and {_span(by(vs_cudnn, 64))}x at D = 64 (ahead in "
+            f"{8 - len(behind64)} of 8, behind only in bfloat16 at N = 4096, causal, {vs_cudnn[bf16]:.3f}x)",
             f"({_span(by(cudnn, 128))}x and {_span(by(cudnn, 64))}x here,"):
         assert quoted in log, quoted
-    assert {k for k, v in vs_cudnn.items() if k[1] == 128 and v > 1} == {
-        ("float16", 128, 16384, True), ("bfloat16", 128, 16384, True)}
     # the TMA store that cuda runs at D = 128 only, measured in one process: faster in every D = 128 case,
     # slower in every D = 64 case with three consumers
     store = _tma_store_gain()
@@ -574,23 +635,192 @@ def test_protocol_claims():
     assert (f"+{min(store[128]):.1f}% to +{max(store[128]):.1f}% over W3 without it at D = 128, in every case, "
             f"and {min(store[64]):.1f}% to {max(store[64]):.1f}% at D = 64 with three consumers") in log
     assert f"also has the TMA store, +{min(store[128]):.1f}% to +{max(store[128]):.1f}% in one process" in log
+    # the three consumers' turns that cuda runs at D = 64, measured in one process: faster in every case, and
+    # least in the two cases that crossed 1.5 ("against +1.6% and +1.0% for the turns in one process")
+    from flashtut.bench.report import gains
+
+    turns_rows, turns_prov = results_data.load_results("hopper_turns_h200.json")
+    turns = gains(turns_rows, "hopper-w3[c3,turns]", "hopper-w3[c3]")[64]
+    assert min(turns.values()) > 0 and len(turns) == 8
+    span = f"+{min(turns.values()):.1f}% to +{max(turns.values()):.1f}%"
+    assert (f"(`hopper_turns_h200.json`, {turns_prov[0]['date'][11:16]} UTC): {span} over three consumers "
+            "without turns, in every case") in log
+    assert f"at D = 64 the turns, {span};" in log
+    assert (f"against +{turns[(4096, 'float16', True)]:.1f}% and +{turns[(4096, 'bfloat16', True)]:.1f}% for "
+            "the turns in one process") in log
+    # "In `hopper_turns_h200.json` itself (25 / 100 ms budgets) the build with turns is at 1.47x and 1.49x SDPA
+    # flash in the same two cases, below 1.5"
+    in_run = _ratios([r for r in turns_rows if r.get("tflops")], "hopper-w3[c3,turns]", "sdpa-flash")
+    assert max(in_run[fp16], in_run[bf16]) < 1.5
+    import json
+
+    config = json.loads(results_data.data_path("hopper_turns_h200.json").read_text())["config"]
+    assert (f"In `hopper_turns_h200.json` itself ({config['warmup_ms']:.0f} / {config['rep_ms']:.0f} ms budgets) "
+            f"the build with turns is at {in_run[fp16]:.2f}x and {in_run[bf16]:.2f}x SDPA flash in the same two cases, below 1.5") in log
     # the mma.sync forward's one miss of issue 13's floor, in the hopper preset's run of the same shape
     hop, _ = results_data.load_results("hopper_h200.json")
     mma = _tflops(hop, "cuda-mma", mode="fwd", dtype="float16", D=128, N=4096, causal=False) / _tflops(
         hop, "sdpa-flash", mode="fwd", dtype="float16", D=128, N=4096, causal=False)
     assert f"put the same forward at {mma:.2f}x (03:18 UTC)" in log
-    assert {k for k, v in vs_cudnn.items() if k[1] == 64 and v < 1} == set(short)
+    # the Hopper log: its intro (the two cases chapter 11's three-consumer build left below 1.5), the
+    # three-consumer section's bullet and the build options' section
+    c3 = _ratios([r for r in hop if r.get("status") == "ok" and r.get("tflops")], "hopper-w3[c3]", "sdpa-flash")
+    assert {k for k, x in c3.items() if x < 1.5} == {fp16, bf16}
     hopper_log = _log()
-    assert (f"its forward is {_span(by(cuda, 128))}x SDPA flash at D = 128 and {_span(by(cuda, 64))}x at D = 64, "
-            f"below 1.5 in the same two cases only {misses}") in hopper_log
-    assert (f"{_span(by(cuda, 64))}x SDPA flash, below 1.5 again only at N = 4096, causal {misses}, and "
-            f"{_span(by(vs_cudnn, 64))}x cuDNN, ahead in 6 of 8 cases") in hopper_log
-    # the backward: "cuDNN's backward ... 1.72-1.98x SDPA flash at D = 128 and 1.56-1.69x at D = 64"
+    for quoted in (
+            f"(`cuda_protocol_h200.json`, {when}, budgets of 5 / 40 ms",
+            f"its forward is {_span(by(cuda, 128))}x SDPA flash at D = 128 and {_span(by(cuda, 64))}x at D = 64, "
+            f"at least 1.5 in every case, the same two included ({cuda[fp16]:.3f}x float16, "
+            f"{cuda[bf16]:.3f}x bfloat16)",
+            f"The file's version of {when} (commit {commit}), where `cuda` runs this build with its consumers "
+            f"taking turns (section \"Turns among three consumers\"), has {_span(by(cuda, 64))}x SDPA flash and "
+            f"{_span(by(vs_cudnn, 64))}x cuDNN, ahead in {8 - len(behind64)} of 8 cases",
+            f"file's version of {when} (commit {commit}: the same build at D = 128, three consumers taking turns "
+            f"at D = 64) has {_span(by(cuda, 128))}x and {_span(by(cuda, 64))}x."):
+        assert quoted in hopper_log, quoted
+    # chapter 09's summary: the build cuda_attention runs at D = 64 "1.55 to 1.77 times" in this run
+    lo, hi = _span(by(cuda, 64)).split("-")
+    assert (f"the build `cuda_attention` runs there now, {lo} to {hi} times in `cuda_attention`'s protocol "
+            "run") in _chapter_09_text()
+    # the backward: "cuDNN's backward ... 1.71-1.92x SDPA flash at D = 128 and 1.51-1.71x at D = 64"
     bwd = ratios("sdpa-cudnn", "sdpa-flash", "bwd")
     ours = ratios("cuda", "sdpa-cudnn", "bwd")
     bwd_log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
     assert (f"{_span(by(bwd, 128))}x SDPA flash at D = 128 and {_span(by(bwd, 64))}x at D = 64, so ours runs at "
             f"{_span(by(ours, 128))}x and {_span(by(ours, 64))}x of it") in bwd_log
+    assert f"measured again on 2026-12-02 at {when}, commit {commit};" in bwd_log
+    readme = " ".join(README.read_text().split())
+    assert f"(`book/data/cuda_protocol_h200.json`, 2026-12-02 {when}, which timed cuDNN" in readme
+
+
+def _protocol_version(commit):
+    """The rows and provenance of cuda_protocol_h200.json as committed at ``commit``, from git history (the
+    logs compare the current file with its earlier versions); skips where the checkout has no history."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "show", f"{commit}:book/data/cuda_protocol_h200.json"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"no git history with commit {commit} here")
+    data = json.loads(out)
+    return data["rows"], data["provenance"]
+
+
+#: the versions of cuda_protocol_h200.json the logs quote: the commit they name it by -> the commit that
+#: holds that version, and the name its mma.sync forward had there (2026-12-01 had no cuda-mma yet: cuda was
+#: the mma.sync forward)
+PROTOCOL_VERSIONS = {"28854c3": ("28854c3", "cuda"), "0c5be1b": ("0c5be1b", "cuda-mma"),
+                     "ecf3bd3": ("a29859d", "cuda-mma"), "f397297": ("167bba1", "cuda-mma")}
+
+
+def _moves(new, old, impl, keep=lambda k: True):
+    """% change of impl's TFLOP/s per case from the rows ``old`` to the rows ``new``, forward."""
+    tf = [{(r["dtype"], r["D"], r["N"], r["causal"]): r["tflops"] for r in rows
+           if r["impl"] == impl and r["mode"] == "fwd" and r.get("tflops")} for rows in (new, old)]
+    return {k: _pct(t, tf[1][k]) for k, t in tf[0].items() if keep(k)}
+
+
+def _pct_span(values):
+    return f"{min(values):+.1f}% to {max(values):+.1f}%".replace("+-", "-")
+
+
+@needs_data
+def test_protocol_history_in_the_files_previous_versions():
+    """What the logs and the README say about the earlier versions of cuda_protocol_h200.json, recomputed
+    from those versions: the issue-13 table of the mma.sync forward's worst cases, the `cuda` ranges of
+    06:11, 03:31 and 01:14 UTC, and how far each figure moved between the last two calls."""
+    import statistics
+
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    version = {label: _protocol_version(commit) for label, (commit, _) in PROTOCOL_VERSIONS.items()}
+    assert version["ecf3bd3"][1]["git"]["commit"].startswith("ecf3bd3")
+    assert version["f397297"][1]["git"]["commit"].startswith("f397297")
+    log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    # issue 13's table: "| f397297 | 0.966 (float16, D = 128, N = 4096, not causal) | 1.003 | met |"
+    for label, (_, impl) in PROTOCOL_VERSIONS.items():
+        x = _protocol_ratios(version[label][0])(impl, "sdpa-flash")
+        assert len(x) == 16
+        k = min(x, key=x.get)
+        below = sum(v < 0.95 for v in x.values())
+        floor = f"missed in {below} case" + ("s" if below > 1 else "") if below else "met"
+        row = (f"| {label} | {x[k]:.3f} ({k[0]}, D = {k[1]}, N = {k[2]}, {'causal' if k[3] else 'not causal'}) "
+               f"| {statistics.median(x.values()):.3f} | {floor} |")
+        assert row in log, row
+    old = version["f397297"][0]
+    # "From 06:11 to 08:42 UTC the mma.sync forward's ratio moved case by case by ..."
+    ratio = [_protocol_ratios(r)("cuda-mma", "sdpa-flash") for r in (rows, old)]
+    mma, flash = _moves(rows, old, "cuda-mma"), _moves(rows, old, "sdpa-flash")
+    worst = min(ratio[0], key=ratio[0].get)
+    assert (f"ratio moved case by case by {_pct_span([_pct(v, ratio[1][k]) for k, v in ratio[0].items()])}, its "
+            f"TFLOP/s by {_pct_span(mma.values())} and SDPA flash's by {_pct_span(flash.values())}; in the case "
+            f"that misses, SDPA flash ran {abs(flash[worst]):.1f}% {'faster' if flash[worst] > 0 else 'slower'} and "
+            f"the mma.sync forward {abs(mma[worst]):.1f}% {'faster' if mma[worst] > 0 else 'slower'} than at 06:11 "
+            "UTC") in log
+    # the cuda ranges of the previous versions
+    by = _by_d
+    cuda = {label: _protocol_ratios(version[label][0])("cuda", "sdpa-flash")
+            for label in ("f397297", "ecf3bd3", "0c5be1b")}
+    prev = cuda["f397297"]
+    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
+    assert {k for k, v in prev.items() if v < 1.5} == {fp16, bf16}
+    assert (f"had `cuda` at {_span(by(prev, 128))}x and {_span(by(prev, 64))}x (06:11 UTC, three consumers without "
+            f"turns at D = 64; below 1.5 only at D = 64, N = 4096, causal: {prev[fp16]:.3f}x float16, "
+            f"{prev[bf16]:.3f}x bfloat16), at {_span(by(cuda['ecf3bd3'], 128))}x and {_span(by(cuda['ecf3bd3'], 64))}x "
+            f"(03:31 UTC, W3 without the TMA store at D = 128) and at {_span(by(cuda['0c5be1b'], 128))}x and "
+            f"{_span(by(cuda['0c5be1b'], 64))}x (01:14 UTC") in log
+    # cuDNN's two new places behind cuda at D = 128: the cuda build there unchanged, cuDNN slower in them
+    now = _protocol_ratios(rows)("cuda", "sdpa-cudnn")
+    then = _protocol_ratios(old)("cuda", "sdpa-cudnn")
+    new_ahead = {k for k in now if k[1] == 128 and now[k] > 1 >= then[k]}
+    assert new_ahead == {("float16", 128, 16384, False), ("bfloat16", 128, 16384, False)}
+    cudnn = _moves(rows, old, "sdpa-cudnn")
+    assert (f"cuDNN ran {-cudnn[('bfloat16', 128, 16384, False)]:.1f}% (bfloat16) and "
+            f"{-cudnn[('float16', 128, 16384, False)]:.1f}% (float16) slower in them than at 06:11 UTC") in log
+    # the turns between two calls: "at D = 64 `cuda`'s TFLOP/s moved by ... and at D = 128 ... by ..."
+    cuda_moves = _moves(rows, old, "cuda")
+    assert (f"at D = 64 `cuda`'s TFLOP/s moved by {_pct_span(by(cuda_moves, 64))} case by case from 06:11 to "
+            f"08:42 UTC, and at D = 128, where its build did not change, by {_pct_span(by(cuda_moves, 128))}") in log
+    assert (f"gained {cuda_moves[fp16]:+.1f}% (float16) and {cuda_moves[bf16]:+.1f}% (bfloat16) in TFLOP/s between "
+            "the calls") in log
+    # the TMA store between the two calls before: "moved by -5.7% to +3.6% case by case from 03:31 to 06:11"
+    store_moves = _moves(old, version["ecf3bd3"][0], "cuda", keep=lambda k: k[1] == 128)
+    assert (f"at D = 128 `cuda`'s TFLOP/s moved by {_pct_span(store_moves.values())} case by case from 03:31 to "
+            "06:11 UTC") in log
+    # the backward's geometric means in the earlier versions
+    from flashtut.bench.report import ratio_summary
+
+    bwd_log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
+    g = {label: {(s["impl"], s["D"]): s["gmean"] for s in ratio_summary(version[label][0], ["cuda-mma", "cuda"])}
+         for label in ("f397297", "ecf3bd3", "0c5be1b")}
+    f, e, z = g["f397297"], g["ecf3bd3"], g["0c5be1b"]
+    assert (f"in this file's version of 06:11 UTC (commit f397297) {f['cuda-mma', 128]:.3f} and "
+            f"{f['cuda-mma', 64]:.3f} ({f['cuda', 128]:.3f} and {f['cuda', 64]:.3f}), in that of 03:31 UTC (commit "
+            f"ecf3bd3) {e['cuda-mma', 128]:.3f} and {e['cuda-mma', 64]:.3f} ({e['cuda', 128]:.3f} and "
+            f"{e['cuda', 64]:.3f}), and in that of 01:14 UTC (commit 0c5be1b) {z['cuda-mma', 128]:.3f} and "
+            f"{z['cuda-mma', 64]:.3f}.") in bwd_log
+    # the Hopper log's sentences about the 06:11 version
+    vs_cudnn = {k: v for k, v in then.items() if k[1] == 64}
+    hopper_log = _log()
+    for quoted in (
+            f"the file's version of 06:11 UTC, without the turns, had them below ({prev[fp16]:.3f}x and "
+            f"{prev[bf16]:.3f}x)",
+            f"(`cuda_protocol_h200.json` as measured at 06:11 UTC, commit f397297, where `cuda` ran this build; "
+            f"5 / 40 ms budgets, SDPA cuDNN in the same process, `perflog_cuda.md`): {_span(by(prev, 64))}x SDPA "
+            f"flash, below 1.5 again only at N = 4096, causal ({prev[fp16]:.3f}x float16, {prev[bf16]:.3f}x "
+            f"bfloat16), and {_span(vs_cudnn.values())}x cuDNN, ahead in {sum(v > 1 for v in vs_cudnn.values())} of "
+            "8 cases, behind in those two",
+            f"its forward is {_span(by(prev, 128))}x SDPA flash at D = 128, now at least 1.75x in every case, and "
+            f"{_span(by(prev, 64))}x at D = 64, where N = 4096 causal is still just under 1.5x ({prev[fp16]:.3f} "
+            f"float16, {prev[bf16]:.3f} bfloat16)"):
+        assert quoted in hopper_log, quoted
+    assert {k for k, v in vs_cudnn.items() if v < 1} == {fp16, bf16} and min(by(prev, 128)) >= 1.75
+    # README: the four D = 128, N = 16384 cases against cuDNN in the previous version, and cuDNN's moves there
+    four = lambda x: [v for k, v in x.items() if k[1:3] == (128, 16384)]  # noqa: E731
+    readme = " ".join(README.read_text().split())
+    assert (f"where the file's previous version, 06:11 UTC, had {_span(four(then))}x with the same build at this "
+            f"head dim; cuDNN's own figures moved by {_pct_span(four(cudnn))} between the two calls") in readme
 
 
 @needs_data
@@ -627,8 +857,9 @@ def test_hopper_log_w3_reading_numbers(hopper):
 
 @needs_data
 def test_backward_protocol_gmeans():
-    # perflog_cuda_bwd.md: "at worst 0.98x SDPA flash in the `cuda-mma` column and 0.97x in the `cuda` column,
-    # median 1.03x in either" and the geometric means
+    # perflog_cuda_bwd.md: "at worst 0.98x SDPA flash in both columns, `cuda-mma` and `cuda`, median 1.03x in
+    # either" and the geometric means; both columns run the same backward kernel, so "both" must hold at the
+    # rounding the log prints
     import statistics
 
     from flashtut.bench.report import ratio_summary
@@ -638,14 +869,15 @@ def test_backward_protocol_gmeans():
     log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
     assert (f"here {g['cuda-mma', 128]:.3f} and {g['cuda-mma', 64]:.3f} (`cuda-mma`; {g['cuda', 128]:.3f} and "
             f"{g['cuda', 64]:.3f} for `cuda`)") in log
-    for impl, worst in (("cuda-mma", "0.98"), ("cuda", "0.97")):
-        flash = {(r["D"], r["N"], r["dtype"], r["causal"]): r["tflops"] for r in rows
-                 if r["impl"] == "sdpa-flash" and r["mode"] == "bwd"}
-        x = [r["tflops"] / flash[(r["D"], r["N"], r["dtype"], r["causal"])] for r in rows
-             if r["impl"] == impl and r["mode"] == "bwd"]
+    ratios = _protocol_ratios(rows)
+    worst, median = set(), set()
+    for impl in ("cuda-mma", "cuda"):
+        x = list(ratios(impl, "sdpa-flash", "bwd").values())
         assert len(x) == 16
-        assert f"{min(x):.2f}" == worst and f"{statistics.median(x):.2f}" == "1.03", impl
-    assert ("at worst 0.98x SDPA flash in the `cuda-mma` column and 0.97x in the `cuda` column, median 1.03x "
+        worst.add(f"{min(x):.2f}")
+        median.add(f"{statistics.median(x):.2f}")
+    assert len(worst) == 1 and len(median) == 1, (worst, median)
+    assert (f"at worst {worst.pop()}x SDPA flash in both columns, `cuda-mma` and `cuda`, median {median.pop()}x "
             "in either") in log
 
 
