@@ -178,6 +178,10 @@ PRODUCERS = {
                                      "one process, with SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 "
                                      "08:49 UTC, commit 3061470): faster in 5 of 8 cases, not kept",
                                      "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,store]' -D 64 --out book/data/hopper_turns_store_h200.json"),
+    "hopper_w4_static_h200.json": ("W4 with its scheduler's counter and with the static schedule (no handover "
+                                   "through shared memory), against cuda_attention's W3 builds, SDPA flash and "
+                                   "cuDNN, the protocol's 16 cases (H200, 2026-12-02 09:14 UTC, commit d5036ba)",
+                                   "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[c3,turns],hopper-w4,hopper-w4[c3],hopper-w4[static],hopper-w4[c3,static]' --out book/data/hopper_w4_static_h200.json"),
     "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
                              "mma.sync forward (set ladder) and of W3 with each build option (set options), "
                              "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",

@@ -78,6 +78,9 @@ HOPPER_TURNS_STACK_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "turns": "hopper-w3[c3
                               "W4 with turns": "hopper-w4[c3,turns]"}
 HOPPER_TURNS_STORE_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "turns": "hopper-w3[c3,turns]",
                               "+ TMA store": "hopper-w3[c3,turns,store]"}
+HOPPER_W4_STATIC_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3 (cuda_attention)": {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"},
+                            "W4": {128: "hopper-w4", 64: "hopper-w4[c3]"},
+                            "W4, static": {128: "hopper-w4[static]", 64: "hopper-w4[c3,static]"}}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -95,6 +98,7 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_turns_h200.json", HOPPER_TURNS_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_turns_stack_h200.json", HOPPER_TURNS_STACK_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_turns_store_h200.json", HOPPER_TURNS_STORE_COLUMNS, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_w4_static_h200.json", HOPPER_W4_STATIC_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),

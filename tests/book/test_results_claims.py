@@ -1085,3 +1085,40 @@ def test_chapter_11_profile_and_turns_claims():
     short = [round(flash[(dt, 64, 4096, True)], 2) for dt in ("float16", "bfloat16")]
     assert "those two cases stay at 1.47 and 1.49" in text and short == [1.47, 1.49]
     assert "won 7 of 8 cases in one run and 5 of 8 in the next" in text
+
+
+
+def test_w4_static_schedule_claims():
+    """perflog_hopper.md, "W4 without a handover": the static schedule against W4's counter and W3."""
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results("hopper_w4_static_h200.json")
+    w3 = {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"}
+    w4 = {128: "hopper-w4", 64: "hopper-w4[c3]"}
+    static = gains(rows, {128: "hopper-w4[static]", 64: "hopper-w4[c3,static]"}, w4)
+    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
+    log = _log()
+    assert (f"Against W4 with its counter: {pct(static[128].values())} at D = 128 and {pct(static[64].values())} "
+            "at D = 64") in log
+    full = {D: [g for k, g in by.items() if not k[2]] for D, by in static.items()}
+    causal = [g for by in static.values() for k, g in by.items() if k[2]]
+    assert max(abs(g) for g in full[128]) < 2 and max(full[64]) < 0
+    assert f"and {-max(full[64]):.1f}% to {-min(full[64]):.1f}% slower at D = 64" in log
+    assert f"with one {-max(causal):.1f}% to {-min(causal):.1f}% slower at both head dims" in log
+    counter = gains(rows, w4, w3)
+    assert (f"W4 with its counter {pct(counter[128].values())} at D = 128 and {pct(counter[64].values())} at "
+            "D = 64 here") in log
+
+
+def test_ladder_rows_of_the_turns_and_the_static_w4():
+    log = _log()
+    turns, _ = results_data.load_results("hopper_turns_h200.json")
+    on = _ratios(turns, "hopper-w3[c3,turns]", "sdpa-flash").values()
+    off = _ratios(turns, "hopper-w3[c3]", "sdpa-flash").values()
+    assert f"| +1 to +4% over three consumers without turns | - | {_span(on)}x | - / 54.9 | - / 128 |" in log
+    assert f"three consumers without turns measured {_span(off)}x" in log
+    w4 = [r for r in results_data.load_results("hopper_w4_static_h200.json")[0] if r.get("tflops")]
+    by_d = {D: [x for k, x in _ratios(w4, impl, "sdpa-flash").items() if k[1] == D]
+            for D, impl in ((128, "hopper-w4[static]"), (64, "hopper-w4[c3,static]"))}
+    assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers) | - | 168 / 128 |" in log
+    assert "racecheck finds nothing in it, which places the report on the slot alone" in _chapter_11_text()
