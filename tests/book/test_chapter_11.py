@@ -71,3 +71,29 @@ def test_figures_draw():
     assert len(fig.axes) == 2
     fig = hopper_plots.stage_ring([hl.ring_slot(i, 2) for i in range(6)], stages=2)
     assert len(fig.axes[0].patches) == 6
+
+
+def _first(cw, consumers):
+    return 1 if cw == consumers - 1 else None
+
+
+def _after(cw, slot, n_tiles, consumers):
+    return None if (cw == consumers - 1 and slot == n_tiles) else 1 + (cw + 1) % consumers
+
+
+def test_turn_ring_checker_plays_the_protocol():
+    assert ch11.check_turn_ring(_first, _after)
+    # the last consumer gives a turn after its last slot: a half-counted generation at exit
+    extra = ch11.check_turn_ring(_first, lambda cw, s, n, c: 1 + (cw + 1) % c)
+    assert not extra and "left with arrivals" in extra.message
+    # nobody gives consumer 0 its first turn
+    assert "deadlock" in ch11.check_turn_ring(lambda cw, c: None, _after).message
+    # the ring backwards, and ping-pong's rule (1 - cw) kept for three consumers
+    assert not ch11.check_turn_ring(_first, lambda cw, s, n, c: None if (cw == c - 1 and s == n) else 1 + (cw - 1) % c)
+    two_only = ch11.check_turn_ring(lambda cw, c: 1 if cw == 1 else None,
+                                    lambda cw, s, n, c: None if (cw == 1 and s == n) else 2 - cw)
+    assert not two_only and two_only.message.startswith("✗ 3 consumers")
+    wrong_id = ch11.check_turn_ring(_first, lambda cw, s, n, c: 5)
+    assert not wrong_id and "named barrier 5, on which no consumer waits" in wrong_id.message
+    raised = ch11.check_turn_ring(_first, lambda cw, s, n, c: 1 // 0)
+    assert not raised and "ZeroDivisionError" in raised.message

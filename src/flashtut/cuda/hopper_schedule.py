@@ -115,7 +115,10 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, consumers: i
     (the last consumer gives consumer 0 its first turn), ``final_arrive`` (the last consumer also gives a
     turn after its last slot), ``interleave_idle`` (skipped tiles released in their slots, not all before
     the idle turns), ``own_barriers`` (one barrier id per consumer), ``wait_before_release`` (wgmma_wait
-    before a stage is released)."""
+    before a stage is released). ``policy``, a pair of functions, replaces the kernel's turn rules (for
+    exercise 11.7): ``first(cw, consumers)``, the named barrier consumer ``cw`` arrives on before its
+    first slot, or None; ``after(cw, slot, n_tiles, consumers)``, the one it arrives on after its turn
+    in ``slot``, or None."""
     yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, consumers, **knobs)
 
 
@@ -137,17 +140,18 @@ def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "afte
 def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool,
                     consumers: int = 2, *, turns: bool = True, prime: bool = True, final_arrive: bool = False,
                     interleave_idle: bool = True, own_barriers: bool = True, wait_before_release: bool = True,
-                    q_release: str = "after_last_s"):
+                    q_release: str = "after_last_s", policy=None):
     last = consumers - 1
     mine, nxt = (TURN[cw], TURN[(cw + 1) % consumers]) if own_barriers else (TURN[0], TURN[0])
 
     def end_turn(slot):
         if not turns:
             return
-        if cw != last or slot < n_tiles or final_arrive:
-            yield ("bar_arrive", nxt)
+        if policy is not None:
+            bid = policy[1](cw, slot, n_tiles, consumers)
         else:
-            yield ("end_turn",)
+            bid = nxt if cw != last or slot < n_tiles or final_arrive else None
+        yield ("bar_arrive", bid) if bid is not None else ("end_turn",)
 
     def turn():
         if turns:
@@ -167,8 +171,9 @@ def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int,
         if persistent and q_release == when:
             yield ("arrive", "q_empty", WARPS)
 
-    if cw == last and prime and turns:
-        yield ("bar_arrive", TURN[0])
+    first = policy[0](cw, consumers) if policy is not None else (TURN[0] if cw == last and prime else None)
+    if turns and first is not None:
+        yield ("bar_arrive", first)
     yield ("wait", "q_full", it & 1, it)
     if my_tiles > 0:
         yield from full("k", 0)
@@ -322,6 +327,8 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         raise ScheduleError(f"{where} stages={stages} seed={seed}: {msg}")
 
     def named_arrive(cw, bid, waits):
+        if bid not in named or bid not in TURN[:len(consumers)]:
+            fail(f"consumer {cw} arrives on named barrier {bid!r}, on which no consumer waits")
         gen = named[bid]
         if any(w == cw for w, _ in gen.arrived):
             fail(f"consumer {cw} arrives twice on named barrier {bid} in one generation")

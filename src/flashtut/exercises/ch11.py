@@ -7,6 +7,7 @@ names the first inputs where the two differ and what each gave.
 from __future__ import annotations
 
 from ..cuda import hopper_layout as hl
+from ..cuda import hopper_schedule as hs
 from .checker import CheckResult
 
 
@@ -102,3 +103,32 @@ def check_exp2_poly(exp2) -> CheckResult:
     lines += [f"  exp2({x[i]!r}) = {got[i]!r}, expected {want[i]!r}" for i in bad[:3]]
     return CheckResult(False, "\n".join(lines), n_bad=int(bad.size), n_total=x.size,
                        bad_positions=[float(x[i]) for i in bad[:3]])
+
+
+def check_turn_ring(first_turn, after_slot) -> CheckResult:
+    """Check the turn rules of W3's consumers, two (ping-pong) or three (``c3_turns``), by playing the
+    kernel's barrier protocol with them (:mod:`flashtut.cuda.hopper_schedule`): ``first_turn(cw,
+    consumers)``, the named barrier consumer ``cw`` arrives on before its first slot (None: none), and
+    ``after_slot(cw, slot, n_tiles, consumers)``, the one it arrives on after its turn in slot ``slot``
+    of ``n_tiles + 1`` (None: it gives no turn). Consumer w waits on barrier 1 + w. Every block shape
+    (tile counts up to 4, every pattern of skipped tiles) must finish, under random interleavings,
+    with the turns going round 0, 1 (, 2), 0 ..."""
+    shapes = {2: [(n, (a, b)) for n in range(5) for a in range(n + 1) for b in range(n + 1)],
+              3: [(n, (a, b, c)) for n in range(4) for a in range(n + 1) for b in range(n + 1) for c in range(n + 1)]}
+    total = sum(len(s) for s in shapes.values()) * 2
+    for consumers, cases in shapes.items():
+        for n_tiles, mine in cases:
+            for seed in range(2):
+                where = f"{consumers} consumers, {n_tiles} tiles, their own {list(mine)}"
+                try:
+                    trace = hs.simulate(n_tiles, mine, 2, seed, policy=(first_turn, after_slot))
+                except hs.ScheduleError as exc:
+                    return CheckResult(False, f"✗ {where}: {str(exc).split(': ', 1)[1]}", n_bad=1, n_total=total)
+                except Exception as exc:  # the reader's code raised
+                    return CheckResult(False, f"✗ {where}: your function raised {type(exc).__name__}: {exc}",
+                                       n_bad=1, n_total=total)
+                want = [(cw, s) for s in range(n_tiles + 1) for cw in range(consumers)]
+                if trace.turns != want:
+                    return CheckResult(False, f"✗ {where}: the turns went {trace.turns[:8]} ..., expected "
+                                              f"{want[:8]} ...", n_bad=1, n_total=total)
+    return CheckResult(True, f"✓ turn ring: all {total} runs finish, in turn", n_total=total)
