@@ -621,7 +621,7 @@ def _cmd_profile(parser, args, argv) -> int:
             rows += got
     if args.out:
         config = {"sets": args.set, "head_dims": args.head_dim, "metrics": list(profile.NCU_METRICS),
-                  "ncu": profile.ncu_command("SET", 0, args.ncu)}
+                  "ncu": " ".join(profile.ncu_command("<set>", "<D>", args.ncu))}
         save_results(args.out, "profile", rows, collect(torch.device("cuda"), argv), config)
         print(f"wrote {len(rows)} rows to {args.out}")
     return 0

@@ -180,7 +180,7 @@ def profile_rows(set_name: str, D: int, profiled: list[dict]) -> list[dict]:
     return rows
 
 
-def ncu_command(set_name: str, D: int, ncu: str = "ncu") -> list[str]:
+def ncu_command(set_name: str, D, ncu: str = "ncu") -> list[str]:
     """The ncu command line that profiles set ``set_name`` at ``D`` (clocks as the benchmark runs them)."""
     return [ncu, "--clock-control", "none", "-k", KERNEL_REGEX, "--metrics", ",".join(NCU_METRICS), "--csv",
             sys.executable, "-m", "flashtut.bench.profile", "--launch", set_name, str(D)]
