@@ -13,7 +13,7 @@ import pytest
 
 from flashtut.cuda import hopper_schedule as hs
 
-SHAPES = [(n, (a, b)) for n in range(6) for a in range(n + 1) for b in range(n + 1)]
+SHAPES = hs.block_shapes(2, 5)
 SEEDS = range(12)
 
 
@@ -97,7 +97,7 @@ def test_parity_and_argument_checks():
 # ------------------------------------------------------------------ three consumers, with and without turns
 #: every block of the W3_CONSUMERS=3 build: tile counts up to 4, each consumer's own count (rows past
 #: Nq: none; a causal block's lower warpgroups: fewer)
-SHAPES3 = [(n, (a, b, c)) for n in range(5) for a in range(n + 1) for b in range(n + 1) for c in range(n + 1)]
+SHAPES3 = hs.block_shapes(3, 4)
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4])

@@ -487,8 +487,9 @@ HOPPER_VARIANTS = {
 W2_REGS = {"producer": 24, "consumer": 240}
 
 #: W3 with three consumer warpgroups (``hopper_config(..., consumers=3)``): 192-row blocks of 512
-#: threads, no ping-pong (turns in a ring with the c3_turns option), each consumer's registers after setmaxnreg ((65536 - 128 * 24) / 384,
-#: rounded down to 8), built for D = 64 only (at D = 128 ptxas spills and serialises the wgmma)
+#: threads, no ping-pong (turns in a ring with the c3_turns option), each consumer's registers after
+#: setmaxnreg ((65536 - 128 * 24) / 384, rounded down to 8), built for D = 64 only (at D = 128 ptxas
+#: spills and serialises the wgmma)
 W3_WIDE = {"head_dims": (64,), "regs": 160}
 
 #: head dims the Hopper forward is built for (its tiles are 64-column swizzled blocks)
@@ -622,9 +623,10 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     16 keys instead of one 128-column wgmma (whose descriptor needs the leading-dimension offset);
     W2 and W3 always split. ``stages`` (W2 and W3, 2 to 4): K/V stages in their ring.
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks,
-    FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``). ``options``: the
-    W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``, ``section_order``,
-    ``heads_first``, ``tma_store``, ``c3_turns``), each off by default."""
+    FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
+    ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
+    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``), each off by
+    default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:

@@ -51,6 +51,15 @@ class ScheduleError(AssertionError):
     """The simulated schedule broke a rule (see the module docstring)."""
 
 
+def block_shapes(consumers: int, max_tiles: int) -> list[tuple[int, tuple[int, ...]]]:
+    """Every block a W3 build with ``consumers`` consumer warpgroups meets, up to ``max_tiles`` key tiles:
+    ``(n_tiles, my_tiles)`` with each consumer's own count from 0 (rows past Nq) to n_tiles (causal: a
+    lower warpgroup sees fewer)."""
+    import itertools
+
+    return [(n, mine) for n in range(max_tiles + 1) for mine in itertools.product(range(n + 1), repeat=consumers)]
+
+
 def parity(j: int, stages: int) -> int:
     """The mbarrier parity of tile ``j``'s fill (or release) of its stage: ``W3_PARITY`` in the kernel."""
     return (j // stages) & 1

@@ -113,8 +113,7 @@ def check_turn_ring(first_turn, after_slot) -> CheckResult:
     of ``n_tiles + 1`` (None: it gives no turn). Consumer w waits on barrier 1 + w. Every block shape
     (tile counts up to 4, every pattern of skipped tiles) must finish, under random interleavings,
     with the turns going round 0, 1 (, 2), 0 ..."""
-    shapes = {2: [(n, (a, b)) for n in range(5) for a in range(n + 1) for b in range(n + 1)],
-              3: [(n, (a, b, c)) for n in range(4) for a in range(n + 1) for b in range(n + 1) for c in range(n + 1)]}
+    shapes = {2: hs.block_shapes(2, 4), 3: hs.block_shapes(3, 3)}
     total = sum(len(s) for s in shapes.values()) * 2
     for consumers, cases in shapes.items():
         for n_tiles, mine in cases:
