@@ -80,6 +80,12 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True),
     configs.hopper_config("w4", torch.bfloat16, 128, static_schedule=True),
     configs.hopper_config("w4", torch.float16, 64, consumers=3, static_schedule=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, pin_overlap=True),
+    configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_overlap=True),
+    configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, lazy_rescale=True),
+    configs.hopper_config("w3", torch.float16, 128, pin_overlap=True, lazy_rescale=True),
+    configs.hopper_config("w4", torch.bfloat16, 128, pin_overlap=True),
+    configs.hopper_config("w3", torch.float16, 64, block_n=64, consumers=3, pin_overlap=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -209,6 +215,16 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
     if cfg.kernel in W3_KERNELS:
         check_w3_sass(text, consumers(cfg), consumer_regs(cfg), bool(cfg.define_dict.get("W3_TMA_STORE")),
                       consumers(cfg) == 2 or bool(cfg.define_dict.get("W3_C3_TURNS")))
+    if cfg.kernel in W3_KERNELS:
+        # the loop's softmax of S_j lies between its two waits (under the P V in flight) only when pinned:
+        # without the pin ptxas places the wait for the P V above all of it (W3) or all but a few
+        # exponentials (W4) (book/perflog_hopper.md)
+        slot = cfg.block_n // 2 + 2   # P's exponentials and the two alpha
+        between = exp2_between_waits(text)
+        if cfg.define_dict.get("W3_PIN_OVERLAP"):
+            assert between == slot, between
+        else:
+            assert between == 0 if cfg.kernel == "flash_fwd_w3" else between < slot // 4, between
     share = cfg.define_dict.get("FT_EXP2_POLY", 0)
     if share:
         check_exp2_poly_sass(cfg, text, share)
@@ -225,6 +241,15 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         D = cfg.define_dict["HEAD_DIM"]
         assert text.count("UTMASTG.3D") == D // 64 and "UTMASTG" not in base
         assert base.count("STG.E ") - text.count("STG.E ") == 2 * D // 8, (base.count("STG.E "), text.count("STG.E "))
+
+
+def exp2_between_waits(text: str) -> int:
+    """The MUFU.EX2 of W3's loop between its wait for S_j (the one WARPGROUP.DEPBAR.LE gsb0, 0x1) and the
+    next wait, for the P V of the tile before (DEPBAR.LE 0x0): the softmax that runs under that P V."""
+    lines = re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", text)
+    start = next(i for i, t in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
+    end = next(i for i in range(start + 1, len(lines)) if "WARPGROUP.DEPBAR.LE" in lines[i])
+    return sum("MUFU.EX2" in t for t in lines[start:end])
 
 
 def check_exp2_poly_sass(cfg, text: str, share: int) -> None:
@@ -695,7 +720,14 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"tma_store": True}), ("w3", 2, {"tma_store": True}),
             ("w3", 3, {"heads_first": True}), ("w3", 2, {"heads_first": True, "tma_store": True}),
             ("w3", 3, {"c3_turns": True}), ("w3", 3, {"c3_turns": True, "tma_store": True}),
-            ("w4", 3, {"c3_turns": True}), ("w4", 2, {"static_schedule": True}), ("w4", 3, {"static_schedule": True})]
+            ("w4", 3, {"c3_turns": True}), ("w4", 2, {"static_schedule": True}), ("w4", 3, {"static_schedule": True}),
+            ("w3", 3, {"c3_turns": True, "pin_overlap": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True}),
+            ("w3", 3, {"c3_turns": True, "lazy_rescale": True}), ("w3", 2, {"lazy_rescale": True}),
+            ("w4", 2, {"pin_overlap": True, "lazy_rescale": True})]
+
+
+#: the build options that change only the order of a warpgroup's instructions, not its arithmetic
+ORDER_ONLY = ("c3_turns", "pin_overlap")
 
 
 def _options_label(options: dict) -> str:
@@ -735,12 +767,12 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
             w1, _ = hopper.forward_hopper(q, k, v, causal=causal, scale=scale, block_n=block_n)
             run = functools.partial(hopper.forward_hopper, q, k, v, causal=causal, scale=scale, block_n=block_n,
                                     stages=stages, consumers=consumers, **options)
-            # W3 with the same options, less those built for W4 alone (its schedule)
+            # W3 with the same options, less those built for W4 alone (its schedule), and less those that
+            # only change the order of the same arithmetic (the turns order the issue of the same products,
+            # the pin the instructions of one slot): the same bits as without them
             w4_only = {k: False for k in options if "w3" not in configs.W3_OPTIONS[k][2]}
-            w3 = run(variant="w3", **w4_only)[0] if variant == "w4" else None
-            # the turns only order the issue of the same products: the same bits as without them
-            if options.get("c3_turns"):
-                w3 = run(variant="w3", c3_turns=False)[0]
+            order_only = {k: False for k in ORDER_ONLY if options.get(k)}
+            w3 = run(variant="w3", **w4_only, **order_only)[0] if variant == "w4" or order_only else None
             for ctas in (W4_CTAS if variant == "w4" else (None,)):
                 o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
                 torch.cuda.synchronize()

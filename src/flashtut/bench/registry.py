@@ -248,7 +248,8 @@ def _ladder_fwd(variant: str):
 #: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
 #: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
-#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``)
+#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``), the softmax pinned under the
+#: P V in flight (``[pin]``) and the lazy rescale (``[lazy]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -272,7 +273,16 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[c3,turns,poly1]": ("w3", 128, True, 2, 3, {"c3_turns": True, "exp2_poly": 1}),
                 "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True}),
                 "hopper-w4[static]": ("w4", 128, True, 2, 2, {"static_schedule": True}),
-                "hopper-w4[c3,static]": ("w4", 128, True, 2, 3, {"static_schedule": True})}
+                "hopper-w4[c3,static]": ("w4", 128, True, 2, 3, {"static_schedule": True}),
+                # the softmax pinned under the P V in flight, the lazy rescale, each on cuda_attention's builds
+                "hopper-w3[c3,turns,pin]": ("w3", 128, True, 2, 3, {"c3_turns": True, "pin_overlap": True}),
+                "hopper-w3[c3,turns,lazy]": ("w3", 128, True, 2, 3, {"c3_turns": True, "lazy_rescale": True}),
+                "hopper-w3[c3,turns,pin,lazy]": ("w3", 128, True, 2, 3,
+                                                 {"c3_turns": True, "pin_overlap": True, "lazy_rescale": True}),
+                "hopper-w3[store,pin]": ("w3", 128, True, 2, 2, {"tma_store": True, "pin_overlap": True}),
+                "hopper-w3[store,lazy]": ("w3", 128, True, 2, 2, {"tma_store": True, "lazy_rescale": True}),
+                "hopper-w3[store,pin,lazy]": ("w3", 128, True, 2, 2,
+                                              {"tma_store": True, "pin_overlap": True, "lazy_rescale": True})}
 def hopper_name(variant: str, consumers: int, options: dict) -> str:
     """The registry name of Hopper rung ``variant`` with ``consumers`` consumer warpgroups and the build
     ``options`` (flashtut.cuda.configs.W3_OPTIONS), at 128-key tiles and two stages: ``hopper_name("w3",

@@ -594,6 +594,13 @@ W3_OPTIONS = {
     "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),
+    "pin_overlap": ("W3_PIN_OVERLAP", (False, True), W3_FAMILY,
+                    "the release of K_j's stage moves below the softmax of S_j and reads its row sums, which "
+                    "keeps ptxas from placing the wait for the P V in flight above the softmax (without it the "
+                    "exponentials run after the P V, not under it)"),
+    "lazy_rescale": ("FT_LAZY_RESCALE", (False, True), W3_FAMILY,
+                     "a warp moves its running maxima, and rescales O and l, only when some row's maximum "
+                     "grew by more than 8 in log2 units (P stays at most 2^8), instead of at every new maximum"),
 }
 
 
@@ -625,8 +632,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks,
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
-    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``), each off by
-    default."""
+    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``,
+    ``pin_overlap``, ``lazy_rescale``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:

@@ -59,6 +59,14 @@ __device__ __forceinline__ void warp_release(unsigned bar, int lane) {
     if (lane == 0) mbar_arrive(bar);
 }
 
+// warp_release once this thread's two row sums l are computed: the arrival's predicate reads them (and is
+// always true: a sum is at least 0, or NaN), so ptxas, which keeps memory operations in order with
+// wgmma.wait_group, cannot move the arithmetic that feeds l below a wait that follows the arrival
+__device__ __forceinline__ void warp_release_after(unsigned bar, int lane, const float (&l)[2]) {
+    __syncwarp();
+    if (lane == 0 && !(l[0] + l[1] < 0.f)) mbar_arrive(bar);
+}
+
 // one box (64 columns x rows x 1 head) of a 3-D tensor map into shared memory at dst; its bytes count
 // towards bar's transaction total
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* tmap, int col, int row, int head, unsigned bar) {

@@ -18,6 +18,18 @@
 #define FT_ROW_TREE 0    // 1: a tile's row maxima and row sums as trees of pairs instead of one chain each
 #endif
 
+#ifndef FT_LAZY_RESCALE
+#define FT_LAZY_RESCALE 0   // 1: a warp moves its rows' maxima (and rescales O) only past FT_RESCALE_SLACK
+#endif
+// Lazy rescaling: the running maximum m need not be the true maximum, only close enough above the scores
+// that exp2((S - m) scale_log2) cannot overflow; o = O / l and lse = m + log2 l come out the same for any m
+// used consistently in O and l. So a warp keeps its maxima until some row's grows by more than
+// FT_RESCALE_SLACK (log2 units): P then stays at most 2^8 = 256, which float16 and bfloat16 hold, and after
+// the first tiles of a row the warp skips alpha's exponentials and O's multiplies almost every tile. The
+// exact test (skip only when no maximum grew) skips too rarely to pay: in a warp of 16 rows some row's
+// maximum grows in most of a row's first few dozen tiles (book/perflog_hopper.md).
+#define FT_RESCALE_SLACK 8.f
+
 // Row r's BN / 4 values of a thread's slice of S (i = 4k + 2r and 4k + 2r + 1) combined by op as a tree of
 // pairs: the same BN / 4 - 1 operations as a chain, but log2(BN / 4) = 5 deep instead of 31 at BN = 128.
 // A chain is what the plain loop compiles to: ptxas may not reorder fmaxf or + (a max of -0 and +0, and
@@ -67,12 +79,24 @@ __device__ __forceinline__ void wg_mask(float* s, int n0, int Nk, int causal, in
     }
 }
 
+// one row's running maximum moved to m_new: alpha = exp2(m - m_new) rescales its sum l here (and its O
+// row, by the caller), and -m_new * scale_log2 is the exponent's offset
+__device__ __forceinline__ void wg_move_max(float& m, float& l, float m_new, float scale_log2, float& alpha,
+                                            float& neg_mscaled) {
+    const float m_use = m_new == FT_NEG_INF ? 0.f : m_new;  // a row with no key yet stays at 0
+    alpha = ft_exp2((m - m_use) * scale_log2);
+    m = m_new;
+    l *= alpha;
+    neg_mscaled = -m_use * scale_log2;
+}
+
 // The online-softmax step in log2 units, in two halves, because rung W3 runs them at different times.
 // wg_softmax_max: the tile's row maxima (the 4 lanes of a quad share rows g and g + 8), the new running
 // maxima, the factors alpha = exp2(m_old - m_new) that rescale l (here) and the O accumulator (by the
-// caller, wg_rescale), and -m_new * scale_log2 for the exponent.
+// caller, wg_rescale, only where this returns true), and -m_new * scale_log2 for the exponent. It returns
+// false (the same for the whole warp) where FT_LAZY_RESCALE kept every maximum: alpha is then 1.
 template <int BN>
-__device__ __forceinline__ void wg_softmax_max(const float* s, float (&m)[2], float (&l)[2], float scale_log2,
+__device__ __forceinline__ bool wg_softmax_max(const float* s, float (&m)[2], float (&l)[2], float scale_log2,
                                                float (&alpha)[2], float (&neg_mscaled)[2]) {
 #if FT_ROW_TREE
     const float m_tile[2] = {wg_row_tree<BN>(s, 0, ft_max_op()), wg_row_tree<BN>(s, 1, ft_max_op())};
@@ -81,15 +105,29 @@ __device__ __forceinline__ void wg_softmax_max(const float* s, float (&m)[2], fl
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) m_tile[(i / 2) % 2] = fmaxf(m_tile[(i / 2) % 2], s[i]);
 #endif
+#if FT_LAZY_RESCALE
+    float m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m_new[r] = fmaxf(m[r], quad_max(m_tile[r]));
+    // a row that saw no key yet compares -inf with -inf: NaN, not a growth; its first key is +inf
+    const bool moved = __any_sync(0xffffffffu, (m_new[0] - m[0]) * scale_log2 > FT_RESCALE_SLACK
+                                               || (m_new[1] - m[1]) * scale_log2 > FT_RESCALE_SLACK);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m[r], quad_max(m_tile[r]));
-        const float m_use = m_new == FT_NEG_INF ? 0.f : m_new;  // a row with no key yet stays at 0
-        alpha[r] = ft_exp2((m[r] - m_use) * scale_log2);
-        m[r] = m_new;
-        l[r] *= alpha[r];
-        neg_mscaled[r] = -m_use * scale_log2;
+        if (moved) {
+            wg_move_max(m[r], l[r], m_new[r], scale_log2, alpha[r], neg_mscaled[r]);
+        } else {
+            alpha[r] = 1.f;
+            neg_mscaled[r] = -(m[r] == FT_NEG_INF ? 0.f : m[r]) * scale_log2;
+        }
     }
+    return moved;
+#else
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        wg_move_max(m[r], l[r], fmaxf(m[r], quad_max(m_tile[r])), scale_log2, alpha[r], neg_mscaled[r]);
+    return true;
+#endif
 }
 
 // the O accumulator moved to the new maxima: its rows r0 and r0 + 8 times alpha[0] and alpha[1]
@@ -138,8 +176,7 @@ template <int BN>
 __device__ __forceinline__ void wg_softmax(const float* s, float (&m)[2], float (&l)[2], float* acc,
                                            float scale_log2, ft_raw2* pf) {
     float alpha[2], neg_mscaled[2];
-    wg_softmax_max<BN>(s, m, l, scale_log2, alpha, neg_mscaled);
-    wg_rescale(acc, alpha);
+    if (wg_softmax_max<BN>(s, m, l, scale_log2, alpha, neg_mscaled)) wg_rescale(acc, alpha);
     wg_softmax_exp<BN>(s, l, neg_mscaled, scale_log2, pf);
 }
 

@@ -74,6 +74,16 @@
 #if W3_C3_TURNS && W3_CONSUMERS != 3
 #error "W3_C3_TURNS is the turn ring of three consumers; two always take turns (ping-pong)"
 #endif
+#ifndef W3_PIN_OVERLAP
+#define W3_PIN_OVERLAP 0   // 1: the softmax of S_j is pinned above wait_group 0, under the P V in flight
+#endif
+// W3_PIN_OVERLAP: ptxas schedules arithmetic freely across wgmma.wait_group (it has no register operands),
+// and without a pin it places the wait of a slot's P V right after S_j's wait, above the whole softmax of
+// S_j: the SASS runs the exponentials after the P V is done, not under it, and the intra-warpgroup
+// overlap described above is gone (0 of the slot's 66 MUFU.EX2 between the two WARPGROUP.DEPBAR). It
+// does keep memory operations in order with the wait, so the pin is one: the release of K_j's stage, an
+// mbarrier arrival, moves below the softmax and takes a predicate that reads the row sums, which every
+// exponential feeds (warp_release_after). Then all 66 stay between the two waits.
 #ifndef W4_STATIC
 #define W4_STATIC 0    // W4: 1, block b takes query blocks b, b + gridDim.x, ... (no counter, no handover)
 #endif
@@ -220,10 +230,10 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
-#if W3_CONSUMERS == 2
-    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
-#elif W3_TURNS
-    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + (cw == 2 ? 0 : cw + 1);   // the next
+#if W3_TURNS
+    // the turns go round the ring 0, 1 (, 2), 0 ...: warpgroup cw hands its turn to the next
+    const int last = W3_CONSUMERS - 1;
+    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + (cw == last ? 0 : cw + 1);
 #else
     const int my_turn = 0;   // named_bar_sync(my_turn) compiles to nothing without turns
     (void)cw;
@@ -245,12 +255,9 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     // turn the last consumer gives here again, so the turns go round across blocks too).
     // Without turns (three consumers, W3_C3_TURNS = 0) they compile to nothing: named_bar_sync and
     // named_bar_arrive are empty and W3_END_TURN gives no turn.
-#if W3_CONSUMERS == 2
-    if (cw == 1) named_bar_arrive(W3_BAR_TURN0);
-#define W3_END_TURN(slot) do { if (cw == 0 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
-#elif W3_TURNS
-    if (cw == 2) named_bar_arrive(W3_BAR_TURN0);
-#define W3_END_TURN(slot) do { if (cw != 2 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+#if W3_TURNS
+    if (cw == last) named_bar_arrive(W3_BAR_TURN0);
+#define W3_END_TURN(slot) do { if (cw != last || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
 #else
 #define W3_END_TURN(slot) do { } while (0)
 #endif
@@ -302,21 +309,26 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
             // wait_group 1: every group but the newest (the P V) is complete, so S_j is in registers
             wgmma_wait<1>();
             wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
+#if !W3_PIN_OVERLAP
             warp_release(W3_K_EMPTY(s), lane);
+#endif
             if (j == my_tiles - 1) W3_RELEASE_Q();
             wg_mask<W3_BLOCK_N>(sc, j * W3_BLOCK_N, Nk, causal, diag_offset, warp_row0, r0, t);
             // P_j = exp2(...) in float32 over S_j itself: pf still holds P_{j-1}, which the P V in flight
             // is reading. (A second array for P_j, copied into pf at the end of the slot, makes ptxas
             // serialise every wgmma, C7513: it merges the copy's registers with the operands in flight.)
-            wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
+            const bool moved = wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
             wg_softmax_exp_inplace<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2);
+#if W3_PIN_OVERLAP
+            warp_release_after(W3_K_EMPTY(s), lane, l);   // keeps the softmax above the wait (W3_PIN_OVERLAP)
+#endif
             // O holds tiles 0 .. j - 1 at the old maxima once the P V is done; only then may it be
             // rescaled, and pf overwritten with P_j
             wgmma_wait<0>();
             wgmma_fence_operands<HEAD_DIM / 2>(acc);
             wgmma_fence_operands<W3_BLOCK_N / 4>(pf);   // P_{j-1} stays in its registers until here
             warp_release(W3_V_EMPTY(ps), lane);
-            wg_rescale(acc, alpha);
+            if (moved) wg_rescale(acc, alpha);
             wg_pack_p<W3_BLOCK_N>(sc, pf);
         }
 
