@@ -85,6 +85,9 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, lazy_rescale=True),
     configs.hopper_config("w3", torch.float16, 128, pin_overlap=True, lazy_rescale=True),
     configs.hopper_config("w4", torch.bfloat16, 128, pin_overlap=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, pin_anchor=True),
+    configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_anchor=True),
+    configs.hopper_config("w4", torch.float16, 128, pin_anchor=True),
     configs.hopper_config("w3", torch.float16, 64, block_n=64, consumers=3, pin_overlap=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
@@ -221,7 +224,7 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         # exponentials (W4) (book/perflog_hopper.md)
         slot = cfg.block_n // 2 + 2   # P's exponentials and the two alpha
         between = exp2_between_waits(text)
-        if cfg.define_dict.get("W3_PIN_OVERLAP"):
+        if cfg.define_dict.get("W3_PIN_OVERLAP") or cfg.define_dict.get("W3_PIN_ANCHOR"):
             assert between == slot, between
         else:
             assert between == 0 if cfg.kernel == "flash_fwd_w3" else between < slot // 4, between
@@ -370,6 +373,11 @@ def test_configs_fit_an_h100():
     assert configs.hopper_config("w2", torch.float16, 128, stages=3).dynamic_smem <= configs.SMEM_PER_BLOCK[90]
     assert configs.W2_REGS["producer"] * 128 + configs.W2_REGS["consumer"] * 256 <= 65536
     assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
+    # pin_anchor's mbarrier after W4's q_empty and slots: 8 * (3 + 4 * stages) from the first, 8 bytes long
+    for variant in configs.W3_FAMILY:
+        plain, anchored = (configs.hopper_config(variant, torch.float16, 64, stages=3, pin_anchor=a) for a in (False, True))
+        assert anchored.dynamic_smem - plain.dynamic_smem == configs.W3_ANCHOR_BYTES
+        assert anchored.dynamic_smem >= configs.w3_smem_bytes(64, stages=3) + 8 * (3 + 4 * 3 + 1) - 8 * (1 + 4 * 3)
 
 
 #: (arguments of configs.hopper_config, what the ValueError says)
@@ -380,6 +388,7 @@ CONFIG_ERRORS = [
     (("w1", torch.float16, 64), dict(block_n=96), "block_n"),
     (("w2", torch.float16, 64), dict(stages=5), "stages"),
     (("w1", torch.float16, 64), dict(stages=3), "stages applies to W2"),
+    (("w3", torch.float16, 64), dict(pin_overlap=True, pin_anchor=True), "two pins of the same softmax; choose one"),
     (("w2", torch.float16, 128), dict(pv_split=False), "pv_split"),
     (("w3", torch.float16, 128), dict(pv_split=False), "W3 always splits"),
     (("w3", torch.float16, 64), dict(stages=1), "stages"),
@@ -723,11 +732,13 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w4", 3, {"c3_turns": True}), ("w4", 2, {"static_schedule": True}), ("w4", 3, {"static_schedule": True}),
             ("w3", 3, {"c3_turns": True, "pin_overlap": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True}),
             ("w3", 3, {"c3_turns": True, "lazy_rescale": True}), ("w3", 2, {"lazy_rescale": True}),
-            ("w4", 2, {"pin_overlap": True, "lazy_rescale": True})]
+            ("w4", 2, {"pin_overlap": True, "lazy_rescale": True}),
+            ("w3", 3, {"c3_turns": True, "pin_anchor": True}), ("w3", 2, {"tma_store": True, "pin_anchor": True}),
+            ("w4", 2, {"pin_anchor": True})]
 
 
 #: the build options that change only the order of a warpgroup's instructions, not its arithmetic
-ORDER_ONLY = ("c3_turns", "pin_overlap")
+ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor")
 
 
 def _options_label(options: dict) -> str:
@@ -786,7 +797,9 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
                 # of the tile before, where W1 does it too): equal to rounding
                 # (not with the cubic: its P differs from ex2's by up to 7.5e-5 relative, enough to move
                 # bfloat16 roundings of P by one unit; the error criterion above is the check that holds)
-                if not options.get("exp2_poly"):
+                # (nor with the lazy rescale: P at a stale maximum is P at the true one times a factor that
+                # is not a power of 2, so its 16-bit roundings differ, by a bfloat16 unit of o at times)
+                if not options.get("exp2_poly") and not options.get("lazy_rescale"):
                     torch.testing.assert_close(o, w1, atol=2e-3, rtol=2e-3, msg=name)
                 if w3 is not None:
                     assert torch.equal(o, w3), f"{name}: differs from W3 built without {_options_label(options)}"

@@ -544,6 +544,11 @@ def w3_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: i
     return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 4 * stages)
 
 
+#: what pin_anchor adds to a rung's shared memory: the room of W4's q_empty and slots (16 bytes, which W4
+#: has already and W3 leaves unused) and the anchor's mbarrier after them (8)
+W3_ANCHOR_BYTES = 24
+
+
 def w4_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: int = 128) -> int:
     """W3's, one more mbarrier (W4 refills Q for each query block once the consumers release it) and
     two 4-byte slots in which the producer hands the consumers the number of their next query block."""
@@ -598,6 +603,9 @@ W3_OPTIONS = {
                     "the release of K_j's stage moves below the softmax of S_j and reads its row sums, which "
                     "keeps ptxas from placing the wait for the P V in flight above the softmax (without it the "
                     "exponentials run after the P V, not under it)"),
+    "pin_anchor": ("W3_PIN_ANCHOR", (False, True), W3_FAMILY,
+                   "pin_overlap's pin on an mbarrier of its own that no one waits for, so that K_j's release "
+                   "stays right after S_j's wait (24 more bytes of shared memory)"),
     "lazy_rescale": ("FT_LAZY_RESCALE", (False, True), W3_FAMILY,
                      "a warp moves its running maxima, and rescales O and l, only when some row's maximum "
                      "grew by more than 8 in log2 units (P stays at most 2^8), instead of at every new maximum"),
@@ -633,7 +641,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
     ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``,
-    ``pin_overlap``, ``lazy_rescale``), each off by default."""
+    ``pin_overlap``, ``pin_anchor``, ``lazy_rescale``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -644,6 +652,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         raise ValueError(f"block_n must be 64 or 128, got {block_n!r}")
     check_consumers(variant, consumers, head_dim)
     extra = check_w3_options(variant, options)
+    if options.get("pin_overlap") and options.get("pin_anchor"):
+        raise ValueError("pin_overlap and pin_anchor are two pins of the same softmax; choose one")
     if options.get("c3_turns") and consumers != 3:
         raise ValueError(f"c3_turns ({W3_OPTIONS['c3_turns'][3]}) needs consumers=3; two consumers always "
                          f"take turns, got consumers={consumers}")
@@ -657,8 +667,10 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         if consumers != 2:
             d["W3_CONSUMERS"] = consumers
         d.update(extra)
+        # pin_anchor's mbarrier sits past W4's q_empty and two slots, whichever the rung
+        anchor = W3_ANCHOR_BYTES if options.get("pin_anchor") else 0
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
-                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers),
+                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers) + anchor,
                             variant in PERSISTENT_RUNGS)
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")

@@ -84,6 +84,16 @@
 // does keep memory operations in order with the wait, so the pin is one: the release of K_j's stage, an
 // mbarrier arrival, moves below the softmax and takes a predicate that reads the row sums, which every
 // exponential feeds (warp_release_after). Then all 66 stay between the two waits.
+#ifndef W3_PIN_ANCHOR
+#define W3_PIN_ANCHOR 0   // 1: the same pin on an mbarrier of its own, K_j's release left where it was
+#endif
+// W3_PIN_ANCHOR: the pin of W3_PIN_OVERLAP delays K_j's release by a softmax, which at D = 64, where a
+// slot is short, may leave the producer too little time to refill the stage. This pin arrives instead on
+// an mbarrier that no one waits for (W3_ANCHOR, after W4's slots; its phases complete and are never
+// looked at), so the release stays right after S_j's wait.
+#if W3_PIN_OVERLAP && W3_PIN_ANCHOR
+#error "W3_PIN_OVERLAP and W3_PIN_ANCHOR are two pins of the same softmax: choose one"
+#endif
 #ifndef W4_STATIC
 #define W4_STATIC 0    // W4: 1, block b takes query blocks b, b + gridDim.x, ... (no counter, no handover)
 #endif
@@ -142,6 +152,7 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
 #define W3_K_EMPTY(s) (bars + 8u * (1 + 2 * W3_STAGES + (s)))
 #define W3_V_EMPTY(s) (bars + 8u * (1 + 3 * W3_STAGES + (s)))
 #define W3_Q_EMPTY (bars + 8u * (1 + 4 * W3_STAGES))
+#define W3_ANCHOR (bars + 8u * (3 + 4 * W3_STAGES))   // W3_PIN_ANCHOR's, past W4's q_empty and two slots
 #define W3_STAGE(j) ((kv0 + (j)) % W3_STAGES)
 #define W3_PARITY(j) ((unsigned)((kv0 + (j)) / W3_STAGES) & 1u)
 
@@ -310,7 +321,7 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
             wgmma_wait<1>();
             wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
 #if !W3_PIN_OVERLAP
-            warp_release(W3_K_EMPTY(s), lane);
+            warp_release(W3_K_EMPTY(s), lane);   // (W3_PIN_ANCHOR keeps it here)
 #endif
             if (j == my_tiles - 1) W3_RELEASE_Q();
             wg_mask<W3_BLOCK_N>(sc, j * W3_BLOCK_N, Nk, causal, diag_offset, warp_row0, r0, t);
@@ -321,6 +332,8 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
             wg_softmax_exp_inplace<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2);
 #if W3_PIN_OVERLAP
             warp_release_after(W3_K_EMPTY(s), lane, l);   // keeps the softmax above the wait (W3_PIN_OVERLAP)
+#elif W3_PIN_ANCHOR
+            warp_release_after(W3_ANCHOR, lane, l);       // the same, on a barrier nobody waits for
 #endif
             // O holds tiles 0 .. j - 1 at the old maxima once the P V is done; only then may it be
             // rescaled, and pf overwritten with P_j
@@ -449,6 +462,9 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #if W3_PERSISTENT
         mbar_init(W3_Q_EMPTY, W3_CONSUMER_WARPS);
 #endif
+#if W3_PIN_ANCHOR
+        mbar_init(W3_ANCHOR, 1);
+#endif
         mbar_init_fence();
     }
     __syncthreads();  // the barriers are initialised before anyone waits on them; none is needed later
@@ -536,3 +552,4 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #undef W3_K_EMPTY
 #undef W3_V_EMPTY
 #undef W3_Q_EMPTY
+#undef W3_ANCHOR
