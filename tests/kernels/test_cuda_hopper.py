@@ -88,6 +88,10 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, pin_anchor=True),
     configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_anchor=True),
     configs.hopper_config("w4", torch.float16, 128, pin_anchor=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, desc_step=True),
+    configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_overlap=True, desc_step=True),
+    configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True, desc_step=True),
+    configs.hopper_config("w4", torch.bfloat16, 128, block_n=64, stages=3, desc_step=True),
     configs.hopper_config("w3", torch.float16, 64, block_n=64, consumers=3, pin_overlap=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
@@ -237,6 +241,12 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         # no counter and no handover: no atomic, and no ordinary shared-memory access at all (the tiles are
         # written by TMA and read by wgmma), so racecheck has nothing of W4's own to check
         assert "ATOM" not in text and not re.search(r"\b(STS|LDS)(\.|\s)", text)
+    if cfg.define_dict.get("FT_DESC_STEP"):
+        # the same products; the descriptors' address fields no longer masked and shifted one by one: fewer
+        # uniform instructions (W3) or ordinary ones (W4, which builds them in ordinary registers)
+        _, base = nvcc_build(tuple((k, v) for k, v in cfg.defines if k != "FT_DESC_STEP"), source=cfg.source)
+        assert hgmma_counts(text) == hgmma_counts(base)
+        assert len(re.findall(r"/\*[0-9a-f]{4}\*/", text)) < len(re.findall(r"/\*[0-9a-f]{4}\*/", base)) - 50
     if cfg.define_dict.get("W3_TMA_STORE"):
         # one TMA store per 64-column box of the output tile, and no 4-byte store of O from registers
         # (what is left of STG: the lse)
@@ -344,6 +354,9 @@ def test_kernel_address_functions_match_the_model():
         "  for (int r = 0; r < 64; ++r) for (int c = 0; c < 128; ++c) printf(\"%u\\n\", sw128_offset<64>(r, c));\n"
         "  unsigned v[][3] = {{0, 16, 1024}, {1056, 16384, 1024}, {198656, 8192, 1024}, {262128, 16, 16}};\n"
         "  for (auto& x : v) printf(\"%llu\\n\", wgmma_desc(x[0], x[1], x[2]));\n"
+        "  for (unsigned a = 0; a < 232448; a += 1024) for (unsigned off = 0; a + off < 262144; off += 2080)\n"
+        "    printf(\"%d\\n\", (int)(wgmma_desc_step(wgmma_desc(a, 1024, 1024), off & ~15u)"
+        " == wgmma_desc(a + (off & ~15u), 1024, 1024)));\n"
         "}\n")
     exe = _TMP / "host_layout"
     res = subprocess.run([NVCC, "-std=c++17", f"-I{cc.KERNEL_DIR}", "-o", str(exe), str(src)],
@@ -354,7 +367,10 @@ def test_kernel_address_functions_match_the_model():
     want += [hl.tile_offset(r, c, 64) for r in range(64) for c in range(128)]
     want += [hl.encode_descriptor(a, lbo, sbo, "128B") for a, lbo, sbo in
              ((0, 16, 1024), (1056, 16384, 1024), (198656, 8192, 1024), (262128, 16, 16))]
-    assert got == want
+    # wgmma_desc_step: a descriptor stepped by an offset is the descriptor of the moved address, for every
+    # tile start a block can have and every offset that stays below 2^18
+    steps = sum(1 for a in range(0, 232448, 1024) for off in range(0, 262144 - a, 2080))
+    assert got[:len(want)] == want and len(got) == len(want) + steps and set(got[len(want):]) == {1}
 
 
 # ------------------------------------------------------------------ the launcher, on the CPU
@@ -734,11 +750,14 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"c3_turns": True, "lazy_rescale": True}), ("w3", 2, {"lazy_rescale": True}),
             ("w4", 2, {"pin_overlap": True, "lazy_rescale": True}),
             ("w3", 3, {"c3_turns": True, "pin_anchor": True}), ("w3", 2, {"tma_store": True, "pin_anchor": True}),
-            ("w4", 2, {"pin_anchor": True})]
+            ("w4", 2, {"pin_anchor": True}),
+            ("w3", 3, {"c3_turns": True, "desc_step": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True, "desc_step": True}),
+            ("w4", 3, {"c3_turns": True, "desc_step": True}), ("w4", 2, {"desc_step": True})]
 
 
-#: the build options that change only the order of a warpgroup's instructions, not its arithmetic
-ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor")
+#: the build options that change only the order of a warpgroup's instructions (or how it computes its
+#: wgmma descriptors), not its arithmetic
+ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step")
 
 
 def _options_label(options: dict) -> str:

@@ -249,7 +249,8 @@ def _ladder_fwd(variant: str):
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
 #: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
 #: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``), the softmax pinned under the
-#: P V in flight (``[pin]``, or ``[anchor]`` on a barrier of its own) and the lazy rescale (``[lazy]``)
+#: P V in flight (``[pin]``, or ``[anchor]`` on a barrier of its own), the lazy rescale (``[lazy]``) and the
+#: stepped descriptors (``[ds]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -283,6 +284,12 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w3[store,lazy]": ("w3", 128, True, 2, 2, {"tma_store": True, "lazy_rescale": True}),
                 "hopper-w3[c3,turns,anchor]": ("w3", 128, True, 2, 3, {"c3_turns": True, "pin_anchor": True}),
                 "hopper-w3[store,anchor]": ("w3", 128, True, 2, 2, {"tma_store": True, "pin_anchor": True}),
+                "hopper-w3[c3,turns,ds]": ("w3", 128, True, 2, 3, {"c3_turns": True, "desc_step": True}),
+                "hopper-w3[store,ds]": ("w3", 128, True, 2, 2, {"tma_store": True, "desc_step": True}),
+                "hopper-w3[store,pin,ds]": ("w3", 128, True, 2, 2,
+                                            {"tma_store": True, "pin_overlap": True, "desc_step": True}),
+                "hopper-w4[c3,turns,ds]": ("w4", 128, True, 2, 3, {"c3_turns": True, "desc_step": True}),
+                "hopper-w4[ds]": ("w4", 128, True, 2, 2, {"desc_step": True}),
                 "hopper-w3[store,pin,lazy]": ("w3", 128, True, 2, 2,
                                               {"tma_store": True, "pin_overlap": True, "lazy_rescale": True})}
 def hopper_name(variant: str, consumers: int, options: dict) -> str:

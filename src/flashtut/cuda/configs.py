@@ -606,6 +606,9 @@ W3_OPTIONS = {
     "pin_anchor": ("W3_PIN_ANCHOR", (False, True), W3_FAMILY,
                    "pin_overlap's pin on an mbarrier of its own that no one waits for, so that K_j's release "
                    "stays right after S_j's wait (24 more bytes of shared memory)"),
+    "desc_step": ("FT_DESC_STEP", (False, True), W3_FAMILY,
+                  "each tile's wgmma descriptor is built once per product and stepped by adding offsets to "
+                  "its address field, instead of masking and shifting every operand's address"),
     "lazy_rescale": ("FT_LAZY_RESCALE", (False, True), W3_FAMILY,
                      "a warp moves its running maxima, and rescales O and l, only when some row's maximum "
                      "grew by more than 8 in log2 units (P stays at most 2^8), instead of at every new maximum"),
@@ -641,7 +644,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
     ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``,
-    ``pin_overlap``, ``pin_anchor``, ``lazy_rescale``), each off by default."""
+    ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
