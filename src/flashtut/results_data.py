@@ -182,6 +182,18 @@ PRODUCERS = {
                                    "through shared memory), against cuda_attention's W3 builds, SDPA flash and "
                                    "cuDNN, the protocol's 16 cases (H200, 2026-12-02 09:14 UTC, commit d5036ba)",
                                    "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[c3,turns],hopper-w4,hopper-w4[c3],hopper-w4[static],hopper-w4[c3,static]' --out book/data/hopper_w4_static_h200.json"),
+    'hopper_pin_d64_h200.json': ("cuda_attention's D 64 build (three consumers with turns) against the same with its softmax pinned under the P V in flight (pin_overlap), with the lazy rescale (lazy_rescale) and with both, SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 10:58 UTC, commit f1af591): both slower in every case",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,pin],hopper-w3[c3,turns,lazy],hopper-w3[c3,turns,pin,lazy]' -D 64 --out book/data/hopper_pin_d64_h200.json"),
+    'hopper_pin_d128_h200.json': ("cuda_attention's D 128 build (the TMA store) against the same with pin_overlap, with lazy_rescale and with both, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 10:59 UTC, commit f1af591): the pin faster in 7 of 8 cases, the lazy rescale in none",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[store,pin],hopper-w3[store,lazy],hopper-w3[store,pin,lazy]' -D 128 --out book/data/hopper_pin_d128_h200.json"),
+    'hopper_anchor_d64_h200.json': ("cuda_attention's D 64 build against the same with the pin on a barrier of its own (pin_anchor) and with pin_overlap, SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 11:03 UTC, commit 9f3c31a): both slower in every case",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,anchor],hopper-w3[c3,turns,pin]' -D 64 --out book/data/hopper_anchor_d64_h200.json"),
+    'hopper_anchor_d128_h200.json': ("cuda_attention's D 128 build against the same with pin_anchor and with pin_overlap, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 11:03 UTC, commit 9f3c31a)",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[store,anchor],hopper-w3[store,pin]' -D 128 --out book/data/hopper_anchor_d128_h200.json"),
+    'hopper_ds_d64_h200.json': ("cuda_attention's D 64 build and W4 with turns, each with and without stepped wgmma descriptors (desc_step), SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 11:12 UTC, commit 4a407ae)",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,ds],hopper-w4[c3,turns],hopper-w4[c3,turns,ds]' -D 64 --out book/data/hopper_ds_d64_h200.json"),
+    'hopper_ds_d128_h200.json': ("cuda_attention's D 128 build with and without desc_step and pin_overlap, and W4 with and without desc_step, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 11:12 UTC, commit 4a407ae)",
+        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[store,ds],hopper-w3[store,pin],hopper-w3[store,pin,ds],hopper-w4,hopper-w4[ds]' -D 128 --out book/data/hopper_ds_d128_h200.json"),
     "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
                              "mma.sync forward (set ladder) and of W3 with each build option (set options), "
                              "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",

@@ -81,6 +81,23 @@ HOPPER_TURNS_STORE_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "turns": "hopper-w3[c3
 HOPPER_W4_STATIC_COLUMNS = {"sdpa-cudnn": "sdpa-cudnn", "W3 (cuda_attention)": {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"},
                             "W4": {128: "hopper-w4", 64: "hopper-w4[c3]"},
                             "W4, static": {128: "hopper-w4[static]", 64: "hopper-w4[c3,static]"}}
+#: the softmax pins, the lazy rescale and the stepped descriptors, each on cuda_attention's build at its head dim
+HOPPER_PIN_COLUMNS = {64: {"sdpa-cudnn": "sdpa-cudnn", "turns (cuda_attention)": "hopper-w3[c3,turns]",
+                           "+ pin": "hopper-w3[c3,turns,pin]", "+ lazy": "hopper-w3[c3,turns,lazy]",
+                           "+ pin + lazy": "hopper-w3[c3,turns,pin,lazy]"},
+                      128: {"sdpa-cudnn": "sdpa-cudnn", "store (cuda_attention)": "hopper-w3[store]",
+                            "+ pin": "hopper-w3[store,pin]", "+ lazy": "hopper-w3[store,lazy]",
+                            "+ pin + lazy": "hopper-w3[store,pin,lazy]"}}
+HOPPER_ANCHOR_COLUMNS = {64: {"sdpa-cudnn": "sdpa-cudnn", "turns (cuda_attention)": "hopper-w3[c3,turns]",
+                              "+ anchor": "hopper-w3[c3,turns,anchor]", "+ pin": "hopper-w3[c3,turns,pin]"},
+                         128: {"sdpa-cudnn": "sdpa-cudnn", "store (cuda_attention)": "hopper-w3[store]",
+                               "+ anchor": "hopper-w3[store,anchor]", "+ pin": "hopper-w3[store,pin]"}}
+HOPPER_DS_COLUMNS = {64: {"sdpa-cudnn": "sdpa-cudnn", "turns (cuda_attention)": "hopper-w3[c3,turns]",
+                          "+ ds": "hopper-w3[c3,turns,ds]", "W4, turns": "hopper-w4[c3,turns]",
+                          "W4, turns + ds": "hopper-w4[c3,turns,ds]"},
+                     128: {"sdpa-cudnn": "sdpa-cudnn", "store (cuda_attention)": "hopper-w3[store]",
+                           "+ ds": "hopper-w3[store,ds]", "+ pin": "hopper-w3[store,pin]",
+                           "+ pin + ds": "hopper-w3[store,pin,ds]", "W4": "hopper-w4", "W4 + ds": "hopper-w4[ds]"}}
 #: the CUDA logs' protocol tables: cuda_attention's default, its mma.sync forward, and cuDNN for scale
 CUDA_PROTOCOL_COLUMNS = {"cuda-mma": "cuda-mma", "cuda": "cuda", "sdpa-cudnn": "sdpa-cudnn"}
 
@@ -99,6 +116,9 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_turns_stack_h200.json", HOPPER_TURNS_STACK_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_turns_store_h200.json", HOPPER_TURNS_STORE_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_w4_static_h200.json", HOPPER_W4_STATIC_COLUMNS, "fwd", None, 16),
+    *(("perflog_hopper.md", f"hopper_{name}_d{D}_h200.json", columns[D], "fwd", None, 8)
+      for name, columns in (("pin", HOPPER_PIN_COLUMNS), ("anchor", HOPPER_ANCHOR_COLUMNS), ("ds", HOPPER_DS_COLUMNS))
+      for D in (64, 128)),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),
     ("perflog_cuda.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "fwd", None, 16),
     ("perflog_cuda_bwd.md", "cuda_protocol_h200.json", CUDA_PROTOCOL_COLUMNS, "bwd", None, 16),

@@ -52,8 +52,15 @@ def test_each_set_launches_registry_implementations_and_cuda_attentions_build():
         wanted = {n for n in registry.names() if registry.get(n).group == "hopper-options"
                   and n.startswith("hopper-w3[") and ("c3" in n) == (configs.HOPPER_CONSUMERS[D] == 3)}
         assert {n for n, _ in options[1:half]} == wanted
+        # overlap: cuda_attention's build, then with each option of OVERLAP_OPTIONS on top, in that order
+        overlap = profile.launches("overlap", D)
+        assert overlap == [(n, c) for c in (False, True) for n in [default] + [
+            registry.hopper_name("w3", configs.HOPPER_CONSUMERS[D], {**configs.HOPPER_OPTIONS[D], o: True})
+            for o in profile.OVERLAP_OPTIONS]]
+    assert profile.launches("overlap", 64)[1] == ("hopper-w3[c3,turns,pin]", False)
+    assert profile.launches("overlap", 128)[4] == ("hopper-w3[store,ds]", False)
     assert ("hopper-w3[c3,turns]", True) in profile.launches("options", 64)
-    with pytest.raises(ValueError, match="set must be one of ladder, options"):
+    with pytest.raises(ValueError, match="set must be one of ladder, options, overlap"):
         profile.launches("rungs", 64)
     with pytest.raises(ValueError, match="D must be one of"):
         profile.launches("ladder", 96)

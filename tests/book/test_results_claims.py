@@ -1122,3 +1122,75 @@ def test_ladder_rows_of_the_turns_and_the_static_w4():
             for D, impl in ((128, "hopper-w4[static]"), (64, "hopper-w4[c3,static]"))}
     assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers) | - | 168 / 128 |" in log
     assert "racecheck finds nothing in it, which places the report on the slot alone" in _chapter_11_text()
+
+
+def _gains_at(data: str, impl: str, base: str, D: int) -> dict:
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results(data)
+    return gains(rows, impl, base)[D]
+
+
+def test_pin_lazy_and_stepped_descriptor_claims():
+    """perflog_hopper.md, "The softmax under the P V, pinned; and the lazy rescale": every percentage and
+    ratio of its three runs recomputed, and that none of the four options is in configs.HOPPER_OPTIONS."""
+    import math
+
+    from flashtut.cuda import configs
+
+    log = _log()
+    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
+    base = {64: "hopper-w3[c3,turns]", 128: "hopper-w3[store]"}
+    name = lambda D, o: base[D][:-1] + f",{o}]"  # noqa: E731
+    pin = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "pin"), base[D], D) for D in (64, 128)}
+    lazy = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "lazy"), base[D], D) for D in (64, 128)}
+    both = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "pin,lazy"), base[D], D) for D in (64, 128)}
+    assert all(len(g) == 8 for d in (pin, lazy, both) for g in d.values())
+    assert max(pin[64].values()) < 0 and f"The pin: {pct(pin[64].values())} at D = 64 (all 8 cases)" in log
+    up = [g for g in pin[128].values() if g > 0]
+    worst = pin[128][(4096, "float16", False)]
+    assert len(up) == 7 and worst == min(pin[128].values()) < 0
+    assert f"at D = 128 {pct(up)} in 7 cases and {worst:.1f}% in the eighth" in log
+    assert max(lazy[64].values()) < 0 and max(lazy[128].values()) < 0
+    assert f"The lazy rescale lost everywhere, {pct(lazy[64].values())} at D = 64 and {pct(lazy[128].values())}" in log
+    assert all(both[D][c] < min(pin[D][c], lazy[D][c]) for D in (64, 128) for c in both[D] if D == 64)
+    # the anchor's run
+    anchor = {D: _gains_at(f"hopper_anchor_d{D}_h200.json", name(D, "anchor"), base[D], D) for D in (64, 128)}
+    pin2 = {D: _gains_at(f"hopper_anchor_d{D}_h200.json", name(D, "pin"), base[D], D) for D in (64, 128)}
+    assert max(anchor[64].values()) < 0 and max(pin2[64].values()) < 0
+    assert f"as the pin does ({pct(anchor[64].values())}; the pin {pct(pin2[64].values())} in this run)" in log
+    assert f"both are within {pct([*anchor[128].values(), *pin2[128].values()])} of the build" in log
+    long_pin = [g for (N, _, _), g in pin2[128].items() if N == 16384]
+    short_pin = [g for (N, _, _), g in pin2[128].items() if N == 4096]
+    first_long = [g for (N, _, _), g in pin[128].items() if N == 16384]
+    assert (f"(the pin {pct(long_pin)} at N = 16384 in this run, {pct(first_long)} in the first, and "
+            f"{pct(short_pin)} at N = 4096 in this run)") in log
+    # the stepped descriptors' run
+    ds = {D: _gains_at(f"hopper_ds_d{D}_h200.json", name(D, "ds"), base[D], D) for D in (64, 128)}
+    up = [g for g in ds[64].values() if g > 0]
+    down = sorted(g for g in ds[64].values() if g <= 0)
+    assert len(up) == 6 and f"{pct(up)} in 6 of 8 cases at D = 64 and {down[0]:.1f}%, {down[1]:.1f}% in the other" in log
+    assert f"{pct(ds[128].values())} at D = 128" in log
+    w4 = _gains_at("hopper_ds_d64_h200.json", "hopper-w4[c3,turns,ds]", "hopper-w4[c3,turns]", 64)
+    w4_vs_w3 = _gains_at("hopper_ds_d64_h200.json", "hopper-w4[c3,turns,ds]", base[64], 64)
+    assert min(w4.values()) > 0 and f"W4 at D = 64 gains in all 8 ({pct(w4.values())})" in log
+    assert f"stays below W3 ({pct(w4_vs_w3.values())})" in log
+    pin3 = _gains_at("hopper_ds_d128_h200.json", "hopper-w3[store,pin]", base[128], 128)
+    assert min(pin3.values()) > 0 and f"The pin at D = 128 won all 8 cases of this run ({pct(pin3.values())})" in log
+    runs = [pin[128], pin2[128], pin3]
+    assert sum(g > 0 for r in runs for g in r.values()) == 21 and "won 21 of 24" in log
+    gmean = {c: 100 * (math.prod(1 + r[c] / 100 for r in runs) ** (1 / 3) - 1) for c in pin3}
+    pos = [g for g in gmean.values() if g > 0]
+    neg = [g for g in gmean.values() if g <= 0]
+    assert len(pos) == 7 and f"is {pct(pos)} in 7 cases and {neg[0]:.1f}% in the eighth" in log
+    # the weakest case under this preset's budget, in the three runs at D = 64
+    weakest, cudnn = [], []
+    for data in ("hopper_pin_d64_h200.json", "hopper_anchor_d64_h200.json", "hopper_ds_d64_h200.json"):
+        rows, _ = results_data.load_results(data)
+        for dt in ("float16", "bfloat16"):
+            weakest.append(_ratios(rows, base[64], "sdpa-flash")[(dt, 64, 4096, True)])
+            cudnn.append(_ratios(rows, "sdpa-cudnn", "sdpa-flash")[(dt, 64, 4096, True)])
+    assert f"{min(weakest):.2f}x to {max(weakest):.2f}x SDPA flash under this preset's budget" in log
+    assert f"with cuDNN at {min(cudnn):.2f}x to {max(cudnn):.2f}x" in log
+    kept = {name for options in configs.HOPPER_OPTIONS.values() for name in options}
+    assert not kept & {"pin_overlap", "pin_anchor", "lazy_rescale", "desc_step"}

@@ -310,10 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="Nsight Compute metrics of one launch of each Hopper forward (ncu, sm_90)",
                        description="Run ncu over one launch of each forward of a set (flashtut.bench.profile: "
                                    "'ladder', SDPA flash, the mma.sync forward and the Hopper rungs; 'options', "
-                                   "W3 with each build option) at the protocol's N = 4096, float16, and write "
+                                   "W3 with each build option; 'overlap', cuda_attention's build with each "
+                                   "softmax pin, the lazy rescale and stepped descriptors) at the protocol's "
+                                   "N = 4096, float16, and write "
                                    "each launch's metrics (tensor pipe, stall reasons, pipes, issue) as one row.")
     p.add_argument("--set", type=_profile_sets, default=["ladder", "options"],
-                   help="comma-separated: ladder, options (default: both)")
+                   help="comma-separated: ladder, options, overlap (default: ladder,options)")
     p.add_argument("-D", "--head-dim", type=_int_list, default=[128, 64], help="head dims (default 128,64)")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool (default: ncu)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="limit per set and head dim (s)")
@@ -346,7 +348,7 @@ def _names_from(allowed: tuple[str, ...]):
 
 
 _sass_parts = _names_from(("triton", "cuda", "sdpa"))
-_profile_sets = _names_from(("ladder", "options"))
+_profile_sets = _names_from(("ladder", "options", "overlap"))
 
 
 def _setting_path(text: str) -> tuple[str, str]:

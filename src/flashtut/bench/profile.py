@@ -9,7 +9,9 @@ row per launch: the implementation's registry name, the case, the kernel and its
 
 Sets: ``ladder``, SDPA flash, the mma.sync forward and each Hopper rung, then ``cuda_attention``'s
 Hopper build and W4 causal; ``options``, ``cuda_attention``'s consumer count at that head dim plain and
-with each build option of the registry's ``hopper-options`` group, not causal, then causal. The case is
+with each build option of the registry's ``hopper-options`` group, not causal, then causal; ``overlap``,
+``cuda_attention``'s Hopper build alone and with each of :data:`OVERLAP_OPTIONS` (the softmax pinned under
+the P V, on either anchor, the lazy rescale, stepped descriptors), not causal, then causal. The case is
 the protocol's N = 4096 (B = 4, H = 2048 / D), float16, random inputs. One launch each: a profile's
 durations are single launches, not the benchmark's medians.
 """
@@ -44,7 +46,9 @@ NCU_METRICS = (
 #: short names for the metrics the book quotes
 TENSOR = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
 DURATION = "gpu__time_duration.sum"
-SETS = ("ladder", "options")
+SETS = ("ladder", "options", "overlap")
+#: the build options set ``overlap`` adds, one at a time, to cuda_attention's Hopper build
+OVERLAP_OPTIONS = ("pin_overlap", "pin_anchor", "lazy_rescale", "desc_step")
 #: the profiled case: the protocol's N = 4096 shape
 N, TOKENS, HIDDEN, DTYPE = 4096, 16384, 2048, torch.float16
 #: the kernels' names ncu filters on (SDPA's flash_fwd_kernel and our flash_fwd_*)
@@ -77,6 +81,10 @@ def launches(set_name: str, D: int) -> list[tuple[str, bool]]:
         names = ["sdpa-flash", "cuda-mma", "hopper-w1", "hopper-w2", "hopper-w3", wide, default, w4]
         names = list(dict.fromkeys(names))
         return [(n, False) for n in names] + [(default, True), (w4, True)]
+    if set_name == "overlap":
+        names = [default] + [registry.hopper_name("w3", consumers, {**HOPPER_OPTIONS[D], option: True})
+                             for option in OVERLAP_OPTIONS]
+        return [(n, causal) for causal in (False, True) for n in names]
     prefix = wide[:-1] + "," if wide.endswith("]") else wide + "["
     options = [n for n in registry.names() if registry.get(n).group == "hopper-options" and n.startswith(prefix)
                and (consumers == 3 or "c3" not in n)]
