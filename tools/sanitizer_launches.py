@@ -20,7 +20,8 @@ over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_
 
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
-grid with heads first, and at D = 64 the turns of three consumers)
+grid with heads first, at D = 64 the turns of three consumers, and on cuda_attention's build the two pins
+of the softmax, the stepped descriptors and the lazy rescale)
 at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option names
 after it (``--w3-options c3_turns``) keep only those options.
 """
@@ -51,7 +52,7 @@ def new_dims():
 
 
 def w3_options(only=()):
-    from flashtut.cuda.configs import HOPPER_CONSUMERS, W3_OPTIONS
+    from flashtut.cuda.configs import HOPPER_CONSUMERS, HOPPER_OPTIONS, W3_OPTIONS
     from flashtut.cuda.hopper import forward_hopper
 
     unknown = set(only) - set(W3_OPTIONS)
@@ -65,7 +66,9 @@ def w3_options(only=()):
             for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
                             {"heads_first": True},
                             *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True}] if HOPPER_CONSUMERS[D] == 3
-                              else [])):
+                              else []),
+                            *({**HOPPER_OPTIONS[D], o: True}
+                              for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale"))):
                 if only and not set(options) & set(only):
                     continue
                 run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
