@@ -194,6 +194,10 @@ PRODUCERS = {
         "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,ds],hopper-w4[c3,turns],hopper-w4[c3,turns,ds]' -D 64 --out book/data/hopper_ds_d64_h200.json"),
     'hopper_ds_d128_h200.json': ("cuda_attention's D 128 build with and without desc_step and pin_overlap, and W4 with and without desc_step, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 11:12 UTC, commit 4a407ae)",
         "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[store,ds],hopper-w3[store,pin],hopper-w3[store,pin,ds],hopper-w4,hopper-w4[ds]' -D 128 --out book/data/hopper_ds_d128_h200.json"),
+    "ncu_overlap_h200.json": ("Nsight Compute metrics of one launch of cuda_attention's Hopper build alone and with "
+                              "each of pin_overlap, pin_anchor, lazy_rescale and desc_step (set overlap), float16, "
+                              "N 4096, D 128 and 64 (H200, 2026-12-02 11:21 UTC, commit 36e6fb2)",
+                              "python -m flashtut.bench profile --set overlap -D 128,64 --out book/data/ncu_overlap_h200.json"),
     "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
                              "mma.sync forward (set ladder) and of W3 with each build option (set options), "
                              "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",

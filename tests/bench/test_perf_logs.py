@@ -249,12 +249,21 @@ PROFILE_TABLES = [
 ]
 
 
-@pytest.mark.parametrize("set_name,entries", PROFILE_TABLES, ids=[s for s, _ in PROFILE_TABLES])
-def test_hopper_profile_tables_match_the_data(set_name, entries):
+#: the profile of the softmax pins, the lazy rescale and the stepped descriptors (set overlap)
+OVERLAP_PROFILE = [(label + (", causal" if causal else ""), base if not option else base[:-1] + f",{option}]", D, causal)
+                   for D, base in ((128, "hopper-w3[store]"), (64, "hopper-w3[c3,turns]")) for causal in (False, True)
+                   for option, label in (("", "cuda_attention's build"), ("pin", "+ pin"), ("anchor", "+ anchor"),
+                                         ("lazy", "+ lazy"), ("ds", "+ ds"))]
+
+
+@pytest.mark.parametrize("set_name,entries,data", [(s, e, "ncu_hopper_h200.json") for s, e in PROFILE_TABLES]
+                         + [("overlap", OVERLAP_PROFILE, "ncu_overlap_h200.json")],
+                         ids=[s for s, _ in PROFILE_TABLES] + ["overlap"])
+def test_hopper_profile_tables_match_the_data(set_name, entries, data):
     from flashtut.bench import profile
     from flashtut.bench.report import format_table
 
-    rows, _ = load_results("ncu_hopper_h200.json")
+    rows, _ = load_results(data)
     table_lines = format_table(*profile.table(rows, entries, set_name=set_name), markdown=True).splitlines()
     assert len(table_lines) == 2 + len(entries)
     _assert_in_page("perflog_hopper.md", table_lines)

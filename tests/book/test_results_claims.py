@@ -1194,3 +1194,37 @@ def test_pin_lazy_and_stepped_descriptor_claims():
     assert f"with cuDNN at {min(cudnn):.2f}x to {max(cudnn):.2f}x" in log
     kept = {name for options in configs.HOPPER_OPTIONS.values() for name in options}
     assert not kept & {"pin_overlap", "pin_anchor", "lazy_rescale", "desc_step"}
+
+
+def test_overlap_profile_claims():
+    """perflog_hopper.md, "Nsight Compute of the four": each figure of its reading, from ncu_overlap_h200.json."""
+    from flashtut.bench import profile
+
+    log = _log()
+    rows, _ = results_data.load_results("ncu_overlap_h200.json")
+    base = {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"}
+
+    def m(D, option, name, causal=False):
+        impl = base[D] if not option else base[D][:-1] + f",{option}]"
+        return profile.metric(rows, impl, D, causal, name, "overlap")
+
+    def arrow(D, option, name, fmt=".2f", causal=False):
+        return f"{m(D, '', name, causal):{fmt}} -> {m(D, option, name, causal):{fmt}}"
+
+    stall = profile.STALL.format
+    issue = "sm__issue_active.avg.pct_of_peak_sustained_active"
+    assert f"{arrow(128, 'pin', stall('barrier'))} per issue at D = 128 and {arrow(64, 'pin', stall('barrier'))} at D = 64" in log
+    assert f"rise by as much, {arrow(128, 'pin', stall('wait'))} and {arrow(64, 'pin', stall('wait'))}" in log
+    assert f"({arrow(128, 'pin', profile.TENSOR, '.1f').replace(' -> ', '% -> ')}%)" in log
+    assert f"falls at D = 64 ({arrow(64, 'pin', profile.TENSOR, '.1f').replace(' -> ', '% -> ')}%)" in log
+    assert f"more math-pipe throttle at D = 64 ({arrow(64, 'anchor', stall('math_pipe_throttle'))})" in log
+    assert f"triples the math-pipe throttle at D = 64 ({arrow(64, 'lazy', stall('math_pipe_throttle'))})" in log
+    assert f"at D = 128 ({arrow(128, 'lazy', stall('math_pipe_throttle'))})" in log
+    assert m(128, "lazy", stall("math_pipe_throttle")) / m(128, "", stall("math_pipe_throttle")) == 9
+    for D in (128, 64):
+        assert m(D, "ds", issue) < m(D, "", issue) - 2.9 and m(D, "ds", profile.DURATION) < m(64, "", profile.DURATION)
+    assert f"({arrow(128, 'ds', issue, '.1f').replace(' -> ', '% -> ')}% at D = 128, " \
+           f"{arrow(64, 'ds', issue, '.1f').replace(' -> ', '% -> ')}% at D = 64)" in log
+    ms = lambda o: m(64, o, profile.DURATION) / 1e6  # noqa: E731
+    assert f"one launch {100 * (1 - ms('ds') / ms('')):.1f}% faster ({ms(''):.3f} -> {ms('ds'):.3f} ms)" in log
+    assert f"The barrier stalls rise ({arrow(64, 'ds', stall('barrier'))})" in log

@@ -241,10 +241,13 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
-#if W3_TURNS
-    // the turns go round the ring 0, 1 (, 2), 0 ...: warpgroup cw hands its turn to the next
-    const int last = W3_CONSUMERS - 1;
-    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + (cw == last ? 0 : cw + 1);
+    // The ring's successor is (cw == last ? 0 : cw + 1) for two consumers as for three, but written that
+    // way ptxas compiles ping-pong to another prologue than the one every two-consumer measurement ran
+    // (book/perflog_hopper.md), so two consumers keep ping-pong's own form, 1 - cw.
+#if W3_CONSUMERS == 2
+    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
+#elif W3_TURNS
+    const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + (cw == 2 ? 0 : cw + 1);   // the next
 #else
     const int my_turn = 0;   // named_bar_sync(my_turn) compiles to nothing without turns
     (void)cw;
@@ -266,9 +269,12 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     // turn the last consumer gives here again, so the turns go round across blocks too).
     // Without turns (three consumers, W3_C3_TURNS = 0) they compile to nothing: named_bar_sync and
     // named_bar_arrive are empty and W3_END_TURN gives no turn.
-#if W3_TURNS
-    if (cw == last) named_bar_arrive(W3_BAR_TURN0);
-#define W3_END_TURN(slot) do { if (cw != last || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+#if W3_CONSUMERS == 2
+    if (cw == 1) named_bar_arrive(W3_BAR_TURN0);
+#define W3_END_TURN(slot) do { if (cw == 0 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
+#elif W3_TURNS
+    if (cw == 2) named_bar_arrive(W3_BAR_TURN0);
+#define W3_END_TURN(slot) do { if (cw != 2 || (slot) < n_tiles) named_bar_arrive(other_turn); } while (0)
 #else
 #define W3_END_TURN(slot) do { } while (0)
 #endif
