@@ -18,6 +18,9 @@ over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_
 ``--w4``: instead, only rung W4, with its scheduler's counter and with its static schedule
 (``--w4 static``: the static one only).
 
+``--defaults``: instead, only ``cuda_attention``'s Hopper forward (rung W3 with configs.HOPPER_CONSUMERS and
+configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
+
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
 grid with heads first, at D = 64 the turns of three consumers, and on cuda_attention's build the two pins
@@ -53,7 +56,6 @@ def new_dims():
 
 def w3_options(only=()):
     from flashtut.cuda.configs import HOPPER_CONSUMERS, HOPPER_OPTIONS, W3_OPTIONS
-    from flashtut.cuda.hopper import forward_hopper
 
     unknown = set(only) - set(W3_OPTIONS)
     if unknown:
@@ -71,13 +73,20 @@ def w3_options(only=()):
                               for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale"))):
                 if only and not set(options) & set(only):
                     continue
-                run = dict(variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
-                for causal in (False, True, "bottom-right"):
-                    forward_hopper(q, k, v, causal=causal, **run)
-                    forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, **run)   # Nq > Nk
-                forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, **run)
+                w3_options_launches(q, k, v, variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
     torch.cuda.synchronize()
     print("sanitizer launches (W3 options) done")
+
+
+def w3_options_launches(q, k, v, **run):
+    """W3 with ``run`` (forward_hopper's keywords) over the causal settings, Nq above and below Nk, and
+    64-key tiles."""
+    from flashtut.cuda.hopper import forward_hopper
+
+    for causal in (False, True, "bottom-right"):
+        forward_hopper(q, k, v, causal=causal, **run)
+        forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, **run)   # Nq > Nk
+    forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, **run)
 
 
 def w4_launches(D, q, k, v, **options):
@@ -105,6 +114,18 @@ if "--w4" in sys.argv[1:]:
     sys.exit(0)
 if "--dims" in sys.argv[1:]:
     new_dims()
+    sys.exit(0)
+if "--defaults" in sys.argv[1:]:
+    # cuda_attention's Hopper forward alone: rung W3 with its consumers and build options per head dim
+    from flashtut.cuda.configs import HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_OPTIONS
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
+            k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
+            w3_options_launches(q, k, v, variant=HOPPER_DEFAULT, consumers=HOPPER_CONSUMERS[D], **HOPPER_OPTIONS[D])
+    torch.cuda.synchronize()
+    print("sanitizer launches (cuda_attention's Hopper forward) done")
     sys.exit(0)
 if "--w3-options" in sys.argv[1:]:
     w3_options(sys.argv[sys.argv.index("--w3-options") + 1:])

@@ -198,6 +198,14 @@ PRODUCERS = {
                               "each of pin_overlap, pin_anchor, lazy_rescale and desc_step (set overlap), float16, "
                               "N 4096, D 128 and 64 (H200, 2026-12-02 11:21 UTC, commit 36e6fb2)",
                               "python -m flashtut.bench profile --set overlap -D 128,64 --out book/data/ncu_overlap_h200.json"),
+    "cuda_protocol_rerun_h200.json": ("the protocol run again at the final kernel source of 2026-12-02 (cuda_attention's "
+                                      "default builds byte-identical to those of cuda_protocol_h200.json), forward and "
+                                      "backward, with cuda-mma, SDPA flash and cuDNN, 32 cases (H200, 2026-12-02 11:29 "
+                                      "UTC, commit 779574c)",
+                                      "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd -D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 --hidden 2048 --warmup-ms 5 --rep-ms 40 --out book/data/cuda_protocol_rerun_h200.json"),
+    "hopper_ds_d64_again_h200.json": ("cuda_attention's D 64 build with and without desc_step again, SDPA flash and cuDNN, "
+                                      "8 cases at D 64 (H200, 2026-12-02 11:35 UTC, commit 779574c)",
+                                      "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,ds]' -D 64 --out book/data/hopper_ds_d64_again_h200.json"),
     "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
                              "mma.sync forward (set ladder) and of W3 with each build option (set options), "
                              "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",

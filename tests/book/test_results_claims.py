@@ -1228,3 +1228,64 @@ def test_overlap_profile_claims():
     ms = lambda o: m(64, o, profile.DURATION) / 1e6  # noqa: E731
     assert f"one launch {100 * (1 - ms('ds') / ms('')):.1f}% faster ({ms(''):.3f} -> {ms('ds'):.3f} ms)" in log
     assert f"The barrier stalls rise ({arrow(64, 'ds', stall('barrier'))})" in log
+
+
+def test_chapter_11_ptxas_claims():
+    """Chapter 11, 11.12: the pin's and the lazy rescale's figures, from the three runs and the profile."""
+    import math
+
+    from flashtut.bench import profile
+
+    text = _chapter_11_text()
+    base = {64: "hopper-w3[c3,turns]", 128: "hopper-w3[store]"}
+    pin128 = [_gains_at(f, "hopper-w3[store,pin]", base[128], 128)
+              for f in ("hopper_pin_d128_h200.json", "hopper_anchor_d128_h200.json", "hopper_ds_d128_h200.json")]
+    every = [g for run in pin128 for g in run.values()]
+    mean = 100 * (math.prod(1 + g / 100 for g in every) ** (1 / len(every)) - 1)
+    assert round(mean) == 1 and f"up to {max(every):.1f}% in one case" in text and min(every) < 0
+    pin64 = [g for f in ("hopper_pin_d64_h200.json", "hopper_anchor_d64_h200.json")
+             for g in _gains_at(f, "hopper-w3[c3,turns,pin]", base[64], 64).values()]
+    assert -4 <= min(pin64) and max(pin64) < 0 and round(-max(pin64), 1) == 0.5
+    assert "costs 0.5 to 4% at $D = 64$ in every case of two runs" in text
+    lazy = [g for D in (64, 128) for g in _gains_at(f"hopper_pin_d{D}_h200.json", base[D][:-1] + ",lazy]", base[D], D).values()]
+    assert max(lazy) < 0 and "the lazy rescale loses everywhere" in text
+    rows, _ = results_data.load_results("ncu_overlap_h200.json")
+    stall = profile.STALL.format
+
+    def m(D, option, reason):
+        return profile.metric(rows, base[D] if not option else base[D][:-1] + f",{option}]", D, False, stall(reason),
+                              "overlap")
+
+    for D in (64, 128):
+        assert m(D, "pin", "barrier") <= m(D, "", "barrier") / 2 and "fall by half" in text
+        assert m(D, "pin", "wait") - m(D, "", "wait") >= 0.6 * (m(D, "", "barrier") - m(D, "pin", "barrier"))
+    ratios = [m(D, "lazy", "math_pipe_throttle") / m(D, "", "math_pipe_throttle") for D in (64, 128)]
+    assert round(min(ratios)) == 3 and round(max(ratios)) == 9 and "three to nine times higher" in text
+
+
+def test_final_source_protocol_rerun_claims():
+    """perflog_hopper.md, "At the final kernel source": the protocol run again and the stepped descriptors
+    once more."""
+    log = _log()
+    rows, _ = results_data.load_results("cuda_protocol_rerun_h200.json")
+    flash = {}
+    for r in rows:
+        if r["impl"] == "cuda" and r["mode"] == "fwd":
+            flash[(r["dtype"], r["D"], r["N"], r["causal"])] = r["tflops"] / _tflops(
+                rows, "sdpa-flash", mode="fwd", dtype=r["dtype"], D=r["D"], N=r["N"], causal=r["causal"])
+    assert len(flash) == 16 and min(flash.values()) >= 1.5
+    for D in (64, 128):
+        v = [x for k, x in flash.items() if k[1] == D]
+        assert f"{min(v):.3f}-{max(v):.3f}x SDPA flash at D = {D}" in log or \
+            f"and {min(v):.3f}-{max(v):.3f}x at D = {D}" in log
+    weak = [flash[(dt, 64, 4096, True)] for dt in ("float16", "bfloat16")]
+    assert f"at {weak[0]:.3f}x (float16) and {weak[1]:.3f}x (bfloat16)" in log
+    cudnn = []
+    for r in rows:
+        if r["impl"] == "cuda" and r["mode"] == "fwd":
+            cudnn.append(r["tflops"] / _tflops(rows, "sdpa-cudnn", mode="fwd", dtype=r["dtype"], D=r["D"], N=r["N"],
+                                               causal=r["causal"]))
+    assert f"cuDNN {min(cudnn):.3f}-{max(cudnn):.3f}x" in log and min(cudnn) > 0.9
+    again = _gains_at("hopper_ds_d64_again_h200.json", "hopper-w3[c3,turns,ds]", "hopper-w3[c3,turns]", 64)
+    up = [g for g in again.values() if g > 0]
+    assert len(up) == 7 and f"{min(up):+.1f}% to {max(up):+.1f}% in 7 of 8 cases and {min(again.values()):.1f}% in the eighth" in log

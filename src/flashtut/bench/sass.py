@@ -178,6 +178,36 @@ def cuda_kernel_rows(arch: int = 90, head_dim: int = 128) -> list[dict]:
     return rows
 
 
+def exp2_between_waits(text: str) -> int:
+    """In the SASS of a W3-family build, the ``MUFU.EX2`` of the loop between its wait for S_j (the one
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the next wait, for the P V of the tile before (``0x0``): the
+    exponentials that run while that P V is on the tensor cores (chapter 11, 11.12)."""
+    lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", text)
+    start = next((i for i, t in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t), None)
+    if start is None:
+        raise ValueError("no WARPGROUP.DEPBAR.LE gsb0, 0x1 in this SASS: not a W3-family build")
+    end = next(i for i in range(start + 1, len(lines)) if "WARPGROUP.DEPBAR.LE" in lines[i])
+    return sum("MUFU.EX2" in t for t in lines[start:end])
+
+
+def hopper_sass_nvcc(cfg, nvcc: str | None = None, timeout_s: float = 300) -> str:
+    """The SASS of Hopper build ``cfg`` (a ``flashtut.cuda.configs.HopperConfig``) compiled by ``nvcc``
+    (CUDA 12 or later) for sm_90a: for reading the machine code without CuPy or a GPU. (The NVRTC the
+    runtime uses schedules the loop the same way: tests/kernels/test_cuda_hopper.py checks both.)"""
+    import tempfile
+
+    from ..cuda.compile import KERNEL_DIR, define_options
+
+    nvcc = nvcc or shutil.which("nvcc")
+    if not nvcc:
+        raise RuntimeError("nvcc not found: reading the Hopper kernels' SASS here needs the CUDA toolkit (12 or later)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        _run([nvcc, "-std=c++17", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *define_options(cfg.define_dict),
+              "-o", str(cubin), str(KERNEL_DIR / cfg.source)], timeout_s)
+        return dump_sass(cubin, cuobjdump_candidates())
+
+
 # ------------------------------------------------------------------------------- PyTorch SDPA flash
 
 def torch_cuda_library() -> Path:

@@ -605,7 +605,8 @@ W3_OPTIONS = {
                     "exponentials run after the P V, not under it)"),
     "pin_anchor": ("W3_PIN_ANCHOR", (False, True), W3_FAMILY,
                    "pin_overlap's pin on an mbarrier of its own that no one waits for, so that K_j's release "
-                   "stays right after S_j's wait (24 more bytes of shared memory)"),
+                   "stays right after S_j's wait (24 more bytes of shared memory; synccheck reports its phases, "
+                   "which by construction no thread waits for, as a missing wait)"),
     "desc_step": ("FT_DESC_STEP", (False, True), W3_FAMILY,
                   "each tile's wgmma descriptor is built once per product and stepped by adding offsets to "
                   "its address field, instead of masking and shifting every operand's address"),
