@@ -1289,3 +1289,18 @@ def test_final_source_protocol_rerun_claims():
     again = _gains_at("hopper_ds_d64_again_h200.json", "hopper-w3[c3,turns,ds]", "hopper-w3[c3,turns]", 64)
     up = [g for g in again.values() if g > 0]
     assert len(up) == 7 and f"{min(up):+.1f}% to {max(up):+.1f}% in 7 of 8 cases and {min(again.values()):.1f}% in the eighth" in log
+
+
+def test_ladder_rows_of_the_pin_the_lazy_rescale_and_the_stepped_descriptors():
+    from flashtut.bench import profile
+
+    log = _log()
+    ncu, _ = results_data.load_results("ncu_overlap_h200.json")
+    base = {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"}
+    for option, data in (("pin", "pin"), ("lazy", "pin"), ("ds", "ds")):
+        spans = []
+        for D in (128, 64):
+            rows, _ = results_data.load_results(f"hopper_{data}_d{D}_h200.json")
+            spans.append(_span(_ratios(rows, base[D][:-1] + f",{option}]", "sdpa-flash").values()))
+        tensor = [profile.metric(ncu, base[D][:-1] + f",{option}]", D, False, profile.TENSOR, "overlap") for D in (128, 64)]
+        assert f"| {spans[0]}x | {spans[1]}x | {tensor[0]:.1f} / {tensor[1]:.1f} | 168 / 128 |" in log, option
