@@ -24,10 +24,13 @@
 // Lazy rescaling: the running maximum m need not be the true maximum, only close enough above the scores
 // that exp2((S - m) scale_log2) cannot overflow; o = O / l and lse = m + log2 l come out the same for any m
 // used consistently in O and l. So a warp keeps its maxima until some row's grows by more than
-// FT_RESCALE_SLACK (log2 units): P then stays at most 2^8 = 256, which float16 and bfloat16 hold, and after
-// the first tiles of a row the warp skips alpha's exponentials and O's multiplies almost every tile. The
-// exact test (skip only when no maximum grew) skips too rarely to pay: in a warp of 16 rows some row's
-// maximum grows in most of a row's first few dozen tiles (book/perflog_hopper.md).
+// FT_RESCALE_SLACK (log2 units): P then stays at most 2^8 = 256, which float16 and bfloat16 hold, and for
+// scores of about unit spread after scaling (a growth of 8 in log2 units is 5.5 of them) the warp skips
+// alpha's exponentials and O's multiplies on nearly every tile after its first. The exact test (skip only
+// when no maximum grew) skips too rarely to pay: with independent scores a row's maximum grows at its j-th
+// tile with probability 1 / j, so at each of its first 23 tiles some row of a 16-row warp grows with
+// probability above one half.
+// Measured, the vote the lazy test needs costs more than it saves (book/perflog_hopper.md).
 #define FT_RESCALE_SLACK 8.f
 
 // Row r's BN / 4 values of a thread's slice of S (i = 4k + 2r and 4k + 2r + 1) combined by op as a tree of

@@ -8,6 +8,8 @@
 //    (two wgmma groups), waits only for the first (wgmma.wait_group 1: all but the newest group done), and
 //    runs the softmax of S_j while its P V of the previous tile is still on the tensor cores; then it waits
 //    for that (wait_group 0) and rescales O. Slot 0 issues S_0 alone, slot T (T = its tiles) the last P V.
+//    That is the source's order. ptxas does not keep it: it places wait_group 0 above the softmax, which
+//    then runs after the P V (W3_PIN_OVERLAP below pins it back; measured, it does not pay).
 //  * inter-warpgroup ping-pong: the two consumers take turns to issue their slot, ordered by two named
 //    barriers (W3_BAR_TURN0 + w: "consumer w may issue"): warpgroup w waits on its own (bar.sync, 256
 //    threads: its 128 plus the other's 128 arrivals), issues, then lets the other go (bar.arrive on the
