@@ -206,6 +206,14 @@ PRODUCERS = {
     "hopper_ds_d64_again_h200.json": ("cuda_attention's D 64 build with and without desc_step again, SDPA flash and cuDNN, "
                                       "8 cases at D 64 (H200, 2026-12-02 11:35 UTC, commit 779574c)",
                                       "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,ds]' -D 64 --out book/data/hopper_ds_d64_again_h200.json"),
+    "hopper_ds_d64_swapped_h200.json": ("cuda_attention's D 64 build with and without desc_step, the change timed "
+                                        "first, SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 12:13 UTC, "
+                                        "commit 779574c)",
+                                        "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns,ds],hopper-w3[c3,turns]' -D 64 --out book/data/hopper_ds_d64_swapped_h200.json"),
+    "hopper_pin_d128_swapped_h200.json": ("cuda_attention's D 128 build with and without pin_overlap, the change timed "
+                                          "first, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 12:13 UTC, "
+                                          "commit 779574c)",
+                                          "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store,pin],hopper-w3[store]' -D 128 --out book/data/hopper_pin_d128_swapped_h200.json"),
     "ncu_hopper_h200.json": ("Nsight Compute metrics of one launch of each Hopper forward, SDPA flash and the "
                              "mma.sync forward (set ladder) and of W3 with each build option (set options), "
                              "float16, N 4096, D 128 and 64 (H200, 2026-12-02 09:00 UTC, commit cd5bbd9)",

@@ -119,6 +119,10 @@ CASE_TABLES = [
     *(("perflog_hopper.md", f"hopper_{name}_d{D}_h200.json", columns[D], "fwd", None, 8)
       for name, columns in (("pin", HOPPER_PIN_COLUMNS), ("anchor", HOPPER_ANCHOR_COLUMNS), ("ds", HOPPER_DS_COLUMNS))
       for D in (64, 128)),
+    ("perflog_hopper.md", "hopper_ds_d64_swapped_h200.json", {"sdpa-cudnn": "sdpa-cudnn",
+     "+ ds (timed first)": "hopper-w3[c3,turns,ds]", "turns (cuda_attention)": "hopper-w3[c3,turns]"}, "fwd", None, 8),
+    ("perflog_hopper.md", "hopper_pin_d128_swapped_h200.json", {"sdpa-cudnn": "sdpa-cudnn",
+     "+ pin (timed first)": "hopper-w3[store,pin]", "store (cuda_attention)": "hopper-w3[store]"}, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_ds_d64_again_h200.json",
      {k: v for k, v in HOPPER_DS_COLUMNS[64].items() if "W4" not in k}, "fwd", None, 8),
     ("perflog_cuda_bwd.md", "cuda_ladder_bwd_h200.json", BWD_GRID_COLUMNS, "bwd", None, 16),

@@ -1304,3 +1304,32 @@ def test_ladder_rows_of_the_pin_the_lazy_rescale_and_the_stepped_descriptors():
             spans.append(_span(_ratios(rows, base[D][:-1] + f",{option}]", "sdpa-flash").values()))
         tensor = [profile.metric(ncu, base[D][:-1] + f",{option}]", D, False, profile.TENSOR, "overlap") for D in (128, 64)]
         assert f"| {spans[0]}x | {spans[1]}x | {tensor[0]:.1f} / {tensor[1]:.1f} | 168 / 128 |" in log, option
+
+
+def test_swapped_order_claims():
+    """perflog_hopper.md, "The order of the A/B, swapped": the two runs with the change timed first, and the
+    counts over every run of each change."""
+    log = _log()
+    ds_base, pin_base = "hopper-w3[c3,turns]", "hopper-w3[store]"
+    ds = _gains_at("hopper_ds_d64_swapped_h200.json", "hopper-w3[c3,turns,ds]", ds_base, 64)
+    up = [g for g in ds.values() if g > 0]
+    lost = [c for c, g in ds.items() if g <= 0]
+    assert len(up) == 7 and lost == [(4096, "bfloat16", False)]
+    assert f"{min(up):+.1f}% to {max(up):+.1f}% in 7 of 8 cases and {ds[lost[0]]:.1f}% in the eighth" in log
+    assert f"is {ds[(4096, 'float16', False)]:+.1f}% this time" in log
+    ds_runs = [_gains_at(f, "hopper-w3[c3,turns,ds]", ds_base, 64) for f in
+               ("hopper_ds_d64_h200.json", "hopper_ds_d64_again_h200.json", "hopper_ds_d64_swapped_h200.json")]
+    assert sum(g > 0 for r in ds_runs for g in r.values()) == 20 and "won 20 of 24 comparisons" in log
+    pin = _gains_at("hopper_pin_d128_swapped_h200.json", "hopper-w3[store,pin]", pin_base, 128)
+    assert sum(g > 0 for g in pin.values()) == 4
+    assert f"won 4 of 8 ({min(pin.values()):.1f}% to {max(pin.values()):+.1f}%)" in log
+    pin_runs = [_gains_at(f, "hopper-w3[store,pin]", pin_base, 128) for f in
+                ("hopper_pin_d128_h200.json", "hopper_anchor_d128_h200.json", "hopper_ds_d128_h200.json",
+                 "hopper_pin_d128_swapped_h200.json")]
+    assert sum(g > 0 for r in pin_runs for g in r.values()) == 25 and "25 of 32 over its four runs" in log
+    spread = []
+    for f in ("hopper_pin_d64_h200.json", "hopper_anchor_d64_h200.json", "hopper_ds_d64_h200.json",
+              "hopper_ds_d64_again_h200.json", "hopper_ds_d64_swapped_h200.json"):
+        rows, _ = results_data.load_results(f)
+        spread.append(_ratios(rows, ds_base, "sdpa-flash")[("float16", 64, 4096, False)])
+    assert f"({min(spread):.2f}x to {max(spread):.2f}x in that case)" in log
