@@ -998,11 +998,15 @@ def test_heads_first_claims():
 
 # --- turns among three consumers (c3_turns): hopper_turns*.json and ncu_hopper_h200.json, the Hopper log ---
 
-def _turn_gains(data: str, impl: str, base: str) -> dict:
+def _gains_at(data: str, impl: str, base: str, D: int) -> dict:
     from flashtut.bench.report import gains
 
     rows, _ = results_data.load_results(data)
-    return gains(rows, impl, base)[64]
+    return gains(rows, impl, base)[D]
+
+
+def _d64_gains(data: str, impl: str, base: str) -> dict:
+    return _gains_at(data, impl, base, 64)
 
 
 def test_turns_claims():
@@ -1012,10 +1016,9 @@ def test_turns_claims():
     from flashtut.cuda import configs
 
     log = _log()
-    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
-    turns = _turn_gains("hopper_turns_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3]")
+    turns = _d64_gains("hopper_turns_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3]")
     assert len(turns) == 8 and min(turns.values()) > 0
-    assert f"The turns win every case, {pct(turns.values())}" in log
+    assert f"The turns win every case, {_pct_span(turns.values())}" in log
     assert sum(1 <= g <= 4 for g in turns.values()) == 6 and "in 6 of 8 cases, above it in 2" in log
     short = {dt: turns[(4096, dt, True)] for dt in ("float16", "bfloat16")}
     assert f"gained +{short['float16']:.1f}% (float16) and +{short['bfloat16']:.1f}% (bfloat16)" in log
@@ -1043,16 +1046,16 @@ def test_turns_claims():
             f"{m('hopper-w3[c3,turns]', True, profile.TENSOR):.1f}% (causal, against "
             f"{m('hopper-w3[c3]', True, profile.TENSOR):.1f}%)") in log
     # the stack and the pair: the store on top of the turns, and why it is not kept
-    stack = {o: _turn_gains("hopper_turns_stack_h200.json", i, "hopper-w3[c3,turns]") for o, i in (
+    stack = {o: _d64_gains("hopper_turns_stack_h200.json", i, "hopper-w3[c3,turns]") for o, i in (
         ("poly1", "hopper-w3[c3,turns,poly1]"), ("tree", "hopper-w3[c3,turns,tree]"), ("w4", "hopper-w4[c3]"),
         ("w4turns", "hopper-w4[c3,turns]"), ("store", "hopper-w3[c3,turns,store]"))}
-    assert (f"the cubic {pct(stack['poly1'].values())} and the trees {pct(stack['tree'].values())}" in log
-            and f"W4 {pct(stack['w4'].values())} and W4 with turns {pct(stack['w4turns'].values())}" in log)
+    assert (f"the cubic {_pct_span(stack['poly1'].values())} and the trees {_pct_span(stack['tree'].values())}" in log
+            and f"W4 {_pct_span(stack['w4'].values())} and W4 with turns {_pct_span(stack['w4turns'].values())}" in log)
     won = [g for g in stack["store"].values() if g > 0]
-    assert len(won) == 7 and f"ahead in 7 of 8 cases, {pct(won)}, and {min(stack['store'].values()):.1f}%" in log
-    pair = _turn_gains("hopper_turns_store_h200.json", "hopper-w3[c3,turns,store]", "hopper-w3[c3,turns]")
+    assert len(won) == 7 and f"ahead in 7 of 8 cases, {_pct_span(won)}, and {min(stack['store'].values()):.1f}%" in log
+    pair = _d64_gains("hopper_turns_store_h200.json", "hopper-w3[c3,turns,store]", "hopper-w3[c3,turns]")
     lost = sorted(g for g in pair.values() if g < 0)
-    assert len(lost) == 3 and f"Five of eight this time: {pct(pair.values())}" in log
+    assert len(lost) == 3 and f"Five of eight this time: {_pct_span(pair.values())}" in log
     assert f"the three losses {lost[0]:.1f}%, {lost[1]:.1f}% and {lost[2]:.1f}%" in log
     both = list(stack["store"].values()) + list(pair.values())
     assert sum(g < 0 for g in both) == 4 and f"by {-min(both):.1f}% at most" in log
@@ -1096,9 +1099,8 @@ def test_w4_static_schedule_claims():
     w3 = {128: "hopper-w3[store]", 64: "hopper-w3[c3,turns]"}
     w4 = {128: "hopper-w4", 64: "hopper-w4[c3]"}
     static = gains(rows, {128: "hopper-w4[static]", 64: "hopper-w4[c3,static]"}, w4)
-    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
     log = _log()
-    assert (f"Against W4 with its counter: {pct(static[128].values())} at D = 128 and {pct(static[64].values())} "
+    assert (f"Against W4 with its counter: {_pct_span(static[128].values())} at D = 128 and {_pct_span(static[64].values())} "
             "at D = 64") in log
     full = {D: [g for k, g in by.items() if not k[2]] for D, by in static.items()}
     causal = [g for by in static.values() for k, g in by.items() if k[2]]
@@ -1106,7 +1108,7 @@ def test_w4_static_schedule_claims():
     assert f"and {-max(full[64]):.1f}% to {-min(full[64]):.1f}% slower at D = 64" in log
     assert f"with one {-max(causal):.1f}% to {-min(causal):.1f}% slower at both head dims" in log
     counter = gains(rows, w4, w3)
-    assert (f"W4 with its counter {pct(counter[128].values())} at D = 128 and {pct(counter[64].values())} at "
+    assert (f"W4 with its counter {_pct_span(counter[128].values())} at D = 128 and {_pct_span(counter[64].values())} at "
             "D = 64 here") in log
 
 
@@ -1124,13 +1126,6 @@ def test_ladder_rows_of_the_turns_and_the_static_w4():
     assert "racecheck finds nothing in it, which places the report on the slot alone" in _chapter_11_text()
 
 
-def _gains_at(data: str, impl: str, base: str, D: int) -> dict:
-    from flashtut.bench.report import gains
-
-    rows, _ = results_data.load_results(data)
-    return gains(rows, impl, base)[D]
-
-
 def test_pin_lazy_and_stepped_descriptor_claims():
     """perflog_hopper.md, "The softmax under the P V, pinned; and the lazy rescale": every percentage and
     ratio of its three runs recomputed, and that none of the four options is in configs.HOPPER_OPTIONS."""
@@ -1139,50 +1134,49 @@ def test_pin_lazy_and_stepped_descriptor_claims():
     from flashtut.cuda import configs
 
     log = _log()
-    pct = lambda g: f"{min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-")  # noqa: E731
     base = {64: "hopper-w3[c3,turns]", 128: "hopper-w3[store]"}
     name = lambda D, o: base[D][:-1] + f",{o}]"  # noqa: E731
     pin = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "pin"), base[D], D) for D in (64, 128)}
     lazy = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "lazy"), base[D], D) for D in (64, 128)}
     both = {D: _gains_at(f"hopper_pin_d{D}_h200.json", name(D, "pin,lazy"), base[D], D) for D in (64, 128)}
     assert all(len(g) == 8 for d in (pin, lazy, both) for g in d.values())
-    assert max(pin[64].values()) < 0 and f"The pin: {pct(pin[64].values())} at D = 64 (all 8 cases)" in log
+    assert max(pin[64].values()) < 0 and f"The pin: {_pct_span(pin[64].values())} at D = 64 (all 8 cases)" in log
     up = [g for g in pin[128].values() if g > 0]
     worst = pin[128][(4096, "float16", False)]
     assert len(up) == 7 and worst == min(pin[128].values()) < 0
-    assert f"at D = 128 {pct(up)} in 7 cases and {worst:.1f}% in the eighth" in log
+    assert f"at D = 128 {_pct_span(up)} in 7 cases and {worst:.1f}% in the eighth" in log
     assert max(lazy[64].values()) < 0 and max(lazy[128].values()) < 0
-    assert f"The lazy rescale lost everywhere, {pct(lazy[64].values())} at D = 64 and {pct(lazy[128].values())}" in log
+    assert f"The lazy rescale lost everywhere, {_pct_span(lazy[64].values())} at D = 64 and {_pct_span(lazy[128].values())}" in log
     assert all(both[D][c] < min(pin[D][c], lazy[D][c]) for D in (64, 128) for c in both[D] if D == 64)
     # the anchor's run
     anchor = {D: _gains_at(f"hopper_anchor_d{D}_h200.json", name(D, "anchor"), base[D], D) for D in (64, 128)}
     pin2 = {D: _gains_at(f"hopper_anchor_d{D}_h200.json", name(D, "pin"), base[D], D) for D in (64, 128)}
     assert max(anchor[64].values()) < 0 and max(pin2[64].values()) < 0
-    assert f"as the pin does ({pct(anchor[64].values())}; the pin {pct(pin2[64].values())} in this run)" in log
-    assert f"both are within {pct([*anchor[128].values(), *pin2[128].values()])} of the build" in log
+    assert f"as the pin does ({_pct_span(anchor[64].values())}; the pin {_pct_span(pin2[64].values())} in this run)" in log
+    assert f"both are within {_pct_span([*anchor[128].values(), *pin2[128].values()])} of the build" in log
     long_pin = [g for (N, _, _), g in pin2[128].items() if N == 16384]
     short_pin = [g for (N, _, _), g in pin2[128].items() if N == 4096]
     first_long = [g for (N, _, _), g in pin[128].items() if N == 16384]
-    assert (f"(the pin {pct(long_pin)} at N = 16384 in this run, {pct(first_long)} in the first, and "
-            f"{pct(short_pin)} at N = 4096 in this run)") in log
+    assert (f"(the pin {_pct_span(long_pin)} at N = 16384 in this run, {_pct_span(first_long)} in the first, and "
+            f"{_pct_span(short_pin)} at N = 4096 in this run)") in log
     # the stepped descriptors' run
     ds = {D: _gains_at(f"hopper_ds_d{D}_h200.json", name(D, "ds"), base[D], D) for D in (64, 128)}
     up = [g for g in ds[64].values() if g > 0]
     down = sorted(g for g in ds[64].values() if g <= 0)
-    assert len(up) == 6 and f"{pct(up)} in 6 of 8 cases at D = 64 and {down[0]:.1f}%, {down[1]:.1f}% in the other" in log
-    assert f"{pct(ds[128].values())} at D = 128" in log
+    assert len(up) == 6 and f"{_pct_span(up)} in 6 of 8 cases at D = 64 and {down[0]:.1f}%, {down[1]:.1f}% in the other" in log
+    assert f"{_pct_span(ds[128].values())} at D = 128" in log
     w4 = _gains_at("hopper_ds_d64_h200.json", "hopper-w4[c3,turns,ds]", "hopper-w4[c3,turns]", 64)
     w4_vs_w3 = _gains_at("hopper_ds_d64_h200.json", "hopper-w4[c3,turns,ds]", base[64], 64)
-    assert min(w4.values()) > 0 and f"W4 at D = 64 gains in all 8 ({pct(w4.values())})" in log
-    assert f"stays below W3 ({pct(w4_vs_w3.values())})" in log
+    assert min(w4.values()) > 0 and f"W4 at D = 64 gains in all 8 ({_pct_span(w4.values())})" in log
+    assert f"stays below W3 ({_pct_span(w4_vs_w3.values())})" in log
     pin3 = _gains_at("hopper_ds_d128_h200.json", "hopper-w3[store,pin]", base[128], 128)
-    assert min(pin3.values()) > 0 and f"The pin at D = 128 won all 8 cases of this run ({pct(pin3.values())})" in log
+    assert min(pin3.values()) > 0 and f"The pin at D = 128 won all 8 cases of this run ({_pct_span(pin3.values())})" in log
     runs = [pin[128], pin2[128], pin3]
     assert sum(g > 0 for r in runs for g in r.values()) == 21 and "won 21 of 24" in log
     gmean = {c: 100 * (math.prod(1 + r[c] / 100 for r in runs) ** (1 / 3) - 1) for c in pin3}
     pos = [g for g in gmean.values() if g > 0]
     neg = [g for g in gmean.values() if g <= 0]
-    assert len(pos) == 7 and f"is {pct(pos)} in 7 cases and {neg[0]:.1f}% in the eighth" in log
+    assert len(pos) == 7 and f"is {_pct_span(pos)} in 7 cases and {neg[0]:.1f}% in the eighth" in log
     # the weakest case under this preset's budget, in the three runs at D = 64
     weakest, cudnn = [], []
     for data in ("hopper_pin_d64_h200.json", "hopper_anchor_d64_h200.json", "hopper_ds_d64_h200.json"):

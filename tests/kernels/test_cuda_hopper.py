@@ -37,7 +37,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashtut.bench.sass import exp2_between_waits, find_cuobjdump
+from flashtut.bench.sass import exp2_between_waits, find_cuobjdump, nvcc_sass
 from flashtut.cuda import compile as cc
 from flashtut.cuda import configs
 from flashtut.cuda import hopper, hopper_launch
@@ -114,12 +114,7 @@ def sass(cubin: Path) -> str:
 @functools.lru_cache(maxsize=None)
 def nvcc_build(defines: tuple, arch: str = "90a", source: str = "fwd_w1_wgmma.cu") -> tuple[str, str]:
     """(ptxas log, SASS) of ``source`` built by nvcc for ``arch``."""
-    cubin = _TMP / f"nvcc_{arch}_{source}_{abs(hash(defines))}.cubin"
-    cmd = [NVCC, "-std=c++17", "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
-           *cc.define_options(dict(defines)), "-o", str(cubin), str(cc.KERNEL_DIR / source)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
-    return res.stderr + res.stdout, sass(cubin)
+    return nvcc_sass(source, dict(defines), arch, NVCC)
 
 
 def nvrtc_cubin(text: str, options: list[str], out: Path) -> tuple[int, str]:

@@ -190,22 +190,34 @@ def exp2_between_waits(text: str) -> int:
     return sum("MUFU.EX2" in t for t in lines[start:end])
 
 
-def hopper_sass_nvcc(cfg, nvcc: str | None = None, timeout_s: float = 300) -> str:
-    """The SASS of Hopper build ``cfg`` (a ``flashtut.cuda.configs.HopperConfig``) compiled by ``nvcc``
-    (CUDA 12 or later) for sm_90a: for reading the machine code without CuPy or a GPU. (The NVRTC the
-    runtime uses schedules the loop the same way: tests/kernels/test_cuda_hopper.py checks both.)"""
+def nvcc_sass(source: str, defines: dict | None = None, arch: str = "90a", nvcc: str | None = None,
+              timeout_s: float = 300) -> tuple[str, str]:
+    """(ptxas log, SASS) of kernel file ``source`` (in ``flashtut.cuda.compile.KERNEL_DIR``) built with
+    ``defines`` by ``nvcc`` for sm_``arch`` ("90a", "80" ...): for reading the machine code without CuPy
+    or a GPU. (The NVRTC the runtime uses schedules the Hopper loop the same way:
+    tests/kernels/test_cuda_hopper.py checks both.)"""
     import tempfile
 
     from ..cuda.compile import KERNEL_DIR, define_options
 
     nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
-        raise RuntimeError("nvcc not found: reading the Hopper kernels' SASS here needs the CUDA toolkit (12 or later)")
+        raise RuntimeError("nvcc not found: reading the kernels' SASS here needs the CUDA toolkit (12 or later)")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
-        _run([nvcc, "-std=c++17", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *define_options(cfg.define_dict),
-              "-o", str(cubin), str(KERNEL_DIR / cfg.source)], timeout_s)
-        return dump_sass(cubin, cuobjdump_candidates())
+        cmd = [nvcc, "-std=c++17", "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
+               *define_options(dict(defines or {})), "-o", str(cubin), str(KERNEL_DIR / source)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}\nfailed ({res.returncode}): {res.stderr.strip()[:2000]}")
+        return res.stderr + res.stdout, dump_sass(cubin, cuobjdump_candidates())
+
+
+def hopper_sass_nvcc(cfg, nvcc: str | None = None) -> str:
+    """The SASS of Hopper build ``cfg`` (a ``flashtut.cuda.configs.HopperConfig``), by :func:`nvcc_sass`."""
+    from ..cuda.configs import HOPPER_ARCH
+
+    return nvcc_sass(cfg.source, cfg.define_dict, HOPPER_ARCH, nvcc)[1]
 
 
 # ------------------------------------------------------------------------------- PyTorch SDPA flash

@@ -159,13 +159,12 @@ __device__ __forceinline__ void wg_qk(float* sc, unsigned q_addr, unsigned k_add
 #endif
 #pragma unroll
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+        const unsigned a = (ks / 4) * (FT_TMA_BLOCK_M * 128) + (ks % 4) * 32;
+        const unsigned b = (ks / 4) * (BN * 128) + (ks % 4) * 32;
 #if FT_DESC_STEP
-        wgmma_ss<BN>(sc, wgmma_desc_step(qd, (ks / 4) * (FT_TMA_BLOCK_M * 128) + (ks % 4) * 32),
-                     wgmma_desc_step(kd, (ks / 4) * (BN * 128) + (ks % 4) * 32), ks > 0);
+        wgmma_ss<BN>(sc, wgmma_desc_step(qd, a), wgmma_desc_step(kd, b), ks > 0);
 #else
-        const unsigned a = q_addr + (ks / 4) * (FT_TMA_BLOCK_M * 128) + (ks % 4) * 32;
-        const unsigned b = k_addr + (ks / 4) * (BN * 128) + (ks % 4) * 32;
-        wgmma_ss<BN>(sc, wgmma_desc(a, 16, 1024), wgmma_desc(b, 16, 1024), ks > 0);
+        wgmma_ss<BN>(sc, wgmma_desc(q_addr + a, 16, 1024), wgmma_desc(k_addr + b, 16, 1024), ks > 0);
 #endif
     }
 }
