@@ -15,8 +15,9 @@ is exercised; the Hopper launches also cover grouped heads and both causal align
 backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 
-``--w4``: instead, only rung W4, with its scheduler's counter and with its static schedule
-(``--w4 static``: the static one only).
+``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``), its
+static schedule (``static``) and the counter handed over on named barriers (``named``); names after it
+(``--w4 named``) keep only those.
 
 ``--defaults``: instead, only ``cuda_attention``'s Hopper forward (rung W3 with configs.HOPPER_CONSUMERS and
 configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
@@ -91,26 +92,29 @@ def w3_options_launches(q, k, v, **run):
 
 def w4_launches(D, q, k, v, **options):
     """W4 at the default grid, and one and three blocks that each walk many query blocks (the ring's
-    phases and Q's refills carry over), with two consumers and at D = 64 three."""
+    phases and Q's refills carry over), with two consumers and at D = 64 three, with and without turns."""
     from flashtut.cuda.hopper import forward_hopper
 
-    for consumers in ((2, 3) if D == 64 else (2,)):
-        run = dict(variant="w4", consumers=consumers, **options)
+    for consumers, turns in (((2, False), (3, False), (3, True)) if D == 64 else ((2, False),)):
+        run = dict(variant="w4", consumers=consumers, **options, **({"c3_turns": True} if turns else {}))
         for causal, ctas in ((False, None), (True, 1), ("bottom-right", 3)):
             forward_hopper(q, k, v, causal=causal, ctas=ctas, **run)
             forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, ctas=ctas, **run)
         forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, ctas=2, **run)
 
 
+#: W4's schedules and how the consumers learn their next query block, name -> build options
+W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True}}
+
 if "--w4" in sys.argv[1:]:
-    # W4 alone, with its counter and with its static schedule (--w4 static: the static one only)
+    picked = [name for name in W4_SCHEDULES if name in sys.argv[1:]] or list(W4_SCHEDULES)
     for D in (64, 128):
         q = torch.randn(1, 2, 77, D, device="cuda", dtype=torch.float16)
         k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=torch.float16) for _ in range(2))
-        for static in ((True,) if "static" in sys.argv[1:] else (False, True)):
-            w4_launches(D, q, k, v, static_schedule=static)
+        for name in picked:
+            w4_launches(D, q, k, v, **W4_SCHEDULES[name])
     torch.cuda.synchronize()
-    print("sanitizer launches (W4) done")
+    print(f"sanitizer launches (W4: {', '.join(picked)}) done")
     sys.exit(0)
 if "--dims" in sys.argv[1:]:
     new_dims()

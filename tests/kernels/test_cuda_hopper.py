@@ -80,6 +80,8 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True),
     configs.hopper_config("w4", torch.bfloat16, 128, static_schedule=True),
     configs.hopper_config("w4", torch.float16, 64, consumers=3, static_schedule=True),
+    configs.hopper_config("w4", torch.bfloat16, 128, named_handover=True),
+    configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True, named_handover=True),
     configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, pin_overlap=True),
     configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_overlap=True),
     configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, lazy_rescale=True),
@@ -236,6 +238,8 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         # no counter and no handover: no atomic, and no ordinary shared-memory access at all (the tiles are
         # written by TMA and read by wgmma), so racecheck has nothing of W4's own to check
         assert "ATOM" not in text and not re.search(r"\b(STS|LDS)(\.|\s)", text)
+    if cfg.define_dict.get("W4_NAMED_HANDOVER"):
+        check_named_handover_sass(text, consumers(cfg))
     if cfg.define_dict.get("FT_DESC_STEP"):
         # the same products; the descriptors' address fields no longer masked and shifted one by one: fewer
         # uniform instructions (W3) or ordinary ones (W4, which builds them in ordinary registers)
@@ -249,6 +253,36 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         D = cfg.define_dict["HEAD_DIM"]
         assert text.count("UTMASTG.3D") == D // 64 and "UTMASTG" not in base
         assert base.count("STG.E ") - text.count("STG.E ") == 2 * D // 8, (base.count("STG.E "), text.count("STG.E "))
+
+
+def check_named_handover_sass(text: str, consumers: int) -> None:
+    """W4_NAMED_HANDOVER: the slot's one store sits between the producer's bar.sync on slot_empty and its
+    bar.arrive on slot_full, and every load of it after a consumer's bar.sync on slot_full (ptxas rotates
+    the consumers' loop, so what follows a load in the listing may be the branch back to the arrival on
+    slot_empty); the barriers count the producer warp and every consumer thread."""
+    full, empty, threads = 1 + consumers, 2 + consumers, 32 + 128 * consumers
+    ops = [(m.group(1), m.group(2)) for m in re.finditer(
+        r"\b(BAR\.SYNC\.DEFER_BLOCKING|BAR\.ARV|STS|LDS)\b([^;]*);", text)]
+    bars = [(kind, args.strip()) for kind, args in ops if kind.startswith("BAR")]
+    for bid in (full, empty):
+        mine = [kind for kind, args in bars if args.startswith(f"{bid:#x},")]
+        assert mine and all(args == f"{bid:#x}, {threads:#x}" for kind, args in bars if args.startswith(f"{bid:#x},"))
+        assert {"BAR.SYNC.DEFER_BLOCKING", "BAR.ARV"} <= set(mine), (bid, mine)
+    kinds = [kind if not kind.startswith("BAR") else f"{kind} {args.split(',')[0].strip()}" for kind, args in ops]
+    stores = [i for i, k in enumerate(kinds) if k == "STS"]
+    loads = [i for i, k in enumerate(kinds) if k == "LDS"]
+    assert len(stores) == 1 and loads, kinds
+
+    def around(i):   # the nearest named barrier of the handover before and after op i
+        hand = (f"BAR.SYNC.DEFER_BLOCKING {full:#x}", f"BAR.SYNC.DEFER_BLOCKING {empty:#x}",
+                f"BAR.ARV {full:#x}", f"BAR.ARV {empty:#x}")
+        before = next(k for k in reversed(kinds[:i]) if k in hand)
+        after = next(k for k in kinds[i + 1:] if k in hand)
+        return before, after
+
+    assert around(stores[0]) == (f"BAR.SYNC.DEFER_BLOCKING {empty:#x}", f"BAR.ARV {full:#x}"), around(stores[0])
+    for i in loads:
+        assert around(i)[0] == f"BAR.SYNC.DEFER_BLOCKING {full:#x}", around(i)
 
 
 def check_exp2_poly_sass(cfg, text: str, share: int) -> None:
@@ -411,6 +445,9 @@ CONFIG_ERRORS = [
     (("w4", torch.float16, 64), dict(heads_first=True), r"heads_first is built for variant 'w3' only"),
     (("w2", torch.float16, 64), dict(c3_turns=True), r"c3_turns is built for variant 'w3' or 'w4' only"),
     (("w3", torch.float16, 64), dict(static_schedule=True), r"static_schedule is built for variant 'w4' only"),
+    (("w3", torch.float16, 128), dict(named_handover=True), r"named_handover is built for variant 'w4' only"),
+    (("w4", torch.float16, 128), dict(named_handover=True, static_schedule=True),
+     r"named_handover hands over the counter's number, which static_schedule does not have"),
     (("w3", torch.float16, 64), dict(c3_turns=True), r"c3_turns \(.*\) needs consumers=3; two consumers always take turns, got consumers=2"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
@@ -742,12 +779,13 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w3", 3, {"c3_turns": True, "pin_anchor": True}), ("w3", 2, {"tma_store": True, "pin_anchor": True}),
             ("w4", 2, {"pin_anchor": True}),
             ("w3", 3, {"c3_turns": True, "desc_step": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True, "desc_step": True}),
-            ("w4", 3, {"c3_turns": True, "desc_step": True}), ("w4", 2, {"desc_step": True})]
+            ("w4", 3, {"c3_turns": True, "desc_step": True}), ("w4", 2, {"desc_step": True}),
+            ("w4", 2, {"named_handover": True}), ("w4", 3, {"c3_turns": True, "named_handover": True})]
 
 
 #: the build options that change only the order of a warpgroup's instructions (or how it computes its
 #: wgmma descriptors), not its arithmetic
-ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step")
+ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step", "named_handover")
 
 
 def _options_label(options: dict) -> str:

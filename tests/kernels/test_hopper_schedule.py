@@ -250,6 +250,32 @@ def test_the_static_schedule_finishes_without_the_last_handover(consumers):
 
 def test_a_consumer_waiting_for_a_handover_the_static_producer_never_gives_deadlocks(monkeypatch):
     real = hs.persistent_producer_ops
-    monkeypatch.setattr(hs, "persistent_producer_ops", lambda blocks, stages, static=False: real(blocks, stages, True))
+    monkeypatch.setattr(hs, "persistent_producer_ops", lambda blocks, stages, *rest: real(blocks, stages, True))
     with pytest.raises(hs.ScheduleError, match="deadlock"):
         hs.simulate_persistent([(2, (2, 2)), (1, (1, 0))], 2, 0)
+
+
+@pytest.mark.parametrize("consumers,turns", [(2, True), (3, False), (3, True)])
+def test_the_named_handover_plays_the_same_blocks_and_turns(consumers, turns):
+    # W4_NAMED_HANDOVER: the number goes through slot_full / slot_empty instead of q_full's arrival; every
+    # consumer loads each block's number before the producer stores the next, and the products and turns
+    # are those of the handover on q_full
+    for walk in _walks(consumers, 40, seed=11 + consumers):
+        for seed in range(3):
+            named = hs.simulate_persistent(walk, 2, seed, turns=turns, handover="named")
+            plain = hs.simulate_persistent(walk, 2, seed, turns=turns)
+            assert named.issued == plain.issued and named.turns == plain.turns, walk
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_a_producer_that_does_not_wait_on_slot_empty_overwrites_an_unread_number(consumers):
+    # the race racecheck looks for: without the wait, some schedule stores the next number (or "none
+    # left") before a consumer has loaded the last one
+    found = set()
+    for walk in _walks(consumers, 40, seed=5 + consumers):
+        for seed in range(3):
+            try:
+                hs.simulate_persistent(walk, 2, seed, turns=consumers == 2, handover="named", wait_empty=False)
+            except hs.ScheduleError as exc:
+                found.add(str(exc).split(": ", 1)[1])
+    assert any("the producer stores" in m and "have not loaded" in m for m in found), found

@@ -596,6 +596,10 @@ W3_OPTIONS = {
     "static_schedule": ("W4_STATIC", (False, True), ("w4",),
                         "persistent block b takes query blocks b, b + grid, ... in the same order, instead of the "
                         "next number of a global counter handed to the consumers through shared memory"),
+    "named_handover": ("W4_NAMED_HANDOVER", (False, True), ("w4",),
+                       "the counter's number reaches the consumers on two named barriers (the producer warp "
+                       "stores it and arrives, the consumers sync, load it and arrive back) instead of with "
+                       "q_full's arrival: an ordering compute-sanitizer's racecheck follows"),
     "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),
@@ -644,7 +648,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks,
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
-    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``c3_turns``,
+    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``named_handover``, ``c3_turns``,
     ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
@@ -658,6 +662,9 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     extra = check_w3_options(variant, options)
     if options.get("pin_overlap") and options.get("pin_anchor"):
         raise ValueError("pin_overlap and pin_anchor are two pins of the same softmax; choose one")
+    if options.get("named_handover") and options.get("static_schedule"):
+        raise ValueError("named_handover hands over the counter's number, which static_schedule does not have; "
+                         "choose one")
     if options.get("c3_turns") and consumers != 3:
         raise ValueError(f"c3_turns ({W3_OPTIONS['c3_turns'][3]}) needs consumers=3; two consumers always "
                          f"take turns, got consumers={consumers}")

@@ -102,6 +102,19 @@
 #if W4_STATIC && !W3_PERSISTENT
 #error "W4_STATIC is a schedule of the persistent rung W4"
 #endif
+#ifndef W4_NAMED_HANDOVER
+#define W4_NAMED_HANDOVER 0   // W4: 1, the query block number handed over on two named barriers, not on q_full
+#endif
+// W4_NAMED_HANDOVER: the counter's number reaches the consumers through the same shared-memory slot, but
+// ordered by two named barriers of the producer warp and every consumer thread (W4_SLOT_THREADS): the
+// producer stores the number and arrives on W4_SLOT_FULL, the consumers bar.sync on it, load the number
+// and arrive on W4_SLOT_EMPTY, on which the producer waits before it stores the next one (FlashAttention-
+// 3's handshake). An arrive releases and a bar.sync acquires, as q_full's arrival and wait did; unlike an
+// mbarrier, a named barrier is an ordering compute-sanitizer's racecheck follows. A named barrier counts
+// whole warps, so the whole producer warp runs the loop, lane 0 alone loading and taking numbers.
+#if W4_NAMED_HANDOVER && (!W3_PERSISTENT || W4_STATIC)
+#error "W4_NAMED_HANDOVER is the handover of W4's counter (not W3's, not W4_STATIC's, which has none)"
+#endif
 #if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
 #error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
@@ -129,6 +142,10 @@
 // completes only when both did.
 #define W3_BAR_TURN0 1
 #define W3_TURN_THREADS 256
+// W4_NAMED_HANDOVER's two, after the turns' (W4 has no TMA store and so no store barriers)
+#define W4_SLOT_FULL (W3_BAR_TURN0 + W3_CONSUMERS)
+#define W4_SLOT_EMPTY (W4_SLOT_FULL + 1)
+#define W4_SLOT_THREADS (32 + 128 * W3_CONSUMERS)
 
 // The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
 // barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
@@ -142,6 +159,15 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
+
+#if W4_NAMED_HANDOVER
+template <int ID> __device__ __forceinline__ void slot_bar_sync() {
+    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(W4_SLOT_THREADS) : "memory");
+}
+template <int ID> __device__ __forceinline__ void slot_bar_arrive() {
+    asm volatile("bar.arrive %0, %1;" :: "n"(ID), "n"(W4_SLOT_THREADS) : "memory");
+}
+#endif
 
 // The mbarriers, after the tiles: q_full, k_full[S], v_full[S], k_empty[S], v_empty[S] and, persistent
 // (W4), q_empty. Tile g of the block's K/V stream (g counts on across the query blocks of a persistent
@@ -493,6 +519,33 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #endif
     if (wg == 0) {
         setmaxnreg_dec<W3_PRODUCER_REGS>();
+#if W4_NAMED_HANDOVER
+        if (threadIdx.x < 32) {
+            const bool lead = threadIdx.x == 0;
+            int t = blockIdx.x, kv0 = 0;
+            for (int it = 0;; ++it) {
+                if (it > 0) slot_bar_sync<W4_SLOT_EMPTY>();   // every consumer has loaded the last number
+                if (lead) *slot = t < n_work ? t : -1;
+                slot_bar_arrive<W4_SLOT_FULL>();
+                if (t >= n_work) break;
+                int next = 0;
+                if (lead) {   // the next number taken before the loads, so that the atomic's round trip runs under them
+                    // the grid size read here, not kept in one of the warp's 24 registers across the loop
+                    // (held, it is the one value ptxas spills at D = 128)
+                    unsigned grid;
+                    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(grid));
+                    next = atomicAdd(counter, 1) + (int)grid;
+                    int mb, bh;
+                    section_query_block(t, n_mb, n_bh, causal, mb, bh);
+                    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+                    w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
+                    kv0 += blk.n_tiles;
+                }
+                t = __shfl_sync(0xffffffffu, next, 0);   // lane 0's: whether to go on is the warp's
+            }
+        }
+        return;
+#endif
         if (threadIdx.x == 0) {
             int t = blockIdx.x, kv0 = 0;
             for (int it = 0;; ++it) {
@@ -524,6 +577,12 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #if W4_STATIC
         const int t = (int)blockIdx.x + it * (int)gridDim.x;
         if (t >= n_work) break;
+        mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
+#elif W4_NAMED_HANDOVER
+        slot_bar_sync<W4_SLOT_FULL>();
+        const int t = *slot;
+        if (t < 0) break;               // the producer has left: no arrival on W4_SLOT_EMPTY
+        slot_bar_arrive<W4_SLOT_EMPTY>();
         mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
 #else
         mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
