@@ -420,11 +420,12 @@ def test_configs_fit_an_h100():
     assert configs.hopper_config("w2", torch.float16, 128, stages=3).dynamic_smem <= configs.SMEM_PER_BLOCK[90]
     assert configs.W2_REGS["producer"] * 128 + configs.W2_REGS["consumer"] * 256 <= 65536
     assert configs.w1_smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 1024
-    # pin_anchor's mbarrier after W4's q_empty and slots: 8 * (3 + 4 * stages) from the first, 8 bytes long
-    for variant in configs.W3_FAMILY:
+    # pin_anchor's mbarrier after W4's q_empty and slots: 8 * (3 + 4 * stages) from the first, 8 bytes long;
+    # W3 adds the room of those (16 bytes) and the anchor, W4 the anchor alone
+    for variant, more in (("w3", 24), ("w4", 8)):
         plain, anchored = (configs.hopper_config(variant, torch.float16, 64, stages=3, pin_anchor=a) for a in (False, True))
-        assert anchored.dynamic_smem - plain.dynamic_smem == configs.W3_ANCHOR_BYTES
-        assert anchored.dynamic_smem >= configs.w3_smem_bytes(64, stages=3) + 8 * (3 + 4 * 3 + 1) - 8 * (1 + 4 * 3)
+        assert anchored.dynamic_smem - plain.dynamic_smem == more
+        assert anchored.dynamic_smem == configs.w3_smem_bytes(64, stages=3) - 8 * (1 + 4 * 3) + 8 * (3 + 4 * 3 + 1)
 
 
 #: (arguments of configs.hopper_config, what the ValueError says)
@@ -794,9 +795,6 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w4", 2, {"async_handover": True}), ("w4", 3, {"c3_turns": True, "async_handover": True})]
 
 
-#: the build options that change only the order of a warpgroup's instructions (or how it computes its
-#: wgmma descriptors), not its arithmetic
-ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step")
 
 
 def _options_label(options: dict) -> str:
@@ -840,7 +838,7 @@ def tma_check(variant: str, dtype_name: str, consumers: int = 2, options: dict |
             # only change the order of the same arithmetic (the turns order the issue of the same products,
             # the pin the instructions of one slot): the same bits as without them
             w4_only = {k: False for k in options if "w3" not in configs.W3_OPTIONS[k][2]}
-            order_only = {k: False for k in ORDER_ONLY if options.get(k)}
+            order_only = {k: False for k in configs.W3_ORDER_ONLY if options.get(k)}
             w3 = run(variant="w3", **w4_only, **order_only)[0] if variant == "w4" or order_only else None
             for ctas in (W4_CTAS if variant == "w4" else (None,)):
                 o, lse = run(variant=variant, **({} if ctas is None else {"ctas": ctas}))
@@ -944,3 +942,9 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
     assert len(cases) == 16
     for case, speeds in cases.items():
         assert max(speeds, key=speeds.get) == default_impl[case[1]], (case, speeds)
+
+
+def test_the_order_only_options_are_w3_options():
+    # the gpu tests build W3's reference without them; an unknown or W4-only name would break that quietly
+    w3_takes = {name for name, (_, _, rungs, _) in configs.W3_OPTIONS.items() if "w3" in rungs}
+    assert configs.W3_ORDER_ONLY and set(configs.W3_ORDER_ONLY) <= w3_takes

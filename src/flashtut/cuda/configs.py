@@ -544,9 +544,10 @@ def w3_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: i
     return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024 + 8 * (1 + 4 * stages)
 
 
-#: what pin_anchor adds to a rung's shared memory: the room of W4's q_empty and slots (16 bytes, which W4
-#: has already and W3 leaves unused) and the anchor's mbarrier after them (8)
-W3_ANCHOR_BYTES = 24
+#: where pin_anchor's mbarrier ends, in bytes from the first mbarrier at ``stages``: after W4's q_empty and two
+#: slots, whichever the rung (W3 leaves those 16 bytes unused), 8 bytes long
+def w3_anchor_end(stages: int) -> int:
+    return 8 * (3 + 4 * stages) + 8
 
 
 def w4_smem_bytes(head_dim: int, block_n: int = 128, stages: int = 2, block_m: int = 128) -> int:
@@ -624,6 +625,12 @@ W3_OPTIONS = {
 }
 
 
+#: the options of :data:`W3_OPTIONS` for W3 that change only the order of a warpgroup's instructions (or how
+#: it computes its wgmma descriptors), not its arithmetic: a build with them gives the same bits as without
+#: (the gpu tests check it with torch.equal). W4's schedules and handovers, for W4 alone, do the same.
+W3_ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step")
+
+
 def check_w3_options(variant: str, options: dict) -> dict:
     """``options`` (:data:`W3_OPTIONS` names -> values) as -D macros for ``variant``; ValueError naming the
     first unknown option, value of the wrong type or value, or option the rung does not take."""
@@ -683,11 +690,12 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
         if consumers != 2:
             d["W3_CONSUMERS"] = consumers
         d.update(extra)
-        # pin_anchor's mbarrier sits past W4's q_empty and two slots, whichever the rung
-        anchor = W3_ANCHOR_BYTES if options.get("pin_anchor") else 0
+        size = smem(head_dim, block_n, stages, block_m=64 * consumers)
+        if options.get("pin_anchor"):   # room up to the anchor's end: 24 bytes more for W3, 8 for W4
+            from_first_barrier = size - w3_smem_bytes(head_dim, block_n, stages, 64 * consumers) + 8 * (1 + 4 * stages)
+            size += w3_anchor_end(stages) - from_first_barrier
         return HopperConfig(source, kernel, tuple(sorted(d.items())), 64 * consumers, block_n,
-                            128 * (1 + consumers), smem(head_dim, block_n, stages, block_m=64 * consumers) + anchor,
-                            variant in PERSISTENT_RUNGS)
+                            128 * (1 + consumers), size, variant in PERSISTENT_RUNGS)
     if stages != 2:
         raise ValueError(f"stages applies to W2 and W3 only (W1 double-buffers), got {stages!r}")
     d = {**DTYPE_DEFINES[dtype], "HEAD_DIM": head_dim, "W1_BLOCK_N": block_n, "W1_PV_SPLIT": int(bool(pv_split))}
