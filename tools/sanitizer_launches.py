@@ -16,8 +16,8 @@ backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel s
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 
 ``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``), its
-static schedule (``static``), the counter handed over on named barriers (``named``) and by st.async
-(``async``); names after it (``--w4 named``) keep only those.
+static schedule (``static``) and the counter handed over on named barriers (``named``); names after it
+(``--w4 named``) keep only those.
 
 ``--defaults``: instead, only ``cuda_attention``'s Hopper forward (rung W3 with configs.HOPPER_CONSUMERS and
 configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
@@ -104,8 +104,7 @@ def w4_launches(D, q, k, v, **options):
 
 
 #: W4's schedules and how the consumers learn their next query block, name -> build options
-W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True},
-                "async": {"async_handover": True}}
+W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True}}
 
 if "--w4" in sys.argv[1:]:
     picked = [name for name in W4_SCHEDULES if name in sys.argv[1:]] or list(W4_SCHEDULES)

@@ -86,8 +86,9 @@ def test_kernel_names_and_defaults():
         kernels = re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)', text)
         assert kernels, f"{name}: no extern \"C\" __global__ kernel"
         for k in kernels:
-            # attention kernels say fwd or bwd; the instruction microbenchmarks (peak_mma.cu) say peak
-            assert "fwd" in k or "bwd" in k or (name.startswith("peak_") and k.startswith("peak_")), \
+            # attention kernels say fwd or bwd; the instruction microbenchmarks (peak_mma.cu) say peak, the
+            # sanitizer's probes (probe_racecheck.cu) probe
+            assert "fwd" in k or "bwd" in k or any(name.startswith(p) and k.startswith(p) for p in ("peak_", "probe_")), \
                 f"{name}: kernel {k} should say fwd or bwd"
         assert "#include <" not in text, f"{name}: NVRTC has no system headers"
         # every macro the file tests with #ifndef gets a default right after it

@@ -82,8 +82,6 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w4", torch.float16, 64, consumers=3, static_schedule=True),
     configs.hopper_config("w4", torch.bfloat16, 128, named_handover=True),
     configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True, named_handover=True),
-    configs.hopper_config("w4", torch.float16, 128, async_handover=True),
-    configs.hopper_config("w4", torch.bfloat16, 64, consumers=3, c3_turns=True, async_handover=True),
     configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, pin_overlap=True),
     configs.hopper_config("w3", torch.bfloat16, 128, tma_store=True, pin_overlap=True),
     configs.hopper_config("w3", torch.bfloat16, 64, consumers=3, c3_turns=True, lazy_rescale=True),
@@ -242,11 +240,6 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         assert "ATOM" not in text and not re.search(r"\b(STS|LDS)(\.|\s)", text)
     if cfg.define_dict.get("W4_NAMED_HANDOVER"):
         check_named_handover_sass(text, consumers(cfg))
-    if cfg.define_dict.get("W4_ASYNC_HANDOVER"):
-        # the number written by one asynchronous store (STAS) that completes on q_full: no ordinary store
-        # at all, so the consumers' loads of it are the block's only ordinary shared-memory accesses
-        assert len(re.findall(r"\bSTAS\b", text)) == 1 and not re.search(r"\bSTS(\.|\s)", text)
-        assert re.search(r"\bLDS(\.|\s)", text)
     if cfg.define_dict.get("FT_DESC_STEP"):
         # the same products; the descriptors' address fields no longer masked and shifted one by one: fewer
         # uniform instructions (W3) or ordinary ones (W4, which builds them in ordinary registers)
@@ -455,10 +448,7 @@ CONFIG_ERRORS = [
     (("w3", torch.float16, 64), dict(static_schedule=True), r"static_schedule is built for variant 'w4' only"),
     (("w3", torch.float16, 128), dict(named_handover=True), r"named_handover is built for variant 'w4' only"),
     (("w4", torch.float16, 128), dict(named_handover=True, static_schedule=True),
-     r"named_handover: each is a handover of the counter's number \(which static_schedule does not have\)"),
-    (("w4", torch.float16, 128), dict(named_handover=True, async_handover=True),
-     r"named_handover and async_handover: each is a handover .* choose at most one"),
-    (("w3", torch.float16, 128), dict(async_handover=True), r"async_handover is built for variant 'w4' only"),
+     r"named_handover hands over the counter's number, which static_schedule does not have"),
     (("w3", torch.float16, 64), dict(c3_turns=True), r"c3_turns \(.*\) needs consumers=3; two consumers always take turns, got consumers=2"),
     (("w3", torch.float16, 64), dict(tree=True), r"unknown Hopper build option 'tree'; accepted: exp2_poly, row_tree"),
 ]
@@ -791,8 +781,7 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w4", 2, {"pin_anchor": True}),
             ("w3", 3, {"c3_turns": True, "desc_step": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True, "desc_step": True}),
             ("w4", 3, {"c3_turns": True, "desc_step": True}), ("w4", 2, {"desc_step": True}),
-            ("w4", 2, {"named_handover": True}), ("w4", 3, {"c3_turns": True, "named_handover": True}),
-            ("w4", 2, {"async_handover": True}), ("w4", 3, {"c3_turns": True, "async_handover": True})]
+            ("w4", 2, {"named_handover": True}), ("w4", 3, {"c3_turns": True, "named_handover": True})]
 
 
 

@@ -248,8 +248,8 @@ def _ladder_fwd(variant: str):
 #: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
 #: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
 #: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
-#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``), its handover on named
-#: barriers (``hopper-w4[named]``) or by st.async (``[async]``), the softmax pinned under the
+#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``) and its handover on named
+#: barriers (``hopper-w4[named]``), the softmax pinned under the
 #: P V in flight (``[pin]``, or ``[anchor]`` on a barrier of its own), the lazy rescale (``[lazy]``) and the
 #: stepped descriptors (``[ds]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
@@ -279,8 +279,6 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                 "hopper-w4[named]": ("w4", 128, True, 2, 2, {"named_handover": True}),
                 "hopper-w4[c3,named]": ("w4", 128, True, 2, 3, {"named_handover": True}),
                 "hopper-w4[c3,turns,named]": ("w4", 128, True, 2, 3, {"c3_turns": True, "named_handover": True}),
-                "hopper-w4[async]": ("w4", 128, True, 2, 2, {"async_handover": True}),
-                "hopper-w4[c3,turns,async]": ("w4", 128, True, 2, 3, {"c3_turns": True, "async_handover": True}),
                 # the softmax pinned under the P V in flight, the lazy rescale, each on cuda_attention's builds
                 "hopper-w3[c3,turns,pin]": ("w3", 128, True, 2, 3, {"c3_turns": True, "pin_overlap": True}),
                 "hopper-w3[c3,turns,lazy]": ("w3", 128, True, 2, 3, {"c3_turns": True, "lazy_rescale": True}),

@@ -601,10 +601,6 @@ W3_OPTIONS = {
                        "the counter's number reaches the consumers on two named barriers (the producer warp "
                        "stores it and arrives, the consumers sync, load it and arrive back) instead of with "
                        "q_full's arrival: an ordering compute-sanitizer's racecheck follows"),
-    "async_handover": ("W4_ASYNC_HANDOVER", (False, True), ("w4",),
-                       "the producer writes the counter's number with st.async, which completes 4 more bytes of "
-                       "q_full's phase, instead of an ordinary store before q_full's arrival: it travels as the "
-                       "tiles do"),
     "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),
@@ -659,7 +655,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     ``consumers`` (W3 and W4): consumer warpgroups of 64 rows, 2 (ping-pong) or 3 (192-row blocks,
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
-    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``named_handover``, ``async_handover``, ``c3_turns``,
+    ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``named_handover``, ``c3_turns``,
     ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
@@ -673,10 +669,9 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     extra = check_w3_options(variant, options)
     if options.get("pin_overlap") and options.get("pin_anchor"):
         raise ValueError("pin_overlap and pin_anchor are two pins of the same softmax; choose one")
-    handovers = [n for n in ("named_handover", "async_handover") if options.get(n)]
-    if handovers and (options.get("static_schedule") or len(handovers) > 1):
-        raise ValueError(f"{' and '.join(handovers)}: each is a handover of the counter's number (which "
-                         f"static_schedule does not have); choose at most one, without static_schedule")
+    if options.get("named_handover") and options.get("static_schedule"):
+        raise ValueError("named_handover hands over the counter's number, which static_schedule does not have; "
+                         "choose one")
     if options.get("c3_turns") and consumers != 3:
         raise ValueError(f"c3_turns ({W3_OPTIONS['c3_turns'][3]}) needs consumers=3; two consumers always "
                          f"take turns, got consumers={consumers}")

@@ -112,15 +112,8 @@
 // 3's handshake). An arrive releases and a bar.sync acquires, as q_full's arrival and wait did; unlike an
 // mbarrier, a named barrier is an ordering compute-sanitizer's racecheck follows. A named barrier counts
 // whole warps, so the whole producer warp runs the loop, lane 0 alone loading and taking numbers.
-#ifndef W4_ASYNC_HANDOVER
-#define W4_ASYNC_HANDOVER 0   // W4: 1, the query block number written by st.async, 4 more bytes of q_full's phase
-#endif
-// W4_ASYNC_HANDOVER: the number travels as the tiles do. The producer stores it with st.async, an
-// asynchronous store that completes 4 bytes of a transaction count on q_full (announced beforehand with
-// mbarrier.expect_tx, or with the arrival itself when it carries "none left"), so the consumers' wait on
-// q_full covers the number as it covers Q, with no ordinary store in the block at all.
-#if (W4_NAMED_HANDOVER || W4_ASYNC_HANDOVER) && (!W3_PERSISTENT || W4_STATIC || (W4_NAMED_HANDOVER && W4_ASYNC_HANDOVER))
-#error "W4_NAMED_HANDOVER and W4_ASYNC_HANDOVER are two handovers of W4's counter (not W3's, not W4_STATIC's, which has none)"
+#if W4_NAMED_HANDOVER && (!W3_PERSISTENT || W4_STATIC)
+#error "W4_NAMED_HANDOVER is the handover of W4's counter (not W3's, not W4_STATIC's, which has none)"
 #endif
 #if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
 #error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
@@ -176,22 +169,13 @@ template <int ID> __device__ __forceinline__ void slot_bar_arrive() {
 }
 #endif
 
-#if W4_NAMED_HANDOVER || W4_ASYNC_HANDOVER
+#if W4_NAMED_HANDOVER
 // The grid size read where it is used: kept across the producer's loop in one of its 24 registers, it is
-// the one value ptxas spills in these builds at D = 128.
+// the one value ptxas spills in this build at D = 128.
 __device__ __forceinline__ int grid_blocks_here() {
     unsigned g;
     asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(g));
     return (int)g;
-}
-#endif
-#if W4_ASYNC_HANDOVER
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void st_async_s32(unsigned addr, int value, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.s32 [%0], %1, [%2];"
-                 :: "r"(addr), "r"(value), "r"(bar) : "memory");
 }
 #endif
 
@@ -577,20 +561,12 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                 const int next = t + (int)gridDim.x;
 #else
                 if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q and slot it % 2 are free
-#if W4_ASYNC_HANDOVER
-                if (t < n_work) mbar_expect_tx(W3_Q_FULL(bars), 4);   // w3_produce's arrival comes with Q's bytes
-                else mbar_arrive_expect_tx(W3_Q_FULL(bars), 4);
-                st_async_s32(bars + 8u * (2 + 4 * W3_STAGES) + 4u * (it & 1), t < n_work ? t : -1, W3_Q_FULL(bars));
-                if (t >= n_work) break;
-                const int next = atomicAdd(counter, 1) + grid_blocks_here();
-#else
                 slot[it & 1] = t < n_work ? t : -1;
                 if (t >= n_work) {
                     mbar_arrive(W3_Q_FULL(bars));
                     break;
                 }
                 const int next = atomicAdd(counter, 1) + (int)gridDim.x;
-#endif
 #endif
                 int mb, bh;
                 section_query_block(t, n_mb, n_bh, causal, mb, bh);

@@ -1,0 +1,86 @@
+// probe_racecheck.cu: one word handed from warp 0 to warp 1 through shared memory, ordered five ways, for
+// compute-sanitizer's racecheck (sm_90a; tools/racecheck_probe.py launches them, one block of 64 threads).
+//
+// W4 hands its consumers the number of their next query block through a shared-memory word, and racecheck
+// reports that word, ordered by an mbarrier and again by named barriers (book/perflog_hopper.md). Each
+// kernel here is the same handover, six lines long, so that what the tool reports for it says which
+// orderings the tool follows, not what W4 does:
+//  * probe_unordered: no ordering at all, a real race (the tool must report it);
+//  * probe_both_sync: both warps bar.sync on one named barrier (what __syncthreads is);
+//  * probe_arrive_sync: warp 0 bar.arrive, warp 1 bar.sync (W4_NAMED_HANDOVER's pattern);
+//  * probe_mbar_parity: thread 0 arrives on an mbarrier, thread 32 waits for its phase by parity
+//    (W4's q_full);
+//  * probe_mbar_token: both arrive, thread 32 waits with the state its own arrival returned (the
+//    cuda::barrier pattern).
+// Warp 1 writes the word it read to out[0], so the launcher can check the handover worked (42).
+#include "ft_tma.cuh"
+
+#define PROBE_WORD 42
+
+extern "C" __global__ void probe_unordered(int* out) {
+    __shared__ int word;
+    if (threadIdx.x == 0) word = PROBE_WORD;
+    if (threadIdx.x == 32) out[0] = word;
+}
+
+extern "C" __global__ void probe_both_sync(int* out) {
+    __shared__ int word;
+    if (threadIdx.x == 0) word = PROBE_WORD;
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    if (threadIdx.x == 32) out[0] = word;
+}
+
+extern "C" __global__ void probe_arrive_sync(int* out) {
+    __shared__ int word;
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) word = PROBE_WORD;
+        asm volatile("bar.arrive 1, 64;" ::: "memory");
+    } else {
+        asm volatile("bar.sync 1, 64;" ::: "memory");
+        if (threadIdx.x == 32) out[0] = word;
+    }
+}
+
+// Both mbarrier probes: the barrier initialised for ``count`` arrivals, then thread 0 writes the word and
+// arrives on it.
+__device__ __forceinline__ unsigned probe_mbar_write(int& word, unsigned long long& bar_obj, unsigned count) {
+    const unsigned bar = smem_addr(&bar_obj);
+    if (threadIdx.x == 0) {
+        mbar_init(bar, count);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        word = PROBE_WORD;
+        mbar_arrive(bar);
+    }
+    return bar;
+}
+
+extern "C" __global__ void probe_mbar_parity(int* out) {
+    __shared__ int word;
+    __shared__ __align__(8) unsigned long long bar_obj;
+    const unsigned bar = probe_mbar_write(word, bar_obj, 1);
+    if (threadIdx.x == 32) {
+        mbar_wait(bar, 0);
+        out[0] = word;
+    }
+}
+
+extern "C" __global__ void probe_mbar_token(int* out) {
+    __shared__ int word;
+    __shared__ __align__(8) unsigned long long bar_obj;
+    const unsigned bar = probe_mbar_write(word, bar_obj, 2);
+    if (threadIdx.x == 32) {
+#if FT_SM90A
+        unsigned long long state;
+        asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(bar) : "memory");
+        unsigned done = 0;
+        do {
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done) : "r"(bar), "l"(state) : "memory");
+        } while (!done);
+#endif
+        out[0] = word;
+    }
+}
