@@ -21,6 +21,6 @@ if __name__ == "__main__":
         sys.exit(f"unknown probe {unknown[0]!r}; the probes are {', '.join(KERNELS)}")
     for name in names:
         out = torch.zeros(1, dtype=torch.int32, device="cuda")
-        cc.launch(cc.get_function("probe_racecheck.cu", name, arch="90a"), (1,), (64,), (out,))
+        cc.launch(cc.get_function("probe_racecheck.cu", name, arch="90a"), (1,), (64,), (out, 42))
         torch.cuda.synchronize()
         print(name, "handed over", out.item())

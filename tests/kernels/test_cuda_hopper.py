@@ -937,3 +937,16 @@ def test_the_order_only_options_are_w3_options():
     # the gpu tests build W3's reference without them; an unknown or W4-only name would break that quietly
     w3_takes = {name for name, (_, _, rungs, _) in configs.W3_OPTIONS.items() if "w3" in rungs}
     assert configs.W3_ORDER_ONLY and set(configs.W3_ORDER_ONLY) <= w3_takes
+
+
+@needs_nvcc
+def test_the_racecheck_probes_keep_their_handover_in_shared_memory():
+    # tools/racecheck_probe.py asks racecheck about each probe's handover: that needs the store and the
+    # load to be there (a word written as a constant is forwarded by the compiler and leaves neither)
+    _, text = nvcc_build((), source="probe_racecheck.cu")
+    bodies = re.split(r"\n\s*Function : ", text)[1:]
+    kernels = {body.split()[0]: body for body in bodies}
+    assert set(kernels) == {"probe_unordered", "probe_both_sync", "probe_arrive_sync", "probe_mbar_parity",
+                            "probe_mbar_token"}
+    for name, body in kernels.items():
+        assert len(re.findall(r"\bSTS\b", body)) == 1 and len(re.findall(r"\bLDS\b", body)) == 1, (name, body)

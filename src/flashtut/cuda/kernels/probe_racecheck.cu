@@ -12,28 +12,31 @@
 //    (W4's q_full);
 //  * probe_mbar_token: both arrive, thread 32 waits with the state its own arrival returned (the
 //    cuda::barrier pattern).
-// Warp 1 writes the word it read to out[0], so the launcher can check the handover worked (42).
+// The word is the kernel's argument and goes through a volatile reference: written as a constant, the
+// compiler forwards it and no shared-memory access is left for the tool to see. Warp 1 writes the word it
+// read to out[0], so the launcher can check the handover.
 #include "ft_tma.cuh"
 
-#define PROBE_WORD 42
-
-extern "C" __global__ void probe_unordered(int* out) {
-    __shared__ int word;
-    if (threadIdx.x == 0) word = PROBE_WORD;
+extern "C" __global__ void probe_unordered(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
+    if (threadIdx.x == 0) word = value;
     if (threadIdx.x == 32) out[0] = word;
 }
 
-extern "C" __global__ void probe_both_sync(int* out) {
-    __shared__ int word;
-    if (threadIdx.x == 0) word = PROBE_WORD;
+extern "C" __global__ void probe_both_sync(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
+    if (threadIdx.x == 0) word = value;
     asm volatile("bar.sync 1, 64;" ::: "memory");
     if (threadIdx.x == 32) out[0] = word;
 }
 
-extern "C" __global__ void probe_arrive_sync(int* out) {
-    __shared__ int word;
+extern "C" __global__ void probe_arrive_sync(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
     if (threadIdx.x < 32) {
-        if (threadIdx.x == 0) word = PROBE_WORD;
+        if (threadIdx.x == 0) word = value;
         asm volatile("bar.arrive 1, 64;" ::: "memory");
     } else {
         asm volatile("bar.sync 1, 64;" ::: "memory");
@@ -43,7 +46,8 @@ extern "C" __global__ void probe_arrive_sync(int* out) {
 
 // Both mbarrier probes: the barrier initialised for ``count`` arrivals, then thread 0 writes the word and
 // arrives on it.
-__device__ __forceinline__ unsigned probe_mbar_write(int& word, unsigned long long& bar_obj, unsigned count) {
+__device__ __forceinline__ unsigned probe_mbar_write(volatile int& word, int value, unsigned long long& bar_obj,
+                                                     unsigned count) {
     const unsigned bar = smem_addr(&bar_obj);
     if (threadIdx.x == 0) {
         mbar_init(bar, count);
@@ -51,26 +55,28 @@ __device__ __forceinline__ unsigned probe_mbar_write(int& word, unsigned long lo
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        word = PROBE_WORD;
+        word = value;
         mbar_arrive(bar);
     }
     return bar;
 }
 
-extern "C" __global__ void probe_mbar_parity(int* out) {
-    __shared__ int word;
+extern "C" __global__ void probe_mbar_parity(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
     __shared__ __align__(8) unsigned long long bar_obj;
-    const unsigned bar = probe_mbar_write(word, bar_obj, 1);
+    const unsigned bar = probe_mbar_write(word, value, bar_obj, 1);
     if (threadIdx.x == 32) {
         mbar_wait(bar, 0);
         out[0] = word;
     }
 }
 
-extern "C" __global__ void probe_mbar_token(int* out) {
-    __shared__ int word;
+extern "C" __global__ void probe_mbar_token(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
     __shared__ __align__(8) unsigned long long bar_obj;
-    const unsigned bar = probe_mbar_write(word, bar_obj, 2);
+    const unsigned bar = probe_mbar_write(word, value, bar_obj, 2);
     if (threadIdx.x == 32) {
 #if FT_SM90A
         unsigned long long state;
