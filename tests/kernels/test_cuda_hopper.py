@@ -947,6 +947,6 @@ def test_the_racecheck_probes_keep_their_handover_in_shared_memory():
     bodies = re.split(r"\n\s*Function : ", text)[1:]
     kernels = {body.split()[0]: body for body in bodies}
     assert set(kernels) == {"probe_unordered", "probe_both_sync", "probe_arrive_sync", "probe_mbar_parity",
-                            "probe_mbar_token"}
+                            "probe_mbar_token", "probe_mbar_tx", "probe_named_ring", "probe_mbar_ring"}
     for name, body in kernels.items():
         assert len(re.findall(r"\bSTS\b", body)) == 1 and len(re.findall(r"\bLDS\b", body)) == 1, (name, body)

@@ -1,5 +1,6 @@
-// probe_racecheck.cu: one word handed from warp 0 to warp 1 through shared memory, ordered five ways, for
-// compute-sanitizer's racecheck (sm_90a; tools/racecheck_probe.py launches them, one block of 64 threads).
+// probe_racecheck.cu: a word handed from warp 0 to warp 1 through shared memory, ordered in several ways,
+// for compute-sanitizer's racecheck (sm_90a; tools/racecheck_probe.py launches them, one block of 64
+// threads).
 //
 // W4 hands its consumers the number of their next query block through a shared-memory word, and racecheck
 // reports that word, ordered by an mbarrier and again by named barriers (book/perflog_hopper.md). Each
@@ -11,11 +12,18 @@
 //  * probe_mbar_parity: thread 0 arrives on an mbarrier, thread 32 waits for its phase by parity
 //    (W4's q_full);
 //  * probe_mbar_token: both arrive, thread 32 waits with the state its own arrival returned (the
-//    cuda::barrier pattern).
+//    cuda::barrier pattern);
+//  * probe_mbar_tx: the phase thread 32 waits for completes with the bytes of a bulk copy, after thread 0's
+//    arrive.expect_tx (how q_full completes in W3 and W4: the last event is the copy's, not the arrival);
+//  * probe_named_ring, probe_mbar_ring: PROBE_ROUNDS words in a row through the same barriers, the next
+//    word written once warp 1 has read the last (slot_full / slot_empty of W4_NAMED_HANDOVER; q_full and
+//    q_empty with two slots, as W4 hands over its counter).
 // The word is the kernel's argument and goes through a volatile reference: written as a constant, the
 // compiler forwards it and no shared-memory access is left for the tool to see. Warp 1 writes the word it
-// read to out[0], so the launcher can check the handover.
+// read to out[0] (the rings: the sum of what it read), so the launcher can check the handover.
 #include "ft_tma.cuh"
+
+#define PROBE_ROUNDS 8
 
 extern "C" __global__ void probe_unordered(int* out, int value) {
     __shared__ int word_obj;
@@ -89,4 +97,78 @@ extern "C" __global__ void probe_mbar_token(int* out, int value) {
 #endif
         out[0] = word;
     }
+}
+
+extern "C" __global__ void probe_mbar_tx(int* out, int value, const int4* __restrict__ src) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
+    __shared__ __align__(16) int4 landing;
+    __shared__ __align__(8) unsigned long long bar_obj;
+    const unsigned bar = smem_addr(&bar_obj);
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        word = value;
+        mbar_arrive_expect_tx(bar, 16);
+#if FT_SM90A
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];"
+                     :: "r"(smem_addr(&landing)), "l"(src), "r"(bar) : "memory");
+#else
+        (void)landing;
+        (void)src;
+#endif
+    }
+    if (threadIdx.x == 32) {
+        mbar_wait(bar, 0);
+        out[0] = word;
+    }
+}
+
+extern "C" __global__ void probe_named_ring(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
+    int sum = 0;
+#pragma unroll 1
+    for (int it = 0; it < PROBE_ROUNDS; ++it) {
+        if (threadIdx.x < 32) {
+            if (it > 0) asm volatile("bar.sync 2, 64;" ::: "memory");    // slot_empty
+            if (threadIdx.x == 0) word = value + it;
+            asm volatile("bar.arrive 1, 64;" ::: "memory");              // slot_full
+        } else {
+            asm volatile("bar.sync 1, 64;" ::: "memory");
+            sum += word;
+            if (it + 1 < PROBE_ROUNDS) asm volatile("bar.arrive 2, 64;" ::: "memory");
+        }
+    }
+    if (threadIdx.x == 32) out[0] = sum;
+}
+
+extern "C" __global__ void probe_mbar_ring(int* out, int value) {
+    __shared__ int slot_obj[2];
+    volatile int* slot = slot_obj;
+    __shared__ __align__(8) unsigned long long bar_obj[2];
+    const unsigned full = smem_addr(&bar_obj[0]), empty = smem_addr(&bar_obj[1]);
+    if (threadIdx.x == 0) {
+        mbar_init(full, 1);
+        mbar_init(empty, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    int sum = 0;
+#pragma unroll 1
+    for (int it = 0; it < PROBE_ROUNDS; ++it) {
+        if (threadIdx.x == 0) {
+            if (it > 0) mbar_wait(empty, (unsigned)(it - 1) & 1u);   // warp 1 read the last word
+            slot[it & 1] = value + it;
+            mbar_arrive(full);
+        } else if (threadIdx.x >= 32) {
+            mbar_wait(full, (unsigned)it & 1u);
+            sum += slot[it & 1];
+            warp_release(empty, threadIdx.x % 32);
+        }
+    }
+    if (threadIdx.x == 32) out[0] = sum;
 }
