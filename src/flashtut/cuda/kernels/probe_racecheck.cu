@@ -52,10 +52,10 @@ extern "C" __global__ void probe_arrive_sync(int* out, int value) {
     }
 }
 
-// Both mbarrier probes: the barrier initialised for ``count`` arrivals, then thread 0 writes the word and
-// arrives on it.
+// The mbarrier probes: the barrier initialised for ``count`` arrivals, then thread 0 writes the word and
+// arrives on it (with ``tx`` bytes announced for a copy to complete, if any).
 __device__ __forceinline__ unsigned probe_mbar_write(volatile int& word, int value, unsigned long long& bar_obj,
-                                                     unsigned count) {
+                                                     unsigned count, unsigned tx = 0) {
     const unsigned bar = smem_addr(&bar_obj);
     if (threadIdx.x == 0) {
         mbar_init(bar, count);
@@ -64,7 +64,8 @@ __device__ __forceinline__ unsigned probe_mbar_write(volatile int& word, int val
     __syncthreads();
     if (threadIdx.x == 0) {
         word = value;
-        mbar_arrive(bar);
+        if (tx) mbar_arrive_expect_tx(bar, tx);
+        else mbar_arrive(bar);
     }
     return bar;
 }
@@ -102,25 +103,16 @@ extern "C" __global__ void probe_mbar_token(int* out, int value) {
 extern "C" __global__ void probe_mbar_tx(int* out, int value, const int4* __restrict__ src) {
     __shared__ int word_obj;
     volatile int& word = word_obj;
-    __shared__ __align__(16) int4 landing;
     __shared__ __align__(8) unsigned long long bar_obj;
-    const unsigned bar = smem_addr(&bar_obj);
-    if (threadIdx.x == 0) {
-        mbar_init(bar, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        word = value;
-        mbar_arrive_expect_tx(bar, 16);
+    const unsigned bar = probe_mbar_write(word, value, bar_obj, 1, 16);
 #if FT_SM90A
+    __shared__ __align__(16) int4 landing;
+    if (threadIdx.x == 0)
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];"
                      :: "r"(smem_addr(&landing)), "l"(src), "r"(bar) : "memory");
 #else
-        (void)landing;
-        (void)src;
+    (void)src;
 #endif
-    }
     if (threadIdx.x == 32) {
         mbar_wait(bar, 0);
         out[0] = word;
