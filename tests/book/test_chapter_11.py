@@ -97,3 +97,25 @@ def test_turn_ring_checker_plays_the_protocol():
     assert not wrong_id and "named barrier 5, on which no consumer waits" in wrong_id.message
     raised = ch11.check_turn_ring(_first, lambda cw, s, n, c: 1 // 0)
     assert not raised and "ZeroDivisionError" in raised.message
+
+
+def test_exp2_between_waits_checker():
+    # the library's count passes; the count between the first two waits of the listing (slot 0's wait
+    # for everything comes first), every exponential of the listing, a constant, and a reader's function
+    # that raises all fail, each saying so
+    import re
+
+    from flashtut.bench.sass import exp2_between_waits
+
+    assert ch11.check_exp2_between_waits(exp2_between_waits)
+
+    def first_two_waits(sass):
+        lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+        waits = [i for i, t in enumerate(lines) if "DEPBAR" in t]
+        return sum("MUFU.EX2" in t for t in lines[waits[0]:waits[1]])
+
+    for wrong in (first_two_waits, lambda s: s.count("MUFU.EX2"), lambda s: 66, lambda s: s.count("MUFU")):
+        result = ch11.check_exp2_between_waits(wrong)
+        assert not result and "first listing that differs" in result.message
+    raised = ch11.check_exp2_between_waits(lambda s: 1 // 0)
+    assert not raised and "ZeroDivisionError" in raised.message

@@ -6,6 +6,7 @@ names the first inputs where the two differ and what each gave.
 """
 from __future__ import annotations
 
+from ..bench.sass import exp2_between_waits
 from ..cuda import hopper_layout as hl
 from ..cuda import hopper_schedule as hs
 from .checker import CheckResult
@@ -131,3 +132,67 @@ def check_turn_ring(first_turn, after_slot) -> CheckResult:
                     return CheckResult(False, f"✗ {where}: the turns went {trace.turns[:8]} ..., expected "
                                               f"{want[:8]} ...", n_bad=1, n_total=total)
     return CheckResult(True, f"✓ turn ring: all {total} runs finish, in turn", n_total=total)
+
+
+def _synthetic_sass(rng, between: int) -> str:
+    """A listing shaped like a W3-family build's SASS around its loop (cuobjdump's line format): slot 0's
+    softmax and its wait for everything (``0x0``), then the loop's S_j and P V products, the wait for S_j
+    (``0x1``) with ``between`` exponentials after it among other arithmetic, the wait for the P V, more
+    exponentials and the epilogue's wait."""
+    lines, addr = [], 0
+
+    def emit(instr):
+        nonlocal addr
+        lines.append(f"        /*{addr:04x}*/                   {instr} ;                /* 0x{rng.getrandbits(64):016x} */")
+        addr += 16
+
+    def arithmetic(exps):
+        ops = ["MUFU.EX2 R{}, R{}".format(rng.randrange(200), rng.randrange(200)) for _ in range(exps)]
+        ops += [rng.choice(["FFMA R4, R5, R6, R7", "FMNMX R8, R9, R10, !PT", "MUFU.RCP R11, R12",
+                            "FADD R13, R14, R15", "@P0 BRA 0x0a40", "SHFL.BFLY PT, R16, R17, 0x1, 0x1f"])
+                for _ in range(rng.randrange(30))]
+        rng.shuffle(ops)
+        for op in ops:
+            emit(op)
+
+    emit("WARPGROUP.ARRIVE")
+    emit("HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ, !UPT, gsb0")
+    emit("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    arithmetic(rng.randrange(67))                       # slot 0's softmax, outside the loop
+    emit("WARPGROUP.ARRIVE")
+    emit("HGMMA.64x128x16.F32 R24, gdesc[UR8], RZ, !UPT, gsb0")
+    emit("HGMMA.64x64x16.F32 R88, R152, gdesc[UR12], R88, gsb0")
+    emit("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    arithmetic(between)
+    emit("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    arithmetic(rng.randrange(67))
+    emit("@P1 BRA 0x0400")
+    emit("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    arithmetic(rng.randrange(4))
+    emit("EXIT")
+    return "\n".join(lines) + "\n"
+
+
+def check_exp2_between_waits(count) -> CheckResult:
+    """Check ``count(sass) -> int``: in the SASS of a W3-family build, the ``MUFU.EX2`` between the loop's
+    wait for S_j (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the next wait (section 11.12), on 200 listings of
+    that shape with from 0 to 66 exponentials there and others before and after."""
+    import random
+
+    rng = random.Random(1112)
+    listings = [_synthetic_sass(rng, rng.randrange(67)) for _ in range(200)]
+    bad = []
+    for i, sass in enumerate(listings):
+        want = exp2_between_waits(sass)
+        try:
+            got = count(sass)
+        except Exception as exc:  # the reader's code raised: say where, instead of a traceback wall
+            return CheckResult(False, f"✗ count raised {type(exc).__name__} on listing {i}: {exc}", n_total=len(listings))
+        if got != want:
+            bad.append((i, got, want))
+    if not bad:
+        return CheckResult(True, f"✓ count: all {len(listings)} listings match", n_total=len(listings))
+    i, got, want = bad[0]   # a listing is long: say which and the two counts, not the text
+    return CheckResult(False, f"✗ count: {len(bad)} of {len(listings)} listings differ\n  first listing that "
+                              f"differs (number {i}): yours {got!r}, expected {want}",
+                       n_bad=len(bad), n_total=len(listings), bad_positions=[i for i, _, _ in bad[:3]])
