@@ -19,6 +19,11 @@ over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_
 static schedule (``static``) and the counter handed over on named barriers (``named``); names after it
 (``--w4 named``) keep only those.
 
+``--probes``: instead, the kernels of ``probe_racecheck.cu`` (sm_90), each a handover of one shared-memory
+word from warp 0 to warp 1 ordered another way, and whether it arrived; names after it
+(``--probes probe_arrive_sync``) keep only those. What racecheck reports for each says which orderings it
+follows (see the kernel file).
+
 ``--defaults``: instead, only ``cuda_attention``'s Hopper forward (rung W3 with configs.HOPPER_CONSUMERS and
 configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
 
@@ -102,6 +107,33 @@ def w4_launches(D, q, k, v, **options):
             forward_hopper(k.repeat(1, 2, 1, 1), q[:, :2], q[:, :2], causal=causal, ctas=ctas, **run)
         forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, ctas=2, **run)
 
+
+#: the kernels of probe_racecheck.cu, each one handover of a shared-memory word (the rings: several in a
+#: row, warp 1 reporting their sum)
+PROBES = ("probe_unordered", "probe_both_sync", "probe_arrive_sync", "probe_mbar_parity", "probe_mbar_token",
+          "probe_mbar_tx", "probe_named_ring", "probe_mbar_ring")
+PROBE_ROUNDS = {"probe_named_ring": 8, "probe_mbar_ring": 8}
+
+
+def probe_launches(names):
+    """One launch of each probe of ``names`` (one block of 64 threads), and whether warp 1 got the word."""
+    from flashtut.cuda import compile as cc
+
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        sys.exit(f"unknown probe {unknown[0]!r}; the probes are {', '.join(PROBES)}")
+    for name in names:
+        out = torch.zeros(1, dtype=torch.int32, device="cuda")
+        args = (out, 42) + ((torch.zeros(4, dtype=torch.int32, device="cuda"),) if name == "probe_mbar_tx" else ())
+        cc.launch(cc.get_function("probe_racecheck.cu", name, arch="90a"), (1,), (64,), args)
+        torch.cuda.synchronize()
+        expected = sum(42 + i for i in range(PROBE_ROUNDS.get(name, 1)))
+        print(name, "handed over", out.item(), "ok" if out.item() == expected else f"WRONG (expected {expected})")
+
+
+if "--probes" in sys.argv[1:]:
+    probe_launches(sys.argv[sys.argv.index("--probes") + 1:] or PROBES)
+    sys.exit(0)
 
 #: W4's schedules and how the consumers learn their next query block, name -> build options
 W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True}}

@@ -182,6 +182,11 @@ PRODUCERS = {
                                    "through shared memory), against cuda_attention's W3 builds, SDPA flash and "
                                    "cuDNN, the protocol's 16 cases (H200, 2026-12-02 09:14 UTC, commit d5036ba)",
                                    "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[c3,turns],hopper-w4,hopper-w4[c3],hopper-w4[static],hopper-w4[c3,static]' --out book/data/hopper_w4_static_h200.json"),
+    "hopper_w4_named_h200.json": ("W4 with its counter handed over on q_full and on two named barriers "
+                                  "(named_handover), two consumers and at D 64 three with turns, SDPA flash and "
+                                  "cuDNN, the protocol's 16 cases (H200, 2026-12-02 14:04 UTC, commit f97f28a): "
+                                  "no faster, and racecheck reports the named form's slot too",
+                                  "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w4,hopper-w4[named],hopper-w4[c3,turns],hopper-w4[c3,turns,named]' --out book/data/hopper_w4_named_h200.json"),
     'hopper_pin_d64_h200.json': ("cuda_attention's D 64 build (three consumers with turns) against the same with its softmax pinned under the P V in flight (pin_overlap), with the lazy rescale (lazy_rescale) and with both, SDPA flash and cuDNN, 8 cases at D 64 (H200, 2026-12-02 10:58 UTC, commit f1af591): both slower in every case",
         "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[c3,turns],hopper-w3[c3,turns,pin],hopper-w3[c3,turns,lazy],hopper-w3[c3,turns,pin,lazy]' -D 64 --out book/data/hopper_pin_d64_h200.json"),
     'hopper_pin_d128_h200.json': ("cuda_attention's D 128 build (the TMA store) against the same with pin_overlap, with lazy_rescale and with both, SDPA flash and cuDNN, 8 cases at D 128 (H200, 2026-12-02 10:59 UTC, commit f1af591): the pin faster in 7 of 8 cases, the lazy rescale in none",

@@ -116,6 +116,9 @@ CASE_TABLES = [
     ("perflog_hopper.md", "hopper_turns_stack_h200.json", HOPPER_TURNS_STACK_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_turns_store_h200.json", HOPPER_TURNS_STORE_COLUMNS, "fwd", None, 8),
     ("perflog_hopper.md", "hopper_w4_static_h200.json", HOPPER_W4_STATIC_COLUMNS, "fwd", None, 16),
+    ("perflog_hopper.md", "hopper_w4_named_h200.json", {"sdpa-cudnn": "sdpa-cudnn",
+     "W4": {128: "hopper-w4", 64: "hopper-w4[c3,turns]"}, "W4, named": {128: "hopper-w4[named]", 64: "hopper-w4[c3,turns,named]"}},
+     "fwd", None, 16),
     *(("perflog_hopper.md", f"hopper_{name}_d{D}_h200.json", columns[D], "fwd", None, 8)
       for name, columns in (("pin", HOPPER_PIN_COLUMNS), ("anchor", HOPPER_ANCHOR_COLUMNS), ("ds", HOPPER_DS_COLUMNS))
       for D in (64, 128)),

@@ -1,5 +1,5 @@
 // probe_racecheck.cu: a word handed from warp 0 to warp 1 through shared memory, ordered in several ways,
-// for compute-sanitizer's racecheck (sm_90a; tools/racecheck_probe.py launches them, one block of 64
+// for compute-sanitizer's racecheck (sm_90a; tools/sanitizer_launches.py --probes launches them, one block of 64
 // threads).
 //
 // W4 hands its consumers the number of their next query block through a shared-memory word, and racecheck
