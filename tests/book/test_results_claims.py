@@ -1327,3 +1327,21 @@ def test_swapped_order_claims():
         rows, _ = results_data.load_results(f)
         spread.append(_ratios(rows, ds_base, "sdpa-flash")[("float16", 64, 4096, False)])
     assert f"({min(spread):.2f}x to {max(spread):.2f}x in that case)" in log
+
+
+def test_w4_named_handover_claims():
+    """perflog_hopper.md, "W4's handover again": the named-barrier handover against W4 on q_full."""
+    log = _log()
+    named = {D: _gains_at("hopper_w4_named_h200.json", impl, base, D)
+             for D, impl, base in ((128, "hopper-w4[named]", "hopper-w4"),
+                                   (64, "hopper-w4[c3,turns,named]", "hopper-w4[c3,turns]"))}
+    two = _gains_at("hopper_w4_named_h200.json", "hopper-w4[named]", "hopper-w4", 64)
+    won = {D: sum(g > 0 for g in by.values()) for D, by in named.items()}
+    assert (f"Against W4 on `q_full`: {_pct_span(named[128].values())} at D = 128 ({won[128]} of 8 faster) and "
+            f"{_pct_span(named[64].values())} at D = 64 with three consumers ({won[64]} of 8 faster); with two "
+            f"consumers at D = 64 (also in the file) {_pct_span(two.values())}, all 8 slower") in log
+    assert max(two.values()) < 0
+    w4 = [r for r in results_data.load_results("hopper_w4_named_h200.json")[0] if r.get("tflops")]
+    by_d = {D: [x for k, x in _ratios(w4, impl, "sdpa-flash").items() if k[1] == D]
+            for D, impl in ((128, "hopper-w4[named]"), (64, "hopper-w4[c3,turns,named]"))}
+    assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers, turns) | - | 168 / 128 |" in log
