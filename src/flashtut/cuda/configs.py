@@ -600,7 +600,7 @@ W3_OPTIONS = {
     "named_handover": ("W4_NAMED_HANDOVER", (False, True), ("w4",),
                        "the counter's number reaches the consumers on two named barriers (the producer warp "
                        "stores it and arrives, the consumers sync, load it and arrive back) instead of with "
-                       "q_full's arrival: an ordering compute-sanitizer's racecheck follows"),
+                       "q_full's arrival (FlashAttention-3's handshake)"),
     "c3_turns": ("W3_C3_TURNS", (False, True), W3_FAMILY,
                  "three consumers take turns on the tensor cores in a ring 0, 1, 2 (named barriers, as two "
                  "do in ping-pong) instead of issuing whenever ready"),

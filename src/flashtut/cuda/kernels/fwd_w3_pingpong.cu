@@ -109,9 +109,11 @@
 // ordered by two named barriers of the producer warp and every consumer thread (W4_SLOT_THREADS): the
 // producer stores the number and arrives on W4_SLOT_FULL, the consumers bar.sync on it, load the number
 // and arrive on W4_SLOT_EMPTY, on which the producer waits before it stores the next one (FlashAttention-
-// 3's handshake). An arrive releases and a bar.sync acquires, as q_full's arrival and wait did; unlike an
-// mbarrier, a named barrier is an ordering compute-sanitizer's racecheck follows. A named barrier counts
-// whole warps, so the whole producer warp runs the loop, lane 0 alone loading and taking numbers.
+// 3's handshake). An arrive releases and a bar.sync acquires, as q_full's arrival and wait did. Measured,
+// it is no faster, and racecheck reports its slot as it does q_full's: the tool follows either ordering
+// from writer to reader but reports a slot written again after the reader's arrival
+// (probe_racecheck.cu, book/perflog_hopper.md). A named barrier counts whole warps, so the whole
+// producer warp runs the loop, lane 0 alone loading and taking numbers.
 #if W4_NAMED_HANDOVER && (!W3_PERSISTENT || W4_STATIC)
 #error "W4_NAMED_HANDOVER is the handover of W4's counter (not W3's, not W4_STATIC's, which has none)"
 #endif
@@ -167,9 +169,7 @@ template <int ID> __device__ __forceinline__ void slot_bar_sync() {
 template <int ID> __device__ __forceinline__ void slot_bar_arrive() {
     asm volatile("bar.arrive %0, %1;" :: "n"(ID), "n"(W4_SLOT_THREADS) : "memory");
 }
-#endif
 
-#if W4_NAMED_HANDOVER
 // The grid size read where it is used: kept across the producer's loop in one of its 24 registers, it is
 // the one value ptxas spills in this build at D = 128.
 __device__ __forceinline__ int grid_blocks_here() {
