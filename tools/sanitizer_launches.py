@@ -35,6 +35,7 @@ at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have
 after it (``--w3-options c3_turns``) keep only those options.
 """
 import os
+import re
 import sys
 
 import torch
@@ -108,31 +109,35 @@ def w4_launches(D, q, k, v, **options):
         forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, ctas=2, **run)
 
 
-#: the kernels of probe_racecheck.cu, each one handover of a shared-memory word (the rings: several in a
-#: row, warp 1 reporting their sum)
-PROBES = ("probe_unordered", "probe_both_sync", "probe_arrive_sync", "probe_mbar_parity", "probe_mbar_token",
-          "probe_mbar_tx", "probe_named_ring", "probe_mbar_ring")
-PROBE_ROUNDS = {"probe_named_ring": 8, "probe_mbar_ring": 8}
+def probe_kernels() -> tuple[tuple[str, ...], int]:
+    """The kernels of probe_racecheck.cu, each a handover of a shared-memory word, and its PROBE_ROUNDS:
+    the words a ring (a kernel named ``*_ring``) hands over in a row, warp 1 reporting their sum."""
+    from flashtut.cuda.compile import load_source
+
+    text = load_source("probe_racecheck.cu")
+    names = tuple(re.findall(r'extern "C" __global__ void (probe_\w+)\(', text))
+    return names, int(re.search(r"#define PROBE_ROUNDS (\d+)", text).group(1))
 
 
 def probe_launches(names):
     """One launch of each probe of ``names`` (one block of 64 threads), and whether warp 1 got the word."""
     from flashtut.cuda import compile as cc
 
-    unknown = [n for n in names if n not in PROBES]
+    probes, rounds = probe_kernels()
+    unknown = [n for n in names if n not in probes]
     if unknown:
-        sys.exit(f"unknown probe {unknown[0]!r}; the probes are {', '.join(PROBES)}")
+        sys.exit(f"unknown probe {unknown[0]!r}; the probes are {', '.join(probes)}")
     for name in names:
         out = torch.zeros(1, dtype=torch.int32, device="cuda")
         args = (out, 42) + ((torch.zeros(4, dtype=torch.int32, device="cuda"),) if name == "probe_mbar_tx" else ())
         cc.launch(cc.get_function("probe_racecheck.cu", name, arch="90a"), (1,), (64,), args)
         torch.cuda.synchronize()
-        expected = sum(42 + i for i in range(PROBE_ROUNDS.get(name, 1)))
+        expected = sum(42 + i for i in range(rounds if name.endswith("_ring") else 1))
         print(name, "handed over", out.item(), "ok" if out.item() == expected else f"WRONG (expected {expected})")
 
 
 if "--probes" in sys.argv[1:]:
-    probe_launches(sys.argv[sys.argv.index("--probes") + 1:] or PROBES)
+    probe_launches(sys.argv[sys.argv.index("--probes") + 1:] or probe_kernels()[0])
     sys.exit(0)
 
 #: W4's schedules and how the consumers learn their next query block, name -> build options

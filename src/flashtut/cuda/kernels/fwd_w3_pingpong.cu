@@ -461,6 +461,14 @@ __device__ __forceinline__ void section_query_block(int t, int n_mb, int n_bh, i
     }
 }
 
+// W4: query block number t's head (bh) and rows, the same in the producer and every consumer
+__device__ __forceinline__ ft_tma_block w4_query_block(int t, int n_mb, int n_bh, int Nq, int Nk, int causal,
+                                                       int diag_offset, int& bh) {
+    int mb;
+    section_query_block(t, n_mb, n_bh, causal, mb, bh);
+    return tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+}
+
 // One body, two entry points: W4 writes its scheduler's counter after the maps (not const) and takes
 // the head count.
 #if W3_PERSISTENT
@@ -541,9 +549,8 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                 int next = 0;
                 if (lead) {   // the next number taken before the loads, so that the atomic's round trip runs under them
                     next = atomicAdd(counter, 1) + grid_blocks_here();
-                    int mb, bh;
-                    section_query_block(t, n_mb, n_bh, causal, mb, bh);
-                    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+                    int bh;
+                    const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
                     w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
                     kv0 += blk.n_tiles;
                 }
@@ -568,9 +575,8 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                 }
                 const int next = atomicAdd(counter, 1) + (int)gridDim.x;
 #endif
-                int mb, bh;
-                section_query_block(t, n_mb, n_bh, causal, mb, bh);
-                const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+                int bh;
+                const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
                 w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
                 kv0 += blk.n_tiles;
                 t = next;
@@ -595,9 +601,8 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         const int t = slot[it & 1];
         if (t < 0) break;
 #endif
-        int mb, bh;
-        section_query_block(t, n_mb, n_bh, causal, mb, bh);
-        const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+        int bh;
+        const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
         w3_consume(tmaps, wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, kv0, it, Nq, Nk, scale_log2,
                    causal, diag_offset);
         kv0 += blk.n_tiles;

@@ -73,15 +73,20 @@ __device__ __forceinline__ unsigned probe_mbar_write(volatile int& word, int val
     return bar;
 }
 
-extern "C" __global__ void probe_mbar_parity(int* out, int value) {
-    __shared__ int word_obj;
-    volatile int& word = word_obj;
-    __shared__ __align__(8) unsigned long long bar_obj;
-    const unsigned bar = probe_mbar_write(word, value, bar_obj, 1);
+// Thread 32 waits for the barrier's first phase by parity (as W4's consumers wait on q_full) and writes
+// the word it then reads.
+__device__ __forceinline__ void probe_mbar_read(int* out, volatile int& word, unsigned bar) {
     if (threadIdx.x == 32) {
         mbar_wait(bar, 0);
         out[0] = word;
     }
+}
+
+extern "C" __global__ void probe_mbar_parity(int* out, int value) {
+    __shared__ int word_obj;
+    volatile int& word = word_obj;
+    __shared__ __align__(8) unsigned long long bar_obj;
+    probe_mbar_read(out, word, probe_mbar_write(word, value, bar_obj, 1));
 }
 
 extern "C" __global__ void probe_mbar_token(int* out, int value) {
@@ -116,10 +121,7 @@ extern "C" __global__ void probe_mbar_tx(int* out, int value, const int4* __rest
 #else
     (void)src;
 #endif
-    if (threadIdx.x == 32) {
-        mbar_wait(bar, 0);
-        out[0] = word;
-    }
+    probe_mbar_read(out, word, bar);
 }
 
 extern "C" __global__ void probe_named_ring(int* out, int value) {
