@@ -95,6 +95,9 @@ BUILDS = configs.hopper_builds() + [
     configs.hopper_config("w4", torch.float16, 64, consumers=3, c3_turns=True, desc_step=True),
     configs.hopper_config("w4", torch.bfloat16, 128, block_n=64, stages=3, desc_step=True),
     configs.hopper_config("w3", torch.float16, 64, block_n=64, consumers=3, pin_overlap=True),
+    configs.hopper_config("w3", torch.float16, 64, consumers=3, c3_turns=True, tail_first=True),
+    configs.hopper_config("w3", torch.bfloat16, 128, tail_first=True),
+    configs.hopper_config("w3", torch.bfloat16, 64, block_n=64, consumers=3, section_order=True, tail_first=True),
 ]
 #: the kernels with a producer warpgroup (TMA, mbarriers, setmaxnreg)
 TMA_KERNELS = ("flash_fwd_w2", "flash_fwd_w3", "flash_fwd_w4")
@@ -781,7 +784,9 @@ TMA_RUNS = [("w2", 2, {}), ("w3", 2, {}), ("w3", 3, {}), ("w4", 2, {}), ("w4", 3
             ("w4", 2, {"pin_anchor": True}),
             ("w3", 3, {"c3_turns": True, "desc_step": True}), ("w3", 2, {"tma_store": True, "pin_overlap": True, "desc_step": True}),
             ("w4", 3, {"c3_turns": True, "desc_step": True}), ("w4", 2, {"desc_step": True}),
-            ("w4", 2, {"named_handover": True}), ("w4", 3, {"c3_turns": True, "named_handover": True})]
+            ("w4", 2, {"named_handover": True}), ("w4", 3, {"c3_turns": True, "named_handover": True}),
+            ("w3", 3, {"c3_turns": True, "tail_first": True}), ("w3", 2, {"tail_first": True}),
+            ("w3", 2, {"heads_first": True, "tail_first": True})]
 
 
 

@@ -618,13 +618,18 @@ W3_OPTIONS = {
     "lazy_rescale": ("FT_LAZY_RESCALE", (False, True), W3_FAMILY,
                      "a warp moves its running maxima, and rescales O and l, only when some row's maximum "
                      "grew by more than 8 in log2 units (P stays at most 2^8), instead of at every new maximum"),
+    "tail_first": ("FT_TAIL_FIRST", (False, True), ("w3",),
+                   "the query block short of rows (Nq not a multiple of the block's rows) is the first, rows "
+                   "0 .. Nq mod rows, instead of the last: under a causal mask it then reads one key tile, "
+                   "not every one with some consumers idle"),
 }
 
 
 #: the options of :data:`W3_OPTIONS` for W3 that change only the order of a warpgroup's instructions (or how
-#: it computes its wgmma descriptors), not its arithmetic: a build with them gives the same bits as without
-#: (the gpu tests check it with torch.equal). W4's schedules and handovers, for W4 alone, do the same.
-W3_ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step")
+#: it computes its wgmma descriptors, or which block computes a query row), not its arithmetic: a build with
+#: them gives the same bits as without (the gpu tests check it with torch.equal). W4's schedules and
+#: handovers, for W4 alone, do the same.
+W3_ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step", "tail_first")
 
 
 def check_w3_options(variant: str, options: dict) -> dict:
@@ -656,7 +661,7 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
     ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``named_handover``, ``c3_turns``,
-    ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``), each off by default."""
+    ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``, ``tail_first``), each off by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:
@@ -672,6 +677,9 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     if options.get("named_handover") and options.get("static_schedule"):
         raise ValueError("named_handover hands over the counter's number, which static_schedule does not have; "
                          "choose one")
+    if options.get("tail_first") and options.get("tma_store"):
+        raise ValueError("tail_first's first query block may end inside a consumer's 64 rows, which tma_store "
+                         "writes as one box over the next block's rows; choose one")
     if options.get("c3_turns") and consumers != 3:
         raise ValueError(f"c3_turns ({W3_OPTIONS['c3_turns'][3]}) needs consumers=3; two consumers always "
                          f"take turns, got consumers={consumers}")

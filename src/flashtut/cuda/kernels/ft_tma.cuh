@@ -105,24 +105,49 @@ __device__ __forceinline__ unsigned char* smem_align1024(unsigned char* raw) {
 }
 
 // Query block mb's rows and the key tiles any of them may see: causal blocks skip the tiles right of the
-// block's diagonal.
+// block's diagonal. Blocks start at row mb * BM, the last one short of rows when BM does not divide Nq;
+// with FT_TAIL_FIRST the short one is the first (rows 0 .. m_end - 1) and the others end at Nq - k BM, so
+// that under a causal mask the block with fewer rows is the one that reads a single key tile, not the one
+// that reads them all.
+#ifndef FT_TAIL_FIRST
+#define FT_TAIL_FIRST 0
+#endif
 struct ft_tma_block {
     int m0;        // first query row
     int n_tiles;   // key tiles of BN keys that some row of the block sees
 };
 template <int BN>
-__device__ __forceinline__ ft_tma_block tma_block_at(int mb, int Nq, int Nk, int causal, int diag_offset) {
+__device__ __forceinline__ ft_tma_block tma_block_at(int mb, int n_mb, int Nq, int Nk, int causal, int diag_offset) {
+#if FT_TAIL_FIRST
+    const int m_end = Nq - (n_mb - 1 - mb) * FT_TMA_BLOCK_M;   // n_mb: the query blocks, ceil(Nq / BM)
+    const int m0 = max(0, m_end - FT_TMA_BLOCK_M);
+#else
     const int m0 = mb * FT_TMA_BLOCK_M;
+    const int m_end = min(m0 + FT_TMA_BLOCK_M, Nq);
+    (void)n_mb;
+#endif
     int n_end = Nk;
-    if (causal) n_end = min(Nk, max(0, min(m0 + FT_TMA_BLOCK_M, Nq) + diag_offset));
+    if (causal) n_end = min(Nk, max(0, m_end + diag_offset));
     return {m0, (n_end + BN - 1) / BN};
+}
+// One past the last row that the block starting at row m0 writes: Nq (a block's rows past Nq are no one's),
+// but with FT_TAIL_FIRST the first block's end, where the second's rows start. Worked out from m0 and Nq
+// (a kernel parameter) where it is needed rather than kept in a register across the consumer's loop: W4's
+// three consumers, at 160 registers, spill when they keep it.
+__device__ __forceinline__ int tma_row_end(int m0, int Nq) {
+#if FT_TAIL_FIRST
+    return m0 == 0 ? (Nq - 1) % FT_TMA_BLOCK_M + 1 : Nq;
+#else
+    (void)m0;
+    return Nq;
+#endif
 }
 // The query block of a grid with one block per query block (gridDim.x of them): causal grids run the
 // heaviest (last) query block first so that it does not finish last.
 template <int BN>
 __device__ __forceinline__ ft_tma_block tma_block(int Nq, int Nk, int causal, int diag_offset) {
     const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    return tma_block_at<BN>(mb, Nq, Nk, causal, diag_offset);
+    return tma_block_at<BN>(mb, gridDim.x, Nq, Nk, causal, diag_offset);
 }
 
 // A consumer thread's place: consumer warpgroup cw = wg - 1 (0 or 1: warpgroups 1 and 2) owns rows

@@ -188,15 +188,15 @@ __device__ __forceinline__ void wg_store_lse(float* lse, int bh, int Nq, int row
     lse[(size_t)bh * Nq + row] = lsum > 0.f ? (m * scale_log2 + ft_log2(lsum)) * FT_LN2 : FT_NEG_INF;
 }
 
-// O / l for rows r0 and r0 + 8 of head bh (those below Nq), and their natural-log lse; a row that saw
-// no key writes o = 0 and lse = -inf
+// O / l for rows r0 and r0 + 8 of head bh (those below row_end: Nq, or where the rows of the next query
+// block start), and their natural-log lse; a row that saw no key writes o = 0 and lse = -inf
 __device__ __forceinline__ void wg_store(const float* acc, const float (&m)[2], const float (&l)[2], ft_raw* o,
-                                         float* lse, int bh, int Nq, int r0, int t, float scale_log2) {
+                                         float* lse, int bh, int Nq, int row_end, int r0, int t, float scale_log2) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float lsum = quad_sum(l[r]);
         const int row = r0 + 8 * r;
-        if (row >= Nq) continue;
+        if (row >= row_end) continue;
         const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         ft_raw* orow = o + ((size_t)bh * Nq + row) * HEAD_DIM;
 #pragma unroll

@@ -152,7 +152,7 @@ flash_fwd_w1(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k, const f
         wgmma_fence_operands<HEAD_DIM / 2>(acc);
     }
 
-    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+    wg_store(acc, m, l, o, lse, bh, Nq, Nq, r0, t, scale_log2);
 #else
     __trap();  // built for a target without wgmma; flashtut.cuda.hopper launches it on sm_90a only
 #endif

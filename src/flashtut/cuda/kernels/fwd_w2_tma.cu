@@ -136,7 +136,7 @@ flash_fwd_w2(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
         warp_release(W2_KV_EMPTY(s), lane);  // this warp's wgmma have read stage s
     }
 
-    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+    wg_store(acc, m, l, o, lse, bh, Nq, Nq, r0, t, scale_log2);
 #undef W2_K_FULL
 #undef W2_V_FULL
 #undef W2_KV_EMPTY

@@ -123,6 +123,13 @@
 #define W3_TURNS (W3_CONSUMERS == 2 || W3_C3_TURNS)   // the consumers take turns to issue their wgmma
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
+// FT_TAIL_FIRST (ft_tma.cuh): the query block short of rows is the first, not the last. Under a causal
+// mask the last block reads every key tile; short of rows, some of its consumers have no row and pass
+// their turns idle while the one with rows runs alone, its softmax under no one's products. At Nq = 4096
+// and 192-row blocks that block is a third full and the heaviest of its head. First, it reads one tile.
+#if FT_TAIL_FIRST && W3_TMA_STORE
+#error "FT_TAIL_FIRST's first block ends inside a consumer's 64 rows, which W3_TMA_STORE's box would write whole"
+#endif
 
 #ifndef W3_BLOCK_N
 #define W3_BLOCK_N 128  // keys per K/V tile (64 or 128)
@@ -294,7 +301,8 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     // Tiles this warpgroup reads: the block's, less those (causal) right of its last row's diagonal, none
     // when all its rows are past Nq. Always a prefix 0 .. my_tiles - 1 of the block's n_tiles.
     int my_end = 0;
-    if (wg_row0 < Nq) my_end = causal ? min(Nk, max(0, min(wg_row0 + 64, Nq) + diag_offset)) : Nk;
+    const int row_end = tma_row_end(m0, Nq);
+    if (wg_row0 < row_end) my_end = causal ? min(Nk, max(0, min(wg_row0 + 64, row_end) + diag_offset)) : Nk;
     const int my_tiles = min(n_tiles, (my_end + W3_BLOCK_N - 1) / W3_BLOCK_N);
 
     // Every consumer takes the same n_tiles + 1 turns, whatever its own tile count: slot j of consumer 0,
@@ -427,7 +435,7 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     (void)o;
     w3_store_tma(tmaps, acc, m, l, lse, q_s, cw, wg_row0, bh, Nq, r0, t, scale_log2);
 #else
-    wg_store(acc, m, l, o, lse, bh, Nq, r0, t, scale_log2);
+    wg_store(acc, m, l, o, lse, bh, Nq, tma_row_end(m0, Nq), r0, t, scale_log2);
 #endif
 #undef W3_END_TURN
 }
@@ -466,7 +474,7 @@ __device__ __forceinline__ ft_tma_block w4_query_block(int t, int n_mb, int n_bh
                                                        int diag_offset, int& bh) {
     int mb;
     section_query_block(t, n_mb, n_bh, causal, mb, bh);
-    return tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+    return tma_block_at<W3_BLOCK_N>(mb, n_mb, Nq, Nk, causal, diag_offset);
 }
 
 // One body, two entry points: W4 writes its scheduler's counter after the maps (not const) and takes
@@ -491,13 +499,13 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #if !W3_PERSISTENT && W3_SECTION_ORDER
     int mb = blockIdx.x, bh = blockIdx.y;
     if (causal) section_query_block(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, 1, mb, bh);
-    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, Nq, Nk, causal, diag_offset);
+    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, gridDim.x, Nq, Nk, causal, diag_offset);
 #elif !W3_PERSISTENT && W3_HEADS_FIRST
     // the hardware starts blocks about in index order, x fastest: every head's heaviest query block, then
     // every head's next heaviest ... (causal), the longest work first across the whole grid
     const int bh = blockIdx.x;
     const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(causal ? (int)(gridDim.y - 1 - blockIdx.y) : (int)blockIdx.y,
-                                                      Nq, Nk, causal, diag_offset);
+                                                      gridDim.y, Nq, Nk, causal, diag_offset);
 #elif !W3_PERSISTENT
     const int bh = blockIdx.y;
     const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
