@@ -29,8 +29,9 @@ configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
 
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
-grid with heads first, at D = 64 the turns of three consumers, and on cuda_attention's build the two pins
-of the softmax, the stepped descriptors and the lazy rescale)
+grid with heads first, the short query block first, at D = 64 the turns of three consumers (alone, with the
+TMA store and with the short block first), and on cuda_attention's build the two pins of the softmax, the
+stepped descriptors and the lazy rescale)
 at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option names
 after it (``--w3-options c3_turns``) keep only those options.
 """
@@ -73,9 +74,9 @@ def w3_options(only=()):
             q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
             for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
-                            {"heads_first": True},
-                            *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True}] if HOPPER_CONSUMERS[D] == 3
-                              else []),
+                            {"heads_first": True}, {"tail_first": True},
+                            *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True},
+                               {"c3_turns": True, "tail_first": True}] if HOPPER_CONSUMERS[D] == 3 else []),
                             *({**HOPPER_OPTIONS[D], o: True}
                               for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale"))):
                 if only and not set(options) & set(only):
