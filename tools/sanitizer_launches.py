@@ -16,7 +16,8 @@ backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel s
 over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
 
 ``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``), its
-static schedule (``static``) and the counter handed over on named barriers (``named``); names after it
+static schedule (``static``), the counter handed over on named barriers (``named``) and the counter with the
+warpgroup index known uniform (``uniform``); names after it
 (``--w4 named``) keep only those.
 
 ``--probes``: instead, the kernels of ``probe_racecheck.cu`` (sm_90), each a handover of one shared-memory
@@ -31,7 +32,7 @@ configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
 output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
 grid with heads first, the short query block first, at D = 64 the turns of three consumers (alone, with the
 TMA store and with the short block first), and on cuda_attention's build the two pins of the softmax, the
-stepped descriptors and the lazy rescale)
+stepped descriptors, the lazy rescale and the warpgroup index known uniform)
 at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option names
 after it (``--w3-options c3_turns``) keep only those options.
 """
@@ -78,7 +79,7 @@ def w3_options(only=()):
                             *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True},
                                {"c3_turns": True, "tail_first": True}] if HOPPER_CONSUMERS[D] == 3 else []),
                             *({**HOPPER_OPTIONS[D], o: True}
-                              for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale"))):
+                              for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale", "uniform_wg"))):
                 if only and not set(options) & set(only):
                     continue
                 w3_options_launches(q, k, v, variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
@@ -142,7 +143,8 @@ if "--probes" in sys.argv[1:]:
     sys.exit(0)
 
 #: W4's schedules and how the consumers learn their next query block, name -> build options
-W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True}}
+W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True},
+                "uniform": {"uniform_wg": True}}
 
 if "--w4" in sys.argv[1:]:
     picked = [name for name in W4_SCHEDULES if name in sys.argv[1:]] or list(W4_SCHEDULES)

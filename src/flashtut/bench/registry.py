@@ -251,7 +251,8 @@ def _ladder_fwd(variant: str):
 #: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``) and its handover on named
 #: barriers (``hopper-w4[named]``), the softmax pinned under the
 #: P V in flight (``[pin]``, or ``[anchor]`` on a barrier of its own), the lazy rescale (``[lazy]``), the
-#: stepped descriptors (``[ds]``) and the short query block first (``[tail]``)
+#: stepped descriptors (``[ds]``), the short query block first (``[tail]``) and the warpgroup index known
+#: to be uniform (``[uni]``)
 HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
                 "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
                 "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
@@ -298,7 +299,14 @@ HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1",
                                               {"tma_store": True, "pin_overlap": True, "lazy_rescale": True}),
                 # the short query block first, on cuda_attention's D = 64 build and on ping-pong
                 "hopper-w3[c3,turns,tail]": ("w3", 128, True, 2, 3, {"c3_turns": True, "tail_first": True}),
-                "hopper-w3[tail]": ("w3", 128, True, 2, 2, {"tail_first": True})}
+                "hopper-w3[tail]": ("w3", 128, True, 2, 2, {"tail_first": True}),
+                # the warpgroup index known uniform, on cuda_attention's builds and on W4's
+                "hopper-w3[c3,turns,uni]": ("w3", 128, True, 2, 3, {"c3_turns": True, "uniform_wg": True}),
+                "hopper-w3[c3,turns,tail,uni]": ("w3", 128, True, 2, 3,
+                                                 {"c3_turns": True, "tail_first": True, "uniform_wg": True}),
+                "hopper-w3[store,uni]": ("w3", 128, True, 2, 2, {"tma_store": True, "uniform_wg": True}),
+                "hopper-w4[uni]": ("w4", 128, True, 2, 2, {"uniform_wg": True}),
+                "hopper-w4[c3,turns,uni]": ("w4", 128, True, 2, 3, {"c3_turns": True, "uniform_wg": True})}
 def hopper_name(variant: str, consumers: int, options: dict) -> str:
     """The registry name of Hopper rung ``variant`` with ``consumers`` consumer warpgroups and the build
     ``options`` (flashtut.cuda.configs.W3_OPTIONS), at 128-key tiles and two stages: ``hopper_name("w3",

@@ -618,6 +618,10 @@ W3_OPTIONS = {
     "lazy_rescale": ("FT_LAZY_RESCALE", (False, True), W3_FAMILY,
                      "a warp moves its running maxima, and rescales O and l, only when some row's maximum "
                      "grew by more than 8 in log2 units (P stays at most 2^8), instead of at every new maximum"),
+    "uniform_wg": ("FT_WG_UNIFORM", (False, True), W3_FAMILY,
+                   "the warpgroup index is lane 0's, broadcast by a warp shuffle, which ptxas then knows to be "
+                   "the same in every lane: the wgmma descriptors stay in uniform registers instead of being "
+                   "moved there (R2UR) before every wgmma"),
     "tail_first": ("FT_TAIL_FIRST", (False, True), ("w3",),
                    "the query block short of rows (Nq not a multiple of the block's rows) is the first, rows "
                    "0 .. Nq mod rows, instead of the last: under a causal mask it then reads one key tile, "
@@ -629,7 +633,7 @@ W3_OPTIONS = {
 #: it computes its wgmma descriptors, or which block computes a query row), not its arithmetic: a build with
 #: them gives the same bits as without (the gpu tests check it with torch.equal). W4's schedules and
 #: handovers, for W4 alone, do the same.
-W3_ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step", "tail_first")
+W3_ORDER_ONLY = ("c3_turns", "pin_overlap", "pin_anchor", "desc_step", "tail_first", "uniform_wg")
 
 
 def check_w3_options(variant: str, options: dict) -> dict:
@@ -661,7 +665,8 @@ def hopper_config(variant: str, dtype: torch.dtype, head_dim: int, block_n: int 
     FlashAttention-3's shape at head dim 64: :data:`W3_WIDE`; turns in a ring only with ``c3_turns``).
     ``options``: the W3 family's further build options, :data:`W3_OPTIONS` (``exp2_poly``, ``row_tree``,
     ``section_order``, ``heads_first``, ``tma_store``, ``static_schedule``, ``named_handover``, ``c3_turns``,
-    ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``, ``tail_first``), each off by default."""
+    ``pin_overlap``, ``pin_anchor``, ``desc_step``, ``lazy_rescale``, ``uniform_wg``, ``tail_first``), each off
+    by default."""
     if variant not in HOPPER_VARIANTS:
         raise ValueError(f"variant must be one of {sorted(HOPPER_VARIANTS)}, got {variant!r}")
     if dtype not in DTYPE_DEFINES:

@@ -96,6 +96,16 @@
 #if W3_PIN_OVERLAP && W3_PIN_ANCHOR
 #error "W3_PIN_OVERLAP and W3_PIN_ANCHOR are two pins of the same softmax: choose one"
 #endif
+#ifndef FT_WG_UNIFORM
+#define FT_WG_UNIFORM 0   // 1: the warpgroup index taken from lane 0 with a warp shuffle, so that ptxas knows it uniform
+#endif
+// FT_WG_UNIFORM: a consumer's warpgroup index, threadIdx.x / 128, is the same in the 32 lanes of a warp, but
+// ptxas does not know it: it treats everything derived from it as possibly different per lane, so the Q
+// address, the turns, the tile count and (W4) the ring position live in ordinary registers, and each wgmma
+// descriptor built from them is moved to the uniform registers wgmma reads (R2UR) inside the loop, a
+// fixed-latency dependency before every HGMMA. The result of __shfl_sync from a fixed lane is known to be
+// the same in every lane, and then the descriptors are built in uniform registers: W3's loop at D = 64
+// loses its 10 R2UR (716 -> 700 instructions), W4's its 32 (745 -> 708), nvcc 13.0.
 #ifndef W4_STATIC
 #define W4_STATIC 0    // W4: 1, block b takes query blocks b, b + gridDim.x, ... (no counter, no handover)
 #endif
@@ -495,7 +505,13 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     const unsigned k_s = q_s + W3_Q_BYTES;                         // [W3_STAGES][HEAD_DIM / 64][W3_BLOCK_N][64]
     const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
     const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;
+#if FT_WG_UNIFORM
+    // lane 0's warpgroup index, broadcast: every lane's is the same, but ptxas knows it only of a shuffle's
+    // result (FT_WG_UNIFORM above)
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+#else
     const int wg = threadIdx.x / 128;
+#endif
 #if !W3_PERSISTENT && W3_SECTION_ORDER
     int mb = blockIdx.x, bh = blockIdx.y;
     if (causal) section_query_block(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, 1, mb, bh);
