@@ -276,3 +276,22 @@ def test_hopper_profile_tables_match_the_data(set_name, entries, data):
     table_lines = format_table(*profile.table(rows, entries, set_name=set_name), markdown=True).splitlines()
     assert len(table_lines) == 2 + len(entries)
     _assert_in_page("perflog_hopper.md", table_lines)
+
+
+def test_pair_table_takes_the_median_of_each_rounds_ratio_and_counts_the_rounds_won():
+    """hopper_ab --pair: B against A is the median over the rounds of the ratio of the two timed in that
+    round (not the ratio of two medians), and a round counts as won only when B is strictly faster."""
+    from flashtut.bench.hopper_ab import pair_table
+
+    def row(impl, rnd, tflops, causal=False):
+        return dict(kind="speed", impl=impl, mode="fwd", dtype="float16", D=64, N=4096, causal=causal,
+                    tflops=tflops, round=rnd, status="ok")
+
+    a, b = "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]"
+    # rounds where both drift: B/A per round is 1.10, 1.00, 1.02 (median 1.02); medians alone give 410/400
+    rows = [row(a, 0, 400), row(b, 0, 440), row(a, 1, 500), row(b, 1, 500), row(a, 2, 300), row(b, 2, 306)]
+    rows += [row("sdpa-flash", r, 250) for r in range(3)]
+    rows += [row(a, 0, 100, causal=True)]   # a case without B is left out
+    header, body = pair_table(rows, a, b)
+    assert header[-2:] == ["B / A (median)", "B won"]
+    assert body == [["64", "4096", "fp16", "no", "250", "400 (1.60)", "440 (1.76)", "+2.0%", "2 of 3"]]

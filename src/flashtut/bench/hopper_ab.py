@@ -1,4 +1,6 @@
-"""Two same-process A/B measurements of Hopper rung W3 (chapter 11) on an sm_90 GPU:
+"""Same-process A/B measurements of the Hopper rungs (chapter 11) on an sm_90 GPU.
+
+Without ``--pair``, two of rung W3:
 
 * how its three TMA tensor maps reach the GPU: copied from pageable memory (what the launch did
   before: torch then waits for the stream to drain, so the GPU idles while the host prepares the
@@ -12,6 +14,15 @@ against SDPA flash before any timing.
     python -m flashtut.bench.hopper_ab --out book/data/hopper_ab_h200.json
 
 :func:`ab_table` tabulates the result (``book/perflog_hopper.md``).
+
+With ``--pair A B`` (two names of ``registry.HOPPER_IMPLS``), a build option whose effect is smaller than
+what one timing of a case moves between runs (a few percent at N = 4096): at each protocol case of the
+head dims both run, A, B and SDPA flash are timed in ``--rounds`` rounds, A before B in odd rounds and
+after it in even ones, so that neither always runs on a GPU the other has just warmed; every round is a
+row (``round``). :func:`pair_table` gives per case the median over the rounds of B's time against A's and
+how many rounds B won. Both outputs are checked against SDPA flash's first.
+
+    python -m flashtut.bench.hopper_ab --pair 'hopper-w3[c3,turns]' 'hopper-w3[c3,turns,uni]' --out ...
 """
 from __future__ import annotations
 
@@ -77,6 +88,85 @@ def run(dtype=torch.float16, on_row=None) -> list[dict]:
     return rows
 
 
+def run_pair(impl_a: str, impl_b: str, rounds: int = 7, budget: tuple[float, float] = (25, 100),
+             on_row=None) -> list[dict]:
+    """The ``--pair`` A/B (module docstring): rows of A, B and SDPA flash at every protocol case (16k
+    tokens, hidden 2048) of the head dims both of ``impl_a`` and ``impl_b`` run, float16 and bfloat16,
+    ``rounds`` rounds each, timed with do_bench at ``budget`` (warm-up, repetitions in ms)."""
+    from . import registry
+
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    impls = [registry.get(name) for name in (impl_a, impl_b)]
+    flash_impl = registry.get("sdpa-flash")
+    device = torch.device("cuda")
+    rows = []
+    for D in (128, 64):
+        H = 2048 // D
+        if not all(i.available(device, torch.float16, D)[0] for i in impls):
+            continue
+        for dtype in (torch.float16, torch.bfloat16):
+            for N in (4096, 16384):
+                B = 16384 // N
+                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+                for causal in (False, True):
+                    scale = D ** -0.5
+                    calls = {i.name: (lambda i=i: i.forward(q, k, v, causal, scale)) for i in impls}
+                    with flash_impl.context():
+                        ref = flash_impl.forward(q, k, v, causal, scale).float()
+                    for name, call in calls.items():
+                        o = call()
+                        err = float(((o[0] if isinstance(o, tuple) else o).float() - ref).abs().max())
+                        if not err < 0.05:
+                            raise RuntimeError(f"{name} differs from SDPA flash by {err:.3g} "
+                                               f"(D={D}, N={N}, {dtype}, causal={causal})")
+
+                    def flash():
+                        with flash_impl.context():
+                            return flash_impl.forward(q, k, v, causal, scale)
+
+                    calls["sdpa-flash"] = flash
+                    flops = attention_flops(B, H, N, N, D, causal)
+                    for rnd in range(rounds):
+                        order = ([impl_a, impl_b] if rnd % 2 == 0 else [impl_b, impl_a]) + ["sdpa-flash"]
+                        for name in order:
+                            ms = time_fn(calls[name], "cuda", *budget)
+                            row = dict(kind="speed", impl=name, mode="fwd", dtype=str(dtype)[6:], B=B, H=H, N=N,
+                                       Nq=N, Nk=N, D=D, causal=causal, ms=ms, tflops=round(flops / ms / 1e9, 2),
+                                       warmup_ms=budget[0], rep_ms=budget[1], round=rnd, status="ok")
+                            rows.append(row)
+                            if on_row:
+                                on_row(row)
+    return rows
+
+
+def pair_table(rows: list[dict], impl_a: str, impl_b: str) -> tuple[list[str], list[list[str]]]:
+    """A ``--pair`` run per case: SDPA flash's and A's median TFLOP/s over the rounds (A's with its ratio
+    to SDPA flash), B's likewise, B against A as the median over the rounds of each round's ratio (the
+    two timed back to back), and the rounds B won. D descending, then dtype, N, non-causal first.
+    Returns (header, body) for ``report.format_table``."""
+    import statistics
+
+    by = {}
+    for r in rows:
+        if r.get("tflops") and "round" in r:
+            by.setdefault((r["D"], r["dtype"], r["N"], bool(r["causal"])), {}).setdefault(r["impl"], {})[
+                r["round"]] = r["tflops"]
+    body = []
+    for (D, dtype, N, causal), t in sorted(by.items(), key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+        if impl_a not in t or impl_b not in t:
+            continue
+        rounds = sorted(set(t[impl_a]) & set(t[impl_b]))
+        med = {name: statistics.median(t[name].values()) for name in (impl_a, impl_b, "sdpa-flash")}
+        gain = statistics.median(t[impl_b][r] / t[impl_a][r] for r in rounds) - 1
+        won = sum(t[impl_b][r] > t[impl_a][r] for r in rounds)
+        body.append([str(D), str(N), "bf16" if dtype == "bfloat16" else "fp16", "yes" if causal else "no",
+                     f"{med['sdpa-flash']:.0f}", f"{med[impl_a]:.0f} ({med[impl_a] / med['sdpa-flash']:.2f})",
+                     f"{med[impl_b]:.0f} ({med[impl_b] / med['sdpa-flash']:.2f})", f"{100 * gain:+.1f}%",
+                     f"{won} of {len(rounds)}"])
+    return (["D", "N", "dtype", "causal", "sdpa-flash TFLOP/s", impl_a, impl_b, "B / A (median)", "B won"], body)
+
+
 def ab_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The A/B as one line per case and budget: SDPA flash's TFLOP/s, W3's with pageable and with
     pinned tensor maps (each with its ratio to SDPA flash under the same budget), and how much
@@ -100,21 +190,36 @@ def ab_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pair", nargs=2, metavar=("A", "B"),
+                    help="two Hopper implementations (registry names) timed in alternated rounds instead")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds of --pair (default 7)")
     a = ap.parse_args(argv)
     prov = collect("cuda", sys.argv[1:])
     prov["command"] = "python -m flashtut.bench.hopper_ab " + " ".join(sys.argv[1:])
-    prov["what"] = ("Hopper rung W3 with its tensor maps copied from pageable memory (blocking) and from pinned "
-                    "memory (non-blocking), and SDPA flash, each at do_bench budgets 5/40 and 25/100 ms, one "
-                    "process, float16, the protocol's 16k tokens")
+    if a.pair:
+        prov["what"] = (f"{a.pair[0]} and {a.pair[1]}, and SDPA flash, in {a.rounds} rounds per protocol case "
+                        "(the order of the two swapped every round), do_bench 25/100 ms, one process, the "
+                        "protocol's 16k tokens, float16 and bfloat16")
+    else:
+        prov["what"] = ("Hopper rung W3 with its tensor maps copied from pageable memory (blocking) and from pinned "
+                        "memory (non-blocking), and SDPA flash, each at do_bench budgets 5/40 and 25/100 ms, one "
+                        "process, float16, the protocol's 16k tokens")
     rows = []
 
     def keep(row):
         rows.append(row)
         save_results(a.out, "speed", rows, prov)
-        print(f"{row['impl']:26s} D={row['D']:3d} N={row['N']:5d} causal={row['causal']!s:5s} "
-              f"budget {row['warmup_ms']}/{row['rep_ms']} ms: {row['tflops']:7.1f} TFLOP/s", flush=True)
+        print(f"{row['impl']:26s} D={row['D']:3d} N={row['N']:5d} {row['dtype']:8s} causal={row['causal']!s:5s} "
+              f"budget {row['warmup_ms']}/{row['rep_ms']} ms{' round %d' % row['round'] if 'round' in row else ''}: "
+              f"{row['tflops']:7.1f} TFLOP/s", flush=True)
 
-    run(on_row=keep)
+    if a.pair:
+        run_pair(*a.pair, rounds=a.rounds, on_row=keep)
+        from .report import format_table
+
+        print(format_table(*pair_table(rows, *a.pair)))
+    else:
+        run(on_row=keep)
 
 
 if __name__ == "__main__":

@@ -196,11 +196,12 @@ def measurement_key(row: dict) -> tuple:
                 row.get("layout"), row.get("context"), row.get("prompt"))
     # the real-model options (grouped K/V heads, a window, a packed or padded batch) are part of what
     # was measured: without them a GQA row and a full-heads row of one shape would replace each other;
-    # so is a timing budget that a row records (bench.hopper_ab times one case under two)
+    # so is a timing budget that a row records (bench.hopper_ab times one case under two), and the round
+    # of an A/B timed in rounds (bench.hopper_ab --pair)
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
             row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"),
-            row.get("warmup_ms"), row.get("rep_ms"))
+            row.get("warmup_ms"), row.get("rep_ms"), row.get("round"))
 
 
 def merge_latest(tagged_docs) -> list[dict]:

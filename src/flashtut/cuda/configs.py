@@ -623,9 +623,9 @@ W3_OPTIONS = {
                    "the same in every lane: the wgmma descriptors stay in uniform registers instead of being "
                    "moved there (R2UR) before every wgmma"),
     "tail_first": ("FT_TAIL_FIRST", (False, True), ("w3",),
-                   "the query block short of rows (Nq not a multiple of the block's rows) is the first, rows "
-                   "0 .. Nq mod rows, instead of the last: under a causal mask it then reads one key tile, "
-                   "not every one with some consumers idle"),
+                   "causal: the query block short of rows (Nq not a multiple of the block's rows) is the "
+                   "first, rows 0 .. Nq mod rows, instead of the last, so that it reads one key tile, not "
+                   "every one with some consumers idle (without a mask nothing changes)"),
 }
 
 
@@ -732,7 +732,7 @@ HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: -0.6 to -10%); at D = 64 the three consumers' turns (+1.0 to +7.7%, hopper_turns_h200.json); W4's
 #: causal order, the exponentials on the float32 pipe, the row trees (hopper_softmax_h200.json) and the
 #: grid with heads first (hopper_heads_h200.json) lost at both head dims
-HOPPER_OPTIONS = {64: {"c3_turns": True}, 128: {"tma_store": True}}
+HOPPER_OPTIONS = {64: {"c3_turns": True, "tail_first": True, "uniform_wg": True}, 128: {"tma_store": True, "uniform_wg": True}}
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
 FORWARD_KERNELS = {

@@ -106,9 +106,9 @@ __device__ __forceinline__ unsigned char* smem_align1024(unsigned char* raw) {
 
 // Query block mb's rows and the key tiles any of them may see: causal blocks skip the tiles right of the
 // block's diagonal. Blocks start at row mb * BM, the last one short of rows when BM does not divide Nq;
-// with FT_TAIL_FIRST the short one is the first (rows 0 .. m_end - 1) and the others end at Nq - k BM, so
-// that under a causal mask the block with fewer rows is the one that reads a single key tile, not the one
-// that reads them all.
+// with FT_TAIL_FIRST and a causal mask the short one is the first (rows 0 .. m_end - 1) and the others end
+// at Nq - k BM, so that the block with fewer rows is the one that reads a single key tile, not the one that
+// reads them all. Without a mask every block reads every tile, and where the short one sits changes nothing.
 #ifndef FT_TAIL_FIRST
 #define FT_TAIL_FIRST 0
 #endif
@@ -118,12 +118,13 @@ struct ft_tma_block {
 };
 template <int BN>
 __device__ __forceinline__ ft_tma_block tma_block_at(int mb, int n_mb, int Nq, int Nk, int causal, int diag_offset) {
+    int m0 = mb * FT_TMA_BLOCK_M, m_end = min(m0 + FT_TMA_BLOCK_M, Nq);
 #if FT_TAIL_FIRST
-    const int m_end = Nq - (n_mb - 1 - mb) * FT_TMA_BLOCK_M;   // n_mb: the query blocks, ceil(Nq / BM)
-    const int m0 = max(0, m_end - FT_TMA_BLOCK_M);
+    if (causal) {
+        m_end = Nq - (n_mb - 1 - mb) * FT_TMA_BLOCK_M;   // n_mb: the query blocks, ceil(Nq / BM)
+        m0 = max(0, m_end - FT_TMA_BLOCK_M);
+    }
 #else
-    const int m0 = mb * FT_TMA_BLOCK_M;
-    const int m_end = min(m0 + FT_TMA_BLOCK_M, Nq);
     (void)n_mb;
 #endif
     int n_end = Nk;
@@ -131,14 +132,15 @@ __device__ __forceinline__ ft_tma_block tma_block_at(int mb, int n_mb, int Nq, i
     return {m0, (n_end + BN - 1) / BN};
 }
 // One past the last row that the block starting at row m0 writes: Nq (a block's rows past Nq are no one's),
-// but with FT_TAIL_FIRST the first block's end, where the second's rows start. Worked out from m0 and Nq
-// (a kernel parameter) where it is needed rather than kept in a register across the consumer's loop: W4's
-// three consumers, at 160 registers, spill when they keep it.
-__device__ __forceinline__ int tma_row_end(int m0, int Nq) {
+// but with FT_TAIL_FIRST and a causal mask the first block's end, where the second's rows start. Worked out
+// from m0 and the kernel's parameters where it is needed rather than kept in a register across the
+// consumer's loop: W4's three consumers, at 160 registers, spill when they keep it.
+__device__ __forceinline__ int tma_row_end(int m0, int Nq, int causal) {
 #if FT_TAIL_FIRST
-    return m0 == 0 ? (Nq - 1) % FT_TMA_BLOCK_M + 1 : Nq;
+    return causal && m0 == 0 ? (Nq - 1) % FT_TMA_BLOCK_M + 1 : Nq;
 #else
     (void)m0;
+    (void)causal;
     return Nq;
 #endif
 }

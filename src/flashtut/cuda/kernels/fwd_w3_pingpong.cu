@@ -133,8 +133,8 @@
 #define W3_TURNS (W3_CONSUMERS == 2 || W3_C3_TURNS)   // the consumers take turns to issue their wgmma
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
-// FT_TAIL_FIRST (ft_tma.cuh): the query block short of rows is the first, not the last. Under a causal
-// mask the last block reads every key tile; short of rows, some of its consumers have no row and pass
+// FT_TAIL_FIRST (ft_tma.cuh): with a causal mask, the query block short of rows is the first, not the last.
+// The last block reads every key tile; short of rows, some of its consumers have no row and pass
 // their turns idle while the one with rows runs alone, its softmax under no one's products. At Nq = 4096
 // and 192-row blocks that block is a third full and the heaviest of its head. First, it reads one tile.
 #if FT_TAIL_FIRST && W3_TMA_STORE
@@ -311,7 +311,7 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     // Tiles this warpgroup reads: the block's, less those (causal) right of its last row's diagonal, none
     // when all its rows are past Nq. Always a prefix 0 .. my_tiles - 1 of the block's n_tiles.
     int my_end = 0;
-    const int row_end = tma_row_end(m0, Nq);
+    const int row_end = tma_row_end(m0, Nq, causal);
     if (wg_row0 < row_end) my_end = causal ? min(Nk, max(0, min(wg_row0 + 64, row_end) + diag_offset)) : Nk;
     const int my_tiles = min(n_tiles, (my_end + W3_BLOCK_N - 1) / W3_BLOCK_N);
 
@@ -445,7 +445,7 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     (void)o;
     w3_store_tma(tmaps, acc, m, l, lse, q_s, cw, wg_row0, bh, Nq, r0, t, scale_log2);
 #else
-    wg_store(acc, m, l, o, lse, bh, Nq, tma_row_end(m0, Nq), r0, t, scale_log2);
+    wg_store(acc, m, l, o, lse, bh, Nq, tma_row_end(m0, Nq, causal), r0, t, scale_log2);
 #endif
 #undef W3_END_TURN
 }
