@@ -119,9 +119,10 @@ PRODUCERS = {
                                   "python -m flashtut.bench.cuda_ladder --bwd-only "
                                   "--out book/data/cuda_ladder_bwd_h200.json"),
     "cuda_protocol_h200.json": ("cuda_attention (its default, on an H200 the W3 forward with the TMA store at D 128 "
-                                "and three consumer warpgroups taking turns at D 64, and forward_kernel='mma') "
-                                "against SDPA flash and SDPA cuDNN at the protocol's N 4096 and 16384, backward "
-                                "with the warp grid (H200, 2026-12-02 08:42 UTC)",
+                                "and at D 64 three consumer warpgroups taking turns, the short query block first "
+                                "and the warpgroup index known uniform, and forward_kernel='mma') against SDPA "
+                                "flash and SDPA cuDNN at the protocol's N 4096 and 16384, backward with the warp "
+                                "grid (H200, 2026-12-02 17:43 UTC, commit de5ab7d)",
                                 "python -m flashtut.bench run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd "
                                 "-D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 "
                                 "--hidden 2048 --warmup-ms 5 --rep-ms 40 --no-progress "
@@ -246,6 +247,24 @@ PRODUCERS = {
     "host_overhead_h200.json": ("host time per call of cuda_attention, triton_attention and SDPA at a tiny "
                                 "size, before and after the CUDA host-path change (perflog_cuda)",
                                 "python -m flashtut.bench host --label after --out book/data/host_overhead_h200.json"),
+    "hopper_pair_uni_d64_h200.json": ("cuda_attention's former D 64 build (three consumers with turns) against the same "
+                                      "with the warpgroup index known uniform (uniform_wg), SDPA flash, 7 alternated "
+                                      "rounds per case, 8 cases at D 64 (H200, 2026-12-02 17:38 UTC, commit 43135df)",
+                                      "python -m flashtut.bench.hopper_ab --pair 'hopper-w3[c3,turns]' 'hopper-w3[c3,turns,uni]' --out book/data/hopper_pair_uni_d64_h200.json"),
+    "hopper_pair_tail_d64_h200.json": ("the D 64 build with the uniform warpgroup index against the same with the short "
+                                       "query block first (tail_first), SDPA flash, 7 alternated rounds per case, 8 "
+                                       "cases at D 64 (H200, 2026-12-02 17:39 UTC, commit 43135df)",
+                                       "python -m flashtut.bench.hopper_ab --pair 'hopper-w3[c3,turns,uni]' 'hopper-w3[c3,turns,tail,uni]' --out book/data/hopper_pair_tail_d64_h200.json"),
+    "hopper_pair_uni_d128_h200.json": ("cuda_attention's D 128 build (the TMA store) and W3 with two consumers at D 64, "
+                                       "each against the same with the warpgroup index known uniform, SDPA flash, 7 "
+                                       "alternated rounds per case, 16 cases (H200, 2026-12-02 17:39 UTC, commit "
+                                       "43135df)",
+                                       "python -m flashtut.bench.hopper_ab --pair 'hopper-w3[store]' 'hopper-w3[store,uni]' --out book/data/hopper_pair_uni_d128_h200.json"),
+    "hopper_uniform_h200.json": ("the builds with the warpgroup index known uniform in one run: cuda_attention's "
+                                 "then builds with and without it, the D 64 build with the short query block first, "
+                                 "W4 with it (two consumers, and three with turns at D 64), SDPA flash and cuDNN, the "
+                                 "protocol's 16 cases (H200, 2026-12-02 17:29 UTC, commit 41523aa)",
+                                 "python -m flashtut.bench run --preset hopper --impl 'sdpa-flash,sdpa-cudnn,hopper-w3[store],hopper-w3[store,uni],hopper-w3[c3,turns],hopper-w3[c3,turns,uni],hopper-w3[c3,turns,tail,uni],hopper-w4[uni],hopper-w4[c3,turns,uni]' --out book/data/hopper_uniform_h200.json"),
 }
 
 # --- the repository (its _config.yml names it; flashtut.colab writes it into notebooks) ---------

@@ -217,8 +217,8 @@ def test_cuda_attention_runs_the_measured_hopper_rung():
     choice = configs.choose_forward("auto", 90, torch.float16, 64, (13, 0))
     assert (choice.kernel, choice.variant, choice.consumers) == ("wgmma", "w3", 3)
     # README, chapters 08 and 09, the CUDA logs: "at D = 128 with the TMA store of its output", at D = 64 the
-    # three consumers "taking turns" and no store
-    assert choice.options == (("c3_turns", True),)
+    # three consumers "taking turns" and no store, the short query block first and the warpgroup index uniform
+    assert choice.options == (("c3_turns", True), ("tail_first", True), ("uniform_wg", True))
     choice = configs.choose_forward("auto", 90, torch.bfloat16, 128, (13, 0))
     assert choice.options == (("tma_store", True),)
     import json
@@ -229,7 +229,8 @@ def test_cuda_attention_runs_the_measured_hopper_rung():
             "taking turns on the tensor cores") in text08
     log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
     assert ("at D = 128 two consumer warpgroups with ping-pong and the output written by a TMA store; at "
-            "D = 64 three consumers taking turns in a ring, storing from registers; `configs.HOPPER_OPTIONS`") in log
+            "D = 64 three consumers taking turns in a ring, storing from registers, the short query block "
+            "first; `configs.HOPPER_OPTIONS`") in log
 
 
 # --- chapter 09: the machine code and the DISABLE_MMA_V3 switch -----------------------------------
@@ -601,12 +602,15 @@ def _run_label(prov):
 
 @needs_data
 def test_protocol_claims():
-    rows, prov = results_data.load_results("cuda_protocol_h200.json")
+    """What the logs say of the file's version of 08:42 UTC (commit 758b193), the protocol run with three
+    consumers taking turns at D = 64 (the current version's claims: test_protocol_claims_now)."""
+    rows, prov = _protocol_version(PROTOCOL_0842)
     ratios = _protocol_ratios(rows)
     cuda, cudnn = ratios("cuda", "sdpa-flash"), ratios("sdpa-cudnn", "sdpa-flash")
     vs_cudnn = ratios("cuda", "sdpa-cudnn")
     by = _by_d
-    when, commit = _run_label(prov[0])
+    when, commit = _run_label(prov)
+    assert (when, commit) == ("08:42 UTC", "758b193")
     fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
     # "at least 1.5 in every case", the lowest named; the two cases below 1.5 in the previous version and in
     # chapter 11's run of the three-consumer build are N = 4096, causal at D = 64
@@ -620,7 +624,7 @@ def test_protocol_claims():
     ahead128 = {k for k, v in vs_cudnn.items() if k[1] == 128 and v > 1}
     assert ahead128 == {k for k in vs_cudnn if k[1] == 128 and k[2] == 16384}
     for quoted in (
-            f"`book/data/cuda_protocol_h200.json` was measured again (2026-12-02 {when}, commit {commit}) after",
+            f"The file's version of {when} (commit {commit}), the turns without the two options: "
             f"`cuda_attention`'s forward (`cuda`): {_span(by(cuda, 128))}x SDPA flash at D = 128 and "
             f"{_span(by(cuda, 64))}x at D = 64, at least 1.5 in every case ({lowest})",
             f"Against cuDNN in the same process: {_span(by(vs_cudnn, 128))}x at D = 128 (ahead in "
@@ -678,11 +682,44 @@ def test_protocol_claims():
             f"file's version of {when} (commit {commit}: the same build at D = 128, three consumers taking turns "
             f"at D = 64) has {_span(by(cuda, 128))}x and {_span(by(cuda, 64))}x."):
         assert quoted in hopper_log, quoted
-    # chapter 09's summary: the build cuda_attention runs at D = 64 "1.55 to 1.77 times" in this run
+
+
+@needs_data
+def test_protocol_claims_now():
+    """What the logs, the README and chapters 09 and 11 say of cuda_protocol_h200.json as committed: the
+    run with the short query block first and the uniform warpgroup index at D = 64."""
+    rows, prov = results_data.load_results("cuda_protocol_h200.json")
+    ratios = _protocol_ratios(rows)
+    cuda, vs_cudnn = ratios("cuda", "sdpa-flash"), ratios("cuda", "sdpa-cudnn")
+    by = _by_d
+    when, commit = _run_label(prov[0])
+    old, old_prov = _protocol_version(PROTOCOL_0842)
+    before = _protocol_ratios(old)("cuda", "sdpa-flash")
+    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
+    assert min(cuda.values()) >= 1.5
+    low = min(cuda, key=cuda.get)
+    assert low == fp16
+    ahead128 = sorted(k for k, v in vs_cudnn.items() if k[1] == 128 and v > 1)
+    assert ahead128 == [("bfloat16", 128, 16384, True), ("float16", 128, 16384, True)]
+    assert all(v > 1 for k, v in vs_cudnn.items() if k[1] == 64)
+    moves = _moves(rows, old, "cuda")
+    log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
+    for quoted in (
+            f"`book/data/cuda_protocol_h200.json` was measured again (2026-12-02 {when}, commit {commit}) after",
+            f"In this run `cuda` is at {_span(by(cuda, 128))}x SDPA flash at D = 128 and {_span(by(cuda, 64))}x at "
+            f"D = 64, at least 1.5 in every case (the lowest {cuda[low]:.3f}x, float16, D = 64, N = 4096, causal, "
+            f"where it was {before[fp16]:.3f}x at 08:42 UTC); against cuDNN in the same process "
+            f"{_span(by(vs_cudnn, 128))}x at D = 128 (ahead in 2 of 8 cases, causal at N = 16384) and "
+            f"{_span(by(vs_cudnn, 64))}x at D = 64, ahead in all 8.",
+            f"between the two calls `cuda`'s TFLOP/s at D = 64 moved by {_pct_span(by(moves, 64))} case by case, "
+            f"{moves[fp16]:+.1f}% and {moves[bf16]:+.1f}% in the two N = 4096 causal cases, and at D = 128, where "
+            f"its build did not change, by {_pct_span(by(moves, 128))}."):
+        assert quoted in log, quoted
+    # chapter 09's summary: the build cuda_attention runs at D = 64, in this run
     lo, hi = _span(by(cuda, 64)).split("-")
     assert (f"the build `cuda_attention` runs there now, {lo} to {hi} times in `cuda_attention`'s protocol "
             "run") in _chapter_09_text()
-    # the backward: "cuDNN's backward ... 1.71-1.92x SDPA flash at D = 128 and 1.51-1.71x at D = 64"
+    # the backward: "cuDNN's backward ... SDPA flash at D = 128 and ... at D = 64"
     bwd = ratios("sdpa-cudnn", "sdpa-flash", "bwd")
     ours = ratios("cuda", "sdpa-cudnn", "bwd")
     bwd_log = " ".join((ROOT / "book" / "perflog_cuda_bwd.md").read_text().split())
@@ -691,6 +728,11 @@ def test_protocol_claims():
     assert f"measured again on 2026-12-02 at {when}, commit {commit};" in bwd_log
     readme = " ".join(README.read_text().split())
     assert f"(`book/data/cuda_protocol_h200.json`, 2026-12-02 {when}, which timed cuDNN" in readme
+    # the Hopper log's summary of this run
+    hopper_log = _log()
+    assert (f"`cuda_protocol_h200.json` again, {when}, commit {commit}: forward {_span(by(cuda, 64))}x SDPA flash at "
+            f"D = 64 and {_span(by(cuda, 128))}x at D = 128, the weakest case N = 4096 causal at D = 64 at "
+            f"{cuda[fp16]:.3f}x (float16) and {cuda[bf16]:.3f}x (bfloat16)") in hopper_log
 
 
 def _protocol_version(commit):
@@ -712,7 +754,11 @@ def _protocol_version(commit):
 #: holds that version, and the name its mma.sync forward had there (2026-12-01 had no cuda-mma yet: cuda was
 #: the mma.sync forward)
 PROTOCOL_VERSIONS = {"28854c3": ("28854c3", "cuda"), "0c5be1b": ("0c5be1b", "cuda-mma"),
-                     "ecf3bd3": ("a29859d", "cuda-mma"), "f397297": ("167bba1", "cuda-mma")}
+                     "ecf3bd3": ("a29859d", "cuda-mma"), "f397297": ("167bba1", "cuda-mma"),
+                     "758b193": ("ed4ca53", "cuda-mma")}
+#: the commit holding the file's version of 08:42 UTC (commit 758b193), which the logs' paragraphs on the
+#: turns compare with the version before it
+PROTOCOL_0842 = "ed4ca53"
 
 
 def _moves(new, old, impl, keep=lambda k: True):
@@ -733,8 +779,8 @@ def test_protocol_history_in_the_files_previous_versions():
     06:11, 03:31 and 01:14 UTC, and how far each figure moved between the last two calls."""
     import statistics
 
-    rows, _ = results_data.load_results("cuda_protocol_h200.json")
     version = {label: _protocol_version(commit) for label, (commit, _) in PROTOCOL_VERSIONS.items()}
+    rows = version["758b193"][0]   # the paragraphs on the turns compare 08:42 UTC with 06:11 UTC
     assert version["ecf3bd3"][1]["git"]["commit"].startswith("ecf3bd3")
     assert version["f397297"][1]["git"]["commit"].startswith("f397297")
     log = " ".join((ROOT / "book" / "perflog_cuda.md").read_text().split())
@@ -1059,7 +1105,8 @@ def test_turns_claims():
     assert f"the three losses {lost[0]:.1f}%, {lost[1]:.1f}% and {lost[2]:.1f}%" in log
     both = list(stack["store"].values()) + list(pair.values())
     assert sum(g < 0 for g in both) == 4 and f"by {-min(both):.1f}% at most" in log
-    assert configs.HOPPER_OPTIONS[64] == {"c3_turns": True}
+    # the turns stayed alone at D = 64 until the two options of the paired A/B joined them
+    assert {k for k in configs.HOPPER_OPTIONS[64] if k not in ("tail_first", "uniform_wg")} == {"c3_turns"}
 
 
 def test_chapter_11_profile_and_turns_claims():
@@ -1345,3 +1392,79 @@ def test_w4_named_handover_claims():
     by_d = {D: [x for k, x in _ratios(w4, impl, "sdpa-flash").items() if k[1] == D]
             for D, impl in ((128, "hopper-w4[named]"), (64, "hopper-w4[c3,turns,named]"))}
     assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers, turns) | - | 168 / 128 |" in log
+
+
+@needs_data
+def test_short_block_first_and_uniform_index_claims():
+    """perflog_hopper.md, "The short query block first, and the warpgroup index known uniform": the figures
+    of the single run and of the paired rounds, recomputed, and the choice they lead to."""
+    from flashtut.bench.hopper_ab import PAIR_NOISE_PCT, pair_gains
+    from flashtut.cuda import configs
+
+    log = _log()
+    pair = {}
+    for name, base, impl in (("uni64", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]"),
+                             ("tail", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]"),
+                             ("uni128", "hopper-w3[store]", "hopper-w3[store,uni]")):
+        data = {"uni64": "hopper_pair_uni_d64_h200.json", "tail": "hopper_pair_tail_d64_h200.json",
+                "uni128": "hopper_pair_uni_d128_h200.json"}[name]
+        rows, _ = results_data.load_results(data)
+        pair[name] = pair_gains(rows, base, impl)
+    d64 = lambda g: {k: v for k, v in g.items() if k[0] == 64}  # noqa: E731
+    uni64 = {k[1:]: v for k, v in d64(pair["uni64"]).items()}
+    tail = {k[1:]: v for k, v in d64(pair["tail"]).items()}
+    uni128 = {k[1:]: v for k, v in pair["uni128"].items() if k[0] == 128}
+    two64 = {k[1:]: v for k, v in pair["uni128"].items() if k[0] == 64}
+    assert all(len(x) == 8 for x in (uni64, tail, uni128, two64))
+    g = lambda x: [v[0] for v in x.values()]  # noqa: E731
+    # the short block first: the two N = 4096 causal cases, the largest; N = 16384 causal; no mask
+    c4096 = [tail[(dt, 4096, True)] for dt in ("bfloat16", "float16")]
+    assert max(g(tail)) == max(v[0] for v in c4096)
+    nomask = [v[0] for k, v in tail.items() if not k[2]]
+    for quoted in (
+            f"At N = 4096 causal, {c4096[0][0]:+.1f}% and {c4096[1][0]:+.1f}%, won in {c4096[0][1]} and "
+            f"{c4096[1][1]} of 7 rounds",
+            f"At N = 16384 causal, {tail[('bfloat16', 16384, True)][0]:+.1f}% and "
+            f"{tail[('float16', 16384, True)][0]:.1f}%",
+            f"{_pct_span(nomask)}: what this method measures between two builds doing the same work"):
+        assert quoted.replace("+-", "-") in log, quoted
+    # the uniform index: D = 64 three consumers, two consumers, D = 128
+    low = min(uni64, key=lambda k: uni64[k][0])
+    assert low == ("bfloat16", 16384, False) and sum(v[0] > 0 for v in uni64.values()) == 7
+    pos = [v[0] for v in uni64.values() if v[0] > 0]
+    assert (f"At D = 64 with three consumers: {_pct_span(pos)} in 7 of 8 cases, {uni64[low][0]:.1f}% in the eighth "
+            f"(N = 16384, bfloat16, not causal, won in {uni64[low][1]} of 7 rounds)") in log
+    assert (f"With two consumers at D = 64: {_pct_span(g(two64))}, won in {sum(v[1] for v in two64.values())} of "
+            "56 rounds") in log
+    assert (f"At D = 128: {_pct_span(g(uni128))}, the median below zero in {sum(v < 0 for v in g(uni128))} of 8 "
+            "cases") in log
+    # the single run, and W4 with the index against W3 with it
+    single = {D: _gains_at("hopper_uniform_h200.json", impl, base, D) for D, impl, base in (
+        (64, "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns]"), (128, "hopper-w3[store,uni]", "hopper-w3[store]"))}
+    assert (f"moved W3 by {_pct_span(single[64].values())} at D = 64 and {_pct_span(single[128].values())} at "
+            "D = 128") in log
+    w4 = _gains_at("hopper_uniform_h200.json", "hopper-w4[c3,turns,uni]", "hopper-w3[c3,turns,uni]", 64)
+    assert f"(in `hopper_uniform_h200.json` {_pct_span(w4.values())} at D = 64)" in log
+    first = _gains_at("hopper_uniform_h200.json", "hopper-w3[c3,turns,tail,uni]", "hopper-w3[c3,turns,uni]", 64)
+    assert (f"it lost {-first[(16384, 'float16', False)]:.1f}% (float16) and {-first[(16384, 'bfloat16', False)]:.1f}% "
+            "(bfloat16)") in log
+    # the rule, and the choice
+    assert f"kept when no case's median falls below -{PAIR_NOISE_PCT}% and some case's rises above +{PAIR_NOISE_PCT}%" in log
+    for x, kept in ((uni64, True), (tail, True), (uni128, False)):
+        assert (min(g(x)) > -PAIR_NOISE_PCT and max(g(x)) > PAIR_NOISE_PCT) == kept
+    assert (f"The uniform index passes at D = 64 (lowest {min(g(uni64)):.1f}%, highest {max(g(uni64)):+.1f}%) and "
+            f"fails at D = 128 ({min(g(uni128)):.1f}%); the short block first passes ({min(g(tail)):.1f}%, "
+            f"{max(g(tail)):+.1f}%)") in log
+    assert configs.HOPPER_OPTIONS == {64: {"c3_turns": True, "tail_first": True, "uniform_wg": True},
+                                      128: {"tma_store": True}}
+    text = _chapter_11_text()
+    assert (f"The short block first gains most where it was aimed, {c4096[0][0]:+.1f}% and {c4096[1][0]:+.1f}% at "
+            "$N = 4096$ causal") in text
+    assert f"its {_pct_span(nomask)} there is what this method" in text
+    assert f"The uniform index gains up to {max(g(uni64)):.1f}% in 7 of 8 cases" in text
+    assert f"it lost up to {-min(g(uni128)):.1f}%, and it stays out there" in text
+    rows, _ = results_data.load_results("cuda_protocol_h200.json")
+    cuda = _protocol_ratios(rows)("cuda", "sdpa-flash")
+    d64 = _by_d(cuda, 64)
+    assert (f"puts the weakest case at {min(d64):.2f} times `sdpa-flash` and the head dim at {_span(d64).replace('-', ' to ')}, "
+            "ahead of cuDNN in every case") in text

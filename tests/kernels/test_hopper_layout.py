@@ -216,3 +216,43 @@ def test_w3_budget_holds_the_pipelined_arrays_within_the_consumers_grant():
     assert sum(hl.w3_register_budget(64, 64).values()) == 32 + 16 + 32 + 8
     with pytest.raises(ValueError, match="block_n"):
         hl.w3_register_budget(128, 256)
+
+
+@pytest.mark.parametrize("n_q,block_m", [(4096, 192), (4097, 192), (191, 192), (192, 192), (130, 128), (1, 64),
+                                         (1000, 128)])
+def test_query_blocks_cover_every_row_once_with_the_short_block_last_or_first(n_q, block_m):
+    for tail_first in (False, True):
+        blocks = hl.query_blocks(n_q, block_m, tail_first)
+        assert len(blocks) == -(-n_q // block_m)
+        rows = [r for m0, end in blocks for r in range(m0, end)]
+        assert rows == list(range(n_q))                      # in order, each row once
+        sizes = [end - m0 for m0, end in blocks]
+        short = n_q - (len(blocks) - 1) * block_m
+        assert sizes == ([short] + [block_m] * (len(blocks) - 1) if tail_first
+                         else [block_m] * (len(blocks) - 1) + [short])
+    with pytest.raises(ValueError, match="n_q"):
+        hl.query_blocks(0, 192)
+
+
+@pytest.mark.parametrize("n_q,n_k,diag", [(4096, 4096, 0), (333, 333, 0), (300, 150, -150), (150, 300, 150),
+                                          (70, 700, 630)])
+def test_consumer_tiles_are_the_tiles_the_causal_mask_leaves_each_warpgroup(n_q, n_k, diag):
+    # against the mask itself: a warpgroup reads tile t iff one of its rows sees a key of it
+    for block_m, consumers in ((192, 3), (128, 2)):
+        for tail_first in (False, True):
+            for m0, end in hl.query_blocks(n_q, block_m, tail_first):
+                n_tiles, mine = hl.consumer_tiles(m0, end, n_k, 64, consumers, diag)
+                for w in range(consumers):
+                    rows = range(m0 + 64 * w, min(m0 + 64 * (w + 1), end))
+                    seen = [t for t in range(-(-n_k // 64))
+                            if any(min(i + diag, n_k - 1) >= 64 * t for i in rows)]
+                    assert mine[w] == len(seen) and seen == list(range(len(seen))), (m0, end, w)
+                assert n_tiles == max(mine)
+    # the turns a causal N = 4096 grid of 192-row blocks spends idle: the short block first saves most
+    turns = {}
+    for tail_first in (False, True):
+        blocks = [hl.consumer_tiles(m0, end, 4096) for m0, end in hl.query_blocks(4096, 192, tail_first)]
+        turns[tail_first] = (sum(3 * n for n, _ in blocks), sum(sum(m) for _, m in blocks))
+    assert turns == {False: (1152, 1056), True: (1089, 1056)}
+    with pytest.raises(ValueError, match="m_end"):
+        hl.consumer_tiles(0, 200, 4096)

@@ -71,6 +71,30 @@ def count_row(lines) -> dict:
             "instructions": sum(n for op, n in hist.items() if op != "NOP")}
 
 
+_ADDRESS_BRANCH = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?(\S+)(?:\s+(0x[0-9a-f]+))?")
+
+
+def pipelined_loop(lines, hgmma_per_slot: int) -> list[str]:
+    """The instruction lines of a Hopper consumer's pipelined loop in one function's SASS (``lines`` as
+    :func:`split_functions` gives them): the shortest range from a backward branch's target to the branch
+    that holds ``hgmma_per_slot`` ``HGMMA``, one slot's two products (S_j and P_{j-1} V_{j-1}: HEAD_DIM / 16
+    + BN / 16 x HEAD_DIM / 64). Other backward branches are the retries of mbarrier waits, placed after
+    the function's end and jumping back into it, whose ranges hold other counts. Empty when none does."""
+    parsed = []
+    for line in lines:
+        m = _ADDRESS_BRANCH.match(line)
+        if m:
+            parsed.append((int(m.group(1), 16), m.group(2), m.group(3), line))
+    where = {addr: i for i, (addr, *_rest) in enumerate(parsed)}
+    best: list[str] = []
+    for i, (addr, op, target, _) in enumerate(parsed):
+        if op.startswith("BRA") and target and int(target, 16) < addr and int(target, 16) in where:
+            body = [p[3] for p in parsed[where[int(target, 16)]:i + 1]]
+            if sum(" HGMMA" in x for x in body) == hgmma_per_slot and (not best or len(body) < len(best)):
+                best = body
+    return best
+
+
 def cuobjdump_candidates() -> list[str]:
     """Every ``cuobjdump`` found: on the PATH, next to ``nvcc``, the copy in Triton's wheel (each once)."""
     found = [shutil.which("cuobjdump")]

@@ -8,7 +8,9 @@
 * the register fragments of a warpgroup: which thread and register hold each element of the
   m64nNk16 accumulator and of the A operand taken from registers;
 * shared-memory bank groups of 16-byte accesses, mbarrier phase parity in a ring of stages, and the
-  register budgets of rungs W1 and W3 (W3's barrier schedule: ``flashtut.cuda.hopper_schedule``).
+  register budgets of rungs W1 and W3 (W3's barrier schedule: ``flashtut.cuda.hopper_schedule``);
+* the rows of W3's query blocks, with the short one last or first, and the key tiles each consumer
+  warpgroup of a causal block reads.
 
 Sizes are in bytes and elements are 16-bit (float16 / bfloat16) unless a function says otherwise.
 """
@@ -208,6 +210,34 @@ def w3_register_budget(head_dim: int, block_n: int = 128) -> dict:
             "P of tile j - 1, read by the P V in flight": w1["P as A fragments (2 x 16-bit)"],
             "O accumulator (float32)": w1["O accumulators (float32)"],
             "m, l, alpha, -m * scale for 2 rows": 8}
+
+
+def query_blocks(n_q: int, block_m: int, tail_first: bool = False) -> list[tuple[int, int]]:
+    """(first row, one past the last row) of each query block of a W3 grid over ``n_q`` rows, in the
+    order of the block index: blocks start at ``mb * block_m`` and the last one is short of rows; with
+    ``tail_first`` (``FT_TAIL_FIRST``, which the kernel applies under a causal mask) they end at
+    ``n_q - k * block_m`` and the short one is the first (``tma_block_at`` in ``ft_tma.cuh``)."""
+    for name, x in (("n_q", n_q), ("block_m", block_m)):
+        if not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    n_mb = -(-n_q // block_m)
+    if tail_first:
+        return [(max(0, n_q - (n_mb - mb) * block_m), n_q - (n_mb - 1 - mb) * block_m) for mb in range(n_mb)]
+    return [(mb * block_m, min((mb + 1) * block_m, n_q)) for mb in range(n_mb)]
+
+
+def consumer_tiles(m0: int, m_end: int, n_k: int, block_n: int = 128, consumers: int = 3,
+                   diag_offset: int = 0) -> tuple[int, list[int]]:
+    """Under a causal mask (query i sees key j iff j <= i + ``diag_offset``), the key tiles of ``block_n``
+    keys the query block of rows ``m0`` to ``m_end - 1`` reads, and those each of its ``consumers``
+    warpgroups of 64 rows reads: the tiles up to its last row's diagonal, none for a warpgroup with no
+    row. Every consumer takes a turn per tile of the block, reading or idle (``w3_consume``)."""
+    _nonneg("m0", m0)
+    if not isinstance(m_end, int) or not m0 < m_end <= m0 + 64 * consumers:
+        raise ValueError(f"m_end must be an int in ({m0}, {m0 + 64 * consumers}], got {m_end!r}")
+    tiles = lambda end: -(-min(n_k, max(0, end + diag_offset)) // block_n)  # noqa: E731
+    mine = [tiles(min(m0 + 64 * (w + 1), m_end)) if m0 + 64 * w < m_end else 0 for w in range(consumers)]
+    return tiles(m_end), mine
 
 
 def _nonneg(name: str, x) -> None:
