@@ -23,6 +23,10 @@
 #                                                                                  capstone_h200.json
 #   hopper     chapter 11's Hopper rungs against SDPA flash and cuDNN (sm_90 only; tools/gpu_hopper.sh
 #              adds its tests, SASS, Nsight Compute and sanitizers)                  hopper_h200.json
+#   shipped    cuda_attention as it ships (sm_90 only): compute-sanitizer synccheck, racecheck and
+#              memcheck over its Hopper forward (sanitizer_launches.py --defaults), its protocol run
+#              against SDPA flash and cuDNN, and Nsight Compute over its Hopper builds (profile set
+#              `shipped`)          *_defaults.log, cuda_protocol_h200.json, ncu_shipped_h200.json
 # Default STAGES: tests sanitizer protocol. Triton runs its first configuration in every stage but
 # `triton` (FLASHTUT_TRITON_AUTOTUNE=0): autotuning every shape would spend the call compiling.
 set -u
@@ -101,5 +105,13 @@ fi
 if want hopper; then
     stage hopper
     bench "${T_HOPPER:-300}" hopper run --preset hopper --out "$OUT/hopper_h200.json"
+fi
+if want shipped; then
+    stage shipped
+    for tool in synccheck racecheck memcheck; do sanitizer "${T_SANITIZER:-120}" "$tool" --defaults; done
+    bench "${T_PROTOCOL:-150}" cuda-protocol run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd \
+        -D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 --hidden 2048 \
+        --warmup-ms 5 --rep-ms 40 --out "$OUT/cuda_protocol_h200.json"
+    bench "${T_NCU:-150}" ncu-shipped profile --set shipped --out "$OUT/ncu_shipped_h200.json"
 fi
 stage done

@@ -26,18 +26,20 @@ gpu_tests() {
     tail -4 "$log" | tee -a "$LOG"
 }
 
-# sanitizer LIMIT_S TOOL: compute-sanitizer (memcheck, racecheck) over one small launch of every
-# CUDA kernel (tools/sanitizer_launches.py), compiled first outside the sanitizer (CuPy caches it)
+# sanitizer LIMIT_S TOOL [ARGS...]: compute-sanitizer (memcheck, racecheck, synccheck) over one small
+# launch of every CUDA kernel (tools/sanitizer_launches.py; ARGS pick a subset, such as --defaults),
+# compiled first outside the sanitizer (CuPy caches it); the log is $OUT/TOOL.log, or TOOL_ARG.log
 sanitizer() {
-    local limit=$1 tool=$2
+    local limit=$1 tool=$2; shift 2
+    local log="$OUT/$tool${1:+_${1#--}}.log"
     if ! command -v compute-sanitizer > /dev/null; then
         echo "sanitizer $tool: compute-sanitizer not found" | tee -a "$LOG"; return
     fi
-    python3 tools/sanitizer_launches.py > /dev/null 2>&1
-    timeout "$limit" compute-sanitizer --tool "$tool" --print-limit 20 python3 tools/sanitizer_launches.py \
-        > "$OUT/$tool.log" 2>&1
-    echo "sanitizer $tool rc=$?" | tee -a "$LOG"
-    tail -4 "$OUT/$tool.log" | tee -a "$LOG"
+    python3 tools/sanitizer_launches.py "$@" > /dev/null 2>&1
+    timeout "$limit" compute-sanitizer --tool "$tool" --print-limit 20 python3 tools/sanitizer_launches.py "$@" \
+        > "$log" 2>&1
+    echo "sanitizer $tool${*:+ $*} rc=$?" | tee -a "$LOG"
+    tail -4 "$log" | tee -a "$LOG"
 }
 
 # bench LIMIT_S NAME ARGS...: python -m flashtut.bench ARGS, its output in the log; every subcommand

@@ -830,3 +830,28 @@ def test_rung_table_puts_each_rung_beside_its_profile():
     gmean = (0.9 * 1.2) ** 0.5
     assert body[0] == ["a", "first change", f"{gmean:.3f} (0.90 to 1.20)", "41.0", "255", "wait 2.00, barrier 0.50"]
     assert body[1] == ["b", "second", "-", "-", "-", "-"]      # no D = 128 case, no profile
+
+
+def test_the_sanitizer_stage_passes_its_arguments_and_names_its_logs(tmp_path):
+    # tools/gpu_common.sh's sanitizer(), with stand-ins for compute-sanitizer and python3 that record their
+    # arguments: the whole launcher's log is TOOL.log, a subset's (--defaults) TOOL_defaults.log
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, body in (("compute-sanitizer", 'echo "args: $*"; echo "ERROR SUMMARY: 0 errors"'),
+                       ("python3", 'echo "$*" >> "$OUT/warm.txt"')):
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    out = tmp_path / "out"
+    script = (f". {os.path.join(ROOT, 'tools', 'gpu_common.sh')}; sanitizer 20 memcheck; "
+              "sanitizer 20 synccheck --defaults")
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OUT": str(out)}
+    res = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert (out / "memcheck.log").read_text().startswith(
+        "args: --tool memcheck --print-limit 20 python3 tools/sanitizer_launches.py\n")
+    assert (out / "synccheck_defaults.log").read_text().startswith(
+        "args: --tool synccheck --print-limit 20 python3 tools/sanitizer_launches.py --defaults\n")
+    assert (out / "warm.txt").read_text().splitlines() == ["tools/sanitizer_launches.py",
+                                                          "tools/sanitizer_launches.py --defaults"]
+    log = (out / "run.log").read_text()
+    assert "sanitizer memcheck rc=0" in log and "sanitizer synccheck --defaults rc=0" in log

@@ -62,6 +62,13 @@ def test_each_set_launches_registry_implementations_and_cuda_attentions_build():
         assert overlap == [(n, c) for c in (False, True) for n in [default] + [
             registry.hopper_name("w3", configs.HOPPER_CONSUMERS[D], {**profile.PROFILED_OPTIONS[D], o: True})
             for o in profile.OVERLAP_OPTIONS]]
+        # shipped: cuda_attention's build as it ships and, where it differs, as the other sets profiled it
+        shipped = registry.hopper_name("w3", configs.HOPPER_CONSUMERS[D], configs.HOPPER_OPTIONS[D])
+        names = [default] if shipped == default else [default, shipped]
+        assert profile.launches("shipped", D) == [(n, c) for c in (False, True) for n in names]
+    assert profile.launches("shipped", 64) == [(n, c) for c in (False, True)
+                                               for n in ("hopper-w3[c3,turns]", "hopper-w3[c3,turns,tail,uni]")]
+    assert profile.launches("shipped", 128) == [("hopper-w3[store]", False), ("hopper-w3[store]", True)]
     assert profile.launches("overlap", 64)[1] == ("hopper-w3[c3,turns,pin]", False)
     assert profile.launches("overlap", 128)[4] == ("hopper-w3[store,ds]", False)
     assert ("hopper-w3[c3,turns]", True) in profile.launches("options", 64)
@@ -148,3 +155,15 @@ def test_a_profile_table_reads_each_launch_of_its_set():
     assert profile.metric(rows, "hopper-w3", 64, False, profile.TENSOR) == 5.25
     with pytest.raises(KeyError, match=r"no profile of hopper-w3 at D = 64 \(causal True\) in set 'ladder'"):
         profile.metric(rows, "hopper-w3", 64, True, profile.TENSOR)
+
+
+def test_the_shipped_set_reads_the_build_as_it_ships_beside_the_one_profiled_before():
+    plan = profile.launches("shipped", 64)
+    entries = [(kernel_name(n), {m: f"{i + 1}.5" for m in profile.NCU_METRICS}) for i, (n, _) in enumerate(plan)]
+    rows = profile.profile_rows("shipped", 64, profile.parse_ncu_csv(fake_csv(entries)))
+    assert [(r["set"], r["impl"], r["causal"]) for r in rows] == [("shipped", n, c) for n, c in plan]
+    # the third launch is the build profiled before, causal; the fourth the shipped one, causal
+    assert profile.metric(rows, "hopper-w3[c3,turns]", 64, True, profile.TENSOR, "shipped") == 3.5
+    assert profile.metric(rows, "hopper-w3[c3,turns,tail,uni]", 64, True, profile.TENSOR, "shipped") == 4.5
+    with pytest.raises(ValueError, match="launches 4 kernels, ncu profiled 3"):
+        profile.profile_rows("shipped", 64, profile.parse_ncu_csv(fake_csv(entries[:3])))

@@ -12,6 +12,7 @@ import torch
 
 from . import registry
 from ..costs.flops import MODES
+from .profile import SETS as PROFILE_SETS
 from .provenance import collect
 from .report import memory_table, notes, roofline_table, speed_table
 from .results import load_results, save_results
@@ -311,11 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run ncu over one launch of each forward of a set (flashtut.bench.profile: "
                                    "'ladder', SDPA flash, the mma.sync forward and the Hopper rungs; 'options', "
                                    "W3 with each build option; 'overlap', cuda_attention's build with each "
-                                   "softmax pin, the lazy rescale and stepped descriptors) at the protocol's "
+                                   "softmax pin, the lazy rescale and stepped descriptors; 'shipped', "
+                                   "cuda_attention's Hopper build as it ships and as the other sets profiled "
+                                   "it) at the protocol's "
                                    "N = 4096, float16, and write "
                                    "each launch's metrics (tensor pipe, stall reasons, pipes, issue) as one row.")
     p.add_argument("--set", type=_profile_sets, default=["ladder", "options"],
-                   help="comma-separated: ladder, options, overlap (default: ladder,options)")
+                   help=f"comma-separated: {', '.join(PROFILE_SETS)} (default: ladder,options)")
     p.add_argument("-D", "--head-dim", type=_int_list, default=[128, 64], help="head dims (default 128,64)")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool (default: ncu)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="limit per set and head dim (s)")
@@ -348,7 +351,7 @@ def _names_from(allowed: tuple[str, ...]):
 
 
 _sass_parts = _names_from(("triton", "cuda", "sdpa"))
-_profile_sets = _names_from(("ladder", "options", "overlap"))
+_profile_sets = _names_from(PROFILE_SETS)
 
 
 def _setting_path(text: str) -> tuple[str, str]:

@@ -11,7 +11,9 @@ Sets: ``ladder``, SDPA flash, the mma.sync forward and each Hopper rung, then ``
 Hopper build and W4 causal; ``options``, ``cuda_attention``'s consumer count at that head dim plain and
 with each build option of the registry's ``hopper-options`` group, not causal, then causal; ``overlap``,
 ``cuda_attention``'s Hopper build alone and with each of :data:`OVERLAP_OPTIONS` (the softmax pinned under
-the P V, on either anchor, the lazy rescale, stepped descriptors), not causal, then causal. The case is
+the P V, on either anchor, the lazy rescale, stepped descriptors), not causal, then causal; ``shipped``,
+``cuda_attention``'s Hopper build as it ships now (``configs.HOPPER_OPTIONS``) and, where that differs,
+the build the other sets launch as its own (:data:`PROFILED_OPTIONS`), not causal, then causal. The case is
 the protocol's N = 4096 (B = 4, H = 2048 / D), float16, random inputs. One launch each: a profile's
 durations are single launches, not the benchmark's medians.
 """
@@ -46,7 +48,7 @@ NCU_METRICS = (
 #: short names for the metrics the book quotes
 TENSOR = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
 DURATION = "gpu__time_duration.sum"
-SETS = ("ladder", "options", "overlap")
+SETS = ("ladder", "options", "overlap", "shipped")
 #: the build options set ``overlap`` adds, one at a time, to cuda_attention's Hopper build
 OVERLAP_OPTIONS = ("pin_overlap", "pin_anchor", "lazy_rescale", "desc_step")
 #: cuda_attention's Hopper build options per head dim when the committed profiles were taken
@@ -71,7 +73,7 @@ def _kernel_of(impl: str) -> str:
 
 def launches(set_name: str, D: int) -> list[tuple[str, bool]]:
     """``(registry name, causal)`` of each launch of set ``set_name`` at head dim ``D``, in order."""
-    from ..cuda.configs import HOPPER_CONSUMERS, HOPPER_HEAD_DIMS
+    from ..cuda.configs import HOPPER_CONSUMERS, HOPPER_HEAD_DIMS, HOPPER_OPTIONS
     from . import registry
 
     if set_name not in SETS:
@@ -86,6 +88,9 @@ def launches(set_name: str, D: int) -> list[tuple[str, bool]]:
         names = ["sdpa-flash", "cuda-mma", "hopper-w1", "hopper-w2", "hopper-w3", wide, default, w4]
         names = list(dict.fromkeys(names))
         return [(n, False) for n in names] + [(default, True), (w4, True)]
+    if set_name == "shipped":
+        names = list(dict.fromkeys([default, registry.hopper_name("w3", consumers, HOPPER_OPTIONS[D])]))
+        return [(n, causal) for causal in (False, True) for n in names]
     if set_name == "overlap":
         names = [default] + [registry.hopper_name("w3", consumers, {**PROFILED_OPTIONS[D], option: True})
                              for option in OVERLAP_OPTIONS]
