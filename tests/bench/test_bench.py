@@ -855,3 +855,22 @@ def test_the_sanitizer_stage_passes_its_arguments_and_names_its_logs(tmp_path):
                                                           "tools/sanitizer_launches.py --defaults"]
     log = (out / "run.log").read_text()
     assert "sanitizer memcheck rc=0" in log and "sanitizer synccheck --defaults rc=0" in log
+
+
+def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
+    # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the file's
+    # producing command in results_data.PRODUCERS, less the progress flag and the output path
+    import re
+    import shlex
+
+    from flashtut.results_data import PRODUCERS
+
+    check = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
+    block = check[check.index("if want shipped"):]
+    block = block[:block.index("\nfi")].replace("\\\n", " ")
+    stage = re.search(r"bench \S+ cuda-protocol (run .*?) --out ", block).group(1).split()
+    made = shlex.split(PRODUCERS["cuda_protocol_h200.json"][1])
+    assert made[:3] == ["python", "-m", "flashtut.bench"]
+    out = made.index("--out")
+    made = [a for a in made[3:out] + made[out + 2:] if a != "--no-progress"]
+    assert stage == made, (stage, made)

@@ -47,6 +47,37 @@ def test_split_and_count():
     assert set(a["counts"]) == set(sass.KEY_OPCODES)
 
 
+
+def _listing(ops: list[str]) -> list[str]:
+    """A function's instruction lines as split_functions gives them, 16 bytes apart from 0."""
+    return [f"        /*{16 * i:04x}*/                   {op} ;  /* 0x0 */" for i, op in enumerate(ops)]
+
+
+def test_pipelined_loop_is_the_shortest_backward_range_holding_one_slot():
+    assert [sass.slot_hgmma(*a) for a in ((64, 128), (128, 128), (64, 64))] == [12, 24, 8]
+    # a prologue, the slot's loop (4 + 8 HGMMA at D = 64, its wait's retry branching far below), an outer
+    # loop round it (the same 12 HGMMA in a longer range), the epilogue, and the retry block after the
+    # function's end jumping back into the loop (longer ranges again)
+    ops = ["MOV R1, R2"] * 3
+    loop_start = len(ops)
+    ops += ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3", "@!P0 BRA 0x0500"]  # wait; its retry far below
+    ops += ["HGMMA.64x128x16.F32 R24, gdesc[UR8], RZ"] * 4 + ["MUFU.EX2 R5, R6"] * 3
+    ops += ["HGMMA.64x64x16.F32 R88, R40, gdesc[UR12], R88"] * 8 + ["R2UR UR12, R7", "IADD3 R9, R9, 0x1, RZ"]
+    ops += [f"@P1 BRA {16 * loop_start:#06x}"]
+    end_loop = len(ops)
+    ops += ["@P2 BRA 0x0000", "EXIT"]
+    while len(ops) < 0x50:
+        ops.append("NOP")
+    ops += ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3", f"@!P0 BRA {16 * (loop_start + 1):#06x}",
+            f"BRA {16 * (loop_start + 2):#06x}"]
+    lines = _listing(ops)
+    loop = sass.pipelined_loop(lines, 64)
+    assert loop == lines[loop_start:end_loop]
+    assert sass.opcode_histogram(loop)["R2UR"] == 1 and sass.opcode_histogram(loop)["HGMMA"] == 12
+    assert sass.pipelined_loop(lines, 128) == []                      # no range holds 24
+    assert sass.pipelined_loop(lines[:loop_start + 5], 64) == []      # no backward branch
+
+
 def test_flash_kernel_names_pick_the_head_dim_dtype_and_arch():
     base = "_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi{d}ELi128ELi64ELi4ELb0ELb0EN7cutlass{t}EELb0ELb{c}EEEvNS_16Flash_fwd_paramsE"
     names = [base.format(d=d, t=t, c=c) for d in (64, 128) for t in ("6half_t", "10bfloat16_t") for c in (0, 1)]

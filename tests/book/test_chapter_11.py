@@ -119,3 +119,36 @@ def test_exp2_between_waits_checker():
         assert not result and "first listing that differs" in result.message
     raised = ch11.check_exp2_between_waits(lambda s: 1 // 0)
     assert not raised and "ZeroDivisionError" in raised.message
+
+
+def test_query_blocks_checker():
+    assert ch11.check_query_blocks(hl.query_blocks)
+    # the blocks' order reversed: the short block is first, but holds the last rows
+    reversed_order = ch11.check_query_blocks(lambda n, bm, tf: hl.query_blocks(n, bm)[::-1] if tf
+                                             else hl.query_blocks(n, bm))
+    assert not reversed_order and "query_blocks(65, 64, True)" in reversed_order.message
+    # the short block first whatever the order asked for
+    assert not ch11.check_query_blocks(lambda n, bm, tf: hl.query_blocks(n, bm, True))
+    # lists instead of tuples are the same answer
+    assert ch11.check_query_blocks(lambda n, bm, tf: [list(b) for b in hl.query_blocks(n, bm, tf)])
+    raised = ch11.check_query_blocks(lambda n, bm, tf: 1 // 0)
+    assert not raised and "ZeroDivisionError" in raised.message
+
+
+def test_exercise_11_9_answer_counts_the_turns_it_quotes():
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "11_hopper.ipynb").read_text())
+    answer = " ".join("".join(next(c for c in nb["cells"] if c.get("id") == "ch11-ex9-answer")["source"]).split())
+    counts = {}
+    for tail_first in (False, True):
+        blocks = hl.query_blocks(4096, 192, tail_first)
+        idle = [3 * n - sum(mine) for n, mine in (hl.consumer_tiles(m0, end, 4096) for m0, end in blocks)]
+        short = next(k for k, (m0, end) in enumerate(blocks) if end - m0 < 192)
+        counts[tail_first] = (idle[short], sum(idle) - idle[short],
+                              hl.consumer_tiles(*blocks[short], 4096)[0])
+    (last_short, last_full, last_tiles), (first_short, first_full, first_tiles) = counts[False], counts[True]
+    assert f"reads all {last_tiles} and its two empty consumers spend {last_short} turns idle" in answer
+    assert f"first, it reads {'one' if first_tiles == 1 else first_tiles}, and they spend {first_short}" in answer
+    assert f"own idle turns ({last_full} and {first_full}) move by {'one' if abs(last_full - first_full) == 1 else abs(last_full - first_full)}" in answer

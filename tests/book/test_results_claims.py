@@ -1403,11 +1403,10 @@ def test_short_block_first_and_uniform_index_claims():
 
     log = _log()
     pair = {}
-    for name, base, impl in (("uni64", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]"),
-                             ("tail", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]"),
-                             ("uni128", "hopper-w3[store]", "hopper-w3[store,uni]")):
-        data = {"uni64": "hopper_pair_uni_d64_h200.json", "tail": "hopper_pair_tail_d64_h200.json",
-                "uni128": "hopper_pair_uni_d128_h200.json"}[name]
+    for name, data, base, impl in (
+            ("uni64", "hopper_pair_uni_d64_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]"),
+            ("tail", "hopper_pair_tail_d64_h200.json", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]"),
+            ("uni128", "hopper_pair_uni_d128_h200.json", "hopper-w3[store]", "hopper-w3[store,uni]")):
         rows, _ = results_data.load_results(data)
         pair[name] = pair_gains(rows, base, impl)
     d64 = lambda g: {k: v for k, v in g.items() if k[0] == 64}  # noqa: E731

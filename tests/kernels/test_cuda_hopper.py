@@ -37,7 +37,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashtut.bench.sass import exp2_between_waits, find_cuobjdump, nvcc_sass
+from flashtut.bench.sass import (exp2_between_waits, find_cuobjdump, nvcc_sass, opcode_histogram, pipelined_loop,
+                                 split_functions)
 from flashtut.cuda import compile as cc
 from flashtut.cuda import configs
 from flashtut.cuda import hopper, hopper_launch
@@ -255,6 +256,15 @@ def test_nvcc_sm90a_emits_hgmma(cfg, record_property):
         _, base = nvcc_build(tuple((k, v) for k, v in cfg.defines if k != "FT_DESC_STEP"), source=cfg.source)
         assert hgmma_counts(text) == hgmma_counts(base)
         assert len(re.findall(r"/\*[0-9a-f]{4}\*/", text)) < len(re.findall(r"/\*[0-9a-f]{4}\*/", base)) - 50
+    if cfg.define_dict.get("FT_WG_UNIFORM"):
+        # the warpgroup index known uniform: the pipelined loop moves no descriptor into the uniform registers
+        # and is shorter for it; the same products (book/perflog_hopper.md, "The warpgroup index, known uniform")
+        _, base = nvcc_build(tuple((k, v) for k, v in cfg.defines if k != "FT_WG_UNIFORM"), source=cfg.source)
+        loop, base_loop = (pipelined_loop(split_functions(t)[cfg.kernel], cfg.define_dict["HEAD_DIM"], cfg.block_n)
+                           for t in (text, base))
+        assert loop and base_loop and hgmma_counts(text) == hgmma_counts(base)
+        assert opcode_histogram(loop)["R2UR"] == 0 < opcode_histogram(base_loop)["R2UR"]
+        assert len(loop) < len(base_loop), (len(loop), len(base_loop))
     if cfg.define_dict.get("W3_TMA_STORE"):
         # one TMA store per 64-column box of the output tile, and no 4-byte store of O from registers
         # (what is left of STG: the lse)

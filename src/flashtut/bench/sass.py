@@ -74,12 +74,19 @@ def count_row(lines) -> dict:
 _ADDRESS_BRANCH = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?(\S+)(?:\s+(0x[0-9a-f]+))?")
 
 
-def pipelined_loop(lines, hgmma_per_slot: int) -> list[str]:
+def slot_hgmma(head_dim: int, block_n: int = 128) -> int:
+    """The ``HGMMA`` of one slot of a W3-family consumer: S_j = Q K_j^T in ``head_dim / 16`` k-steps and
+    P_{j-1} V_{j-1} in ``block_n / 16`` k-steps, one per 64-column block of the head dim."""
+    return head_dim // 16 + block_n // 16 * (head_dim // 64)
+
+
+def pipelined_loop(lines, head_dim: int, block_n: int = 128) -> list[str]:
     """The instruction lines of a Hopper consumer's pipelined loop in one function's SASS (``lines`` as
     :func:`split_functions` gives them): the shortest range from a backward branch's target to the branch
-    that holds ``hgmma_per_slot`` ``HGMMA``, one slot's two products (S_j and P_{j-1} V_{j-1}: HEAD_DIM / 16
-    + BN / 16 x HEAD_DIM / 64). Other backward branches are the retries of mbarrier waits, placed after
-    the function's end and jumping back into it, whose ranges hold other counts. Empty when none does."""
+    that holds one slot's :func:`slot_hgmma`. Other backward branches are the retries of mbarrier waits,
+    placed after the function's end and jumping back into it, whose ranges hold other counts. Empty when
+    none does."""
+    hgmma_per_slot = slot_hgmma(head_dim, block_n)
     parsed = []
     for line in lines:
         m = _ADDRESS_BRANCH.match(line)

@@ -233,10 +233,11 @@ def consumer_tiles(m0: int, m_end: int, n_k: int, block_n: int = 128, consumers:
     warpgroups of 64 rows reads: the tiles up to its last row's diagonal, none for a warpgroup with no
     row. Every consumer takes a turn per tile of the block, reading or idle (``w3_consume``)."""
     _nonneg("m0", m0)
-    if not isinstance(m_end, int) or not m0 < m_end <= m0 + 64 * consumers:
-        raise ValueError(f"m_end must be an int in ({m0}, {m0 + 64 * consumers}], got {m_end!r}")
+    rows = WGMMA_M                     # each consumer warpgroup's rows: one wgmma's M
+    if not isinstance(m_end, int) or not m0 < m_end <= m0 + rows * consumers:
+        raise ValueError(f"m_end must be an int in ({m0}, {m0 + rows * consumers}], got {m_end!r}")
     tiles = lambda end: -(-min(n_k, max(0, end + diag_offset)) // block_n)  # noqa: E731
-    mine = [tiles(min(m0 + 64 * (w + 1), m_end)) if m0 + 64 * w < m_end else 0 for w in range(consumers)]
+    mine = [tiles(min(m0 + rows * (w + 1), m_end)) if m0 + rows * w < m_end else 0 for w in range(consumers)]
     return tiles(m_end), mine
 
 

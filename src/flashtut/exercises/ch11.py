@@ -196,3 +196,13 @@ def check_exp2_between_waits(count) -> CheckResult:
     return CheckResult(False, f"✗ count: {len(bad)} of {len(listings)} listings differ\n  first listing that "
                               f"differs (number {i}): yours {got!r}, expected {want}",
                        n_bad=len(bad), n_total=len(listings), bad_positions=[i for i, _, _ in bad[:3]])
+
+
+def check_query_blocks(query_blocks) -> CheckResult:
+    """Check ``query_blocks(n_q, block_m, tail_first) -> [(first row, one past the last row), ...]``, the
+    rows of each query block of a W3 grid in the order of the block index, the short block last or (with
+    ``tail_first``) first, against :func:`flashtut.cuda.hopper_layout.query_blocks`: every ``n_q`` from 1
+    to 400 and the protocol's lengths around 4096, blocks of 64, 128 and 192 rows, both orders."""
+    cases = [(n, bm, tf) for n in (*range(1, 401), 4095, 4096, 4097) for bm in (64, 128, 192) for tf in (False, True)]
+    as_tuples = lambda blocks: [tuple(b) for b in blocks] if isinstance(blocks, (list, tuple)) else blocks  # noqa: E731
+    return _check_cases("query_blocks", lambda *a: as_tuples(query_blocks(*a)), hl.query_blocks, cases)
