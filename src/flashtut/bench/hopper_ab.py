@@ -160,10 +160,14 @@ def pair_gains(rows: list[dict], impl_a: str, impl_b: str) -> dict:
     """Per case ``(D, dtype, N, causal)`` of a ``--pair`` run: ``(gain, won, rounds)``, B against A as the
     median over the rounds of each round's ratio in % (the two timed back to back), the rounds B was
     strictly faster, and the rounds both ran."""
+    return _gains(_pair_rounds(rows), impl_a, impl_b)
+
+
+def _gains(by: dict, impl_a: str, impl_b: str) -> dict:
     import statistics
 
     out = {}
-    for case, t in _pair_rounds(rows).items():
+    for case, t in by.items():
         if impl_a in t and impl_b in t:
             rounds = sorted(set(t[impl_a]) & set(t[impl_b]))
             gain = 100 * (statistics.median(t[impl_b][r] / t[impl_a][r] for r in rounds) - 1)
@@ -177,7 +181,8 @@ def pair_table(rows: list[dict], impl_a: str, impl_b: str) -> tuple[list[str], l
     descending, then dtype, N, non-causal first. Returns (header, body) for ``report.format_table``."""
     import statistics
 
-    by, gains = _pair_rounds(rows), pair_gains(rows, impl_a, impl_b)
+    by = _pair_rounds(rows)
+    gains = _gains(by, impl_a, impl_b)
     body = []
     for (D, dtype, N, causal), (gain, won, n) in sorted(gains.items(),
                                                       key=lambda kv: (-kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
