@@ -108,7 +108,8 @@ if want hopper; then
 fi
 if want shipped; then
     stage shipped
-    for tool in synccheck racecheck memcheck; do sanitizer "${T_SANITIZER:-120}" "$tool" --defaults; done
+    # the limits sum to 480 s by default, so the whole stage fits one 10-minute device call
+    for tool in synccheck racecheck memcheck; do sanitizer "${T_SHIPPED_SANITIZER:-60}" "$tool" --defaults; done
     bench "${T_PROTOCOL:-150}" cuda-protocol run --impl cuda,cuda-mma,sdpa-flash,sdpa-cudnn --mode fwd,bwd \
         -D 128,64 -N 4096,16384 --dtype float16,bfloat16 --causal both --tokens 16384 --hidden 2048 \
         --warmup-ms 5 --rep-ms 40 --out "$OUT/cuda_protocol_h200.json"

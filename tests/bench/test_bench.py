@@ -874,3 +874,19 @@ def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
     out = made.index("--out")
     made = [a for a in made[3:out] + made[out + 2:] if a != "--no-progress"]
     assert stage == made, (stage, made)
+
+
+def test_the_shipped_stage_fits_one_device_call():
+    # a device call runs 600 s at most: the stage `shipped`'s default limits, each command's
+    # `${T_..:-seconds}` times the times its loop runs it, leave room for machine_info and the copy back
+    import re
+
+    check = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
+    block = check[check.index("if want shipped"):]
+    block = block[:block.index("\nfi")]
+    total = 0
+    for line in block.splitlines():
+        limits = [int(x) for x in re.findall(r"\$\{T_\w+:-(\d+)\}", line)]
+        loop = re.match(r"\s*for \w+ in ([^;]+);", line)
+        total += sum(limits) * (len(loop.group(1).split()) if loop else 1)
+    assert 300 <= total <= 540, total
