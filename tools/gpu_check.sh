@@ -24,7 +24,8 @@
 #   hopper     chapter 11's Hopper rungs against SDPA flash and cuDNN (sm_90 only; tools/gpu_hopper.sh
 #              adds its tests, SASS, Nsight Compute and sanitizers)                  hopper_h200.json
 #   shipped    cuda_attention as it ships (sm_90 only): compute-sanitizer synccheck, racecheck and
-#              memcheck over its Hopper forward (sanitizer_launches.py --defaults), its protocol run
+#              memcheck over its Hopper forward (sanitizer_launches.py --defaults; T_SHIPPED_SANITIZER
+#              each), its protocol run
 #              against SDPA flash and cuDNN, and Nsight Compute over its Hopper builds (profile set
 #              `shipped`)          *_defaults.log, cuda_protocol_h200.json, ncu_shipped_h200.json
 # Default STAGES: tests sanitizer protocol. Triton runs its first configuration in every stage but

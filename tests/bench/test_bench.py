@@ -857,6 +857,13 @@ def test_the_sanitizer_stage_passes_its_arguments_and_names_its_logs(tmp_path):
     assert "sanitizer memcheck rc=0" in log and "sanitizer synccheck --defaults rc=0" in log
 
 
+def _shipped_stage() -> str:
+    """tools/gpu_check.sh's stage `shipped`, from its `if want shipped` to its `fi`."""
+    check = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
+    block = check[check.index("if want shipped"):]
+    return block[:block.index("\nfi")]
+
+
 def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
     # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the file's
     # producing command in results_data.PRODUCERS, less the progress flag and the output path
@@ -865,9 +872,7 @@ def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
 
     from flashtut.results_data import PRODUCERS
 
-    check = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
-    block = check[check.index("if want shipped"):]
-    block = block[:block.index("\nfi")].replace("\\\n", " ")
+    block = _shipped_stage().replace("\\\n", " ")
     stage = re.search(r"bench \S+ cuda-protocol (run .*?) --out ", block).group(1).split()
     made = shlex.split(PRODUCERS["cuda_protocol_h200.json"][1])
     assert made[:3] == ["python", "-m", "flashtut.bench"]
@@ -881,11 +886,8 @@ def test_the_shipped_stage_fits_one_device_call():
     # `${T_..:-seconds}` times the times its loop runs it, leave room for machine_info and the copy back
     import re
 
-    check = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
-    block = check[check.index("if want shipped"):]
-    block = block[:block.index("\nfi")]
     total = 0
-    for line in block.splitlines():
+    for line in _shipped_stage().splitlines():
         limits = [int(x) for x in re.findall(r"\$\{T_\w+:-(\d+)\}", line)]
         loop = re.match(r"\s*for \w+ in ([^;]+);", line)
         total += sum(limits) * (len(loop.group(1).split()) if loop else 1)
