@@ -204,6 +204,11 @@ PRODUCERS = {
                               "each of pin_overlap, pin_anchor, lazy_rescale and desc_step (set overlap), float16, "
                               "N 4096, D 128 and 64 (H200, 2026-12-02 11:21 UTC, commit 36e6fb2)",
                               "python -m flashtut.bench profile --set overlap -D 128,64 --out book/data/ncu_overlap_h200.json"),
+    "ncu_shipped_h100.json": ("Nsight Compute metrics of one launch of cuda_attention's Hopper build as it ships "
+                              "(D 64 with the short query block first and the uniform warpgroup index) beside the "
+                              "build the other profiles launch (set shipped), not causal and causal, float16, N 4096, "
+                              "D 128 and 64 (H100, 2026-12-07 08:12 UTC, commit 4f7db29)",
+                              "python -m flashtut.bench profile --set shipped --out book/data/ncu_shipped_h100.json"),
     "cuda_protocol_rerun_h200.json": ("the protocol run again at the final kernel source of 2026-12-02 (cuda_attention's "
                                       "default builds byte-identical to those of cuda_protocol_h200.json), forward and "
                                       "backward, with cuda-mma, SDPA flash and cuDNN, 32 cases (H200, 2026-12-02 11:29 "

@@ -266,9 +266,18 @@ OVERLAP_PROFILE = [(label + (", causal" if causal else ""), base if not option e
                                          ("lazy", "+ lazy"), ("ds", "+ ds"))]
 
 
+#: cuda_attention's Hopper build as it ships beside the build the other profiles launch (set shipped)
+SHIPPED_PROFILE = [(label + (", causal" if causal else ""), impl, D, causal)
+                   for D, builds in ((128, [("cuda_attention's build", "hopper-w3[store]")]),
+                                     (64, [("as profiled before", "hopper-w3[c3,turns]"),
+                                           ("as it ships", "hopper-w3[c3,turns,tail,uni]")]))
+                   for causal in (False, True) for label, impl in builds]
+
+
 @pytest.mark.parametrize("set_name,entries,data", [(s, e, "ncu_hopper_h200.json") for s, e in PROFILE_TABLES]
-                         + [("overlap", OVERLAP_PROFILE, "ncu_overlap_h200.json")],
-                         ids=[s for s, _ in PROFILE_TABLES] + ["overlap"])
+                         + [("overlap", OVERLAP_PROFILE, "ncu_overlap_h200.json"),
+                            ("shipped", SHIPPED_PROFILE, "ncu_shipped_h100.json")],
+                         ids=[s for s, _ in PROFILE_TABLES] + ["overlap", "shipped"])
 def test_hopper_profile_tables_match_the_data(set_name, entries, data):
     from flashtut.bench import profile
     from flashtut.bench.report import format_table
@@ -277,6 +286,30 @@ def test_hopper_profile_tables_match_the_data(set_name, entries, data):
     table_lines = format_table(*profile.table(rows, entries, set_name=set_name), markdown=True).splitlines()
     assert len(table_lines) == 2 + len(entries)
     _assert_in_page("perflog_hopper.md", table_lines)
+
+
+def test_the_shipped_profiles_prose_reads_its_data():
+    """The table covers exactly the set's launches, and the paragraph under it quotes the data: the
+    shipped D = 64 build's time saved and barrier stall, and the same wgmma count and registers."""
+    from flashtut.bench import profile
+
+    rows, _ = load_results("ncu_shipped_h100.json")
+    assert sorted((impl, D, causal) for _, impl, D, causal in SHIPPED_PROFILE) == sorted(
+        (impl, D, causal) for D in (128, 64) for impl, causal in profile.launches("shipped", D))
+    page = (BOOK / "perflog_hopper.md").read_text()
+    before, shipped = "hopper-w3[c3,turns]", "hopper-w3[c3,turns,tail,uni]"
+
+    def get(impl, causal, name):
+        return profile.metric(rows, impl, 64, causal, name, set_name="shipped")
+
+    text = " ".join(page.split())
+    for causal, quoted in ((False, "{:.1f}% shorter without a mask"), (True, "{:.1f}% shorter causal")):
+        saved = 1 - get(shipped, causal, profile.DURATION) / get(before, causal, profile.DURATION)
+        assert quoted.format(100 * saved) in text
+        for name in ("sm__inst_executed_pipe_tensor_op_gmma.sum", "launch__registers_per_thread"):
+            assert get(shipped, causal, name) == get(before, causal, name)
+    barrier = profile.STALL.format("barrier")
+    assert f"{get(before, True, barrier):.2f} to {get(shipped, True, barrier):.2f}" in text
 
 
 def test_pair_table_takes_the_median_of_each_rounds_ratio_and_counts_the_rounds_won():

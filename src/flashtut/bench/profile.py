@@ -54,7 +54,8 @@ OVERLAP_OPTIONS = ("pin_overlap", "pin_anchor", "lazy_rescale", "desc_step")
 #: cuda_attention's Hopper build options per head dim when the committed profiles were taken
 #: (ncu_hopper_h200.json, ncu_overlap_h200.json), which the sets ``ladder`` and ``overlap`` launch as "its
 #: build": since then the D = 64 build also has the short query block first and the warpgroup index known
-#: uniform (configs.HOPPER_OPTIONS, book/perflog_hopper.md), which no committed profile has
+#: uniform (configs.HOPPER_OPTIONS, book/perflog_hopper.md), which only the set ``shipped`` launches
+#: (ncu_shipped_h100.json)
 PROFILED_OPTIONS = {64: {"c3_turns": True}, 128: {"tma_store": True}}
 #: the profiled case: the protocol's N = 4096 shape
 N, TOKENS, HIDDEN, DTYPE = 4096, 16384, 2048, torch.float16
