@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from flashtut.bench import profile
 from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
 from flashtut.figures.triton_plots import final_measurement_markdown
 from flashtut.results_data import load_results
@@ -267,11 +268,7 @@ OVERLAP_PROFILE = [(label + (", causal" if causal else ""), base if not option e
 
 
 #: cuda_attention's Hopper build as it ships beside the build the other profiles launch (set shipped)
-SHIPPED_PROFILE = [(label + (", causal" if causal else ""), impl, D, causal)
-                   for D, builds in ((128, [("cuda_attention's build", "hopper-w3[store]")]),
-                                     (64, [("as profiled before", "hopper-w3[c3,turns]"),
-                                           ("as it ships", "hopper-w3[c3,turns,tail,uni]")]))
-                   for causal in (False, True) for label, impl in builds]
+SHIPPED_PROFILE = profile.shipped_entries(128) + profile.shipped_entries(64)
 
 
 @pytest.mark.parametrize("set_name,entries,data", [(s, e, "ncu_hopper_h200.json") for s, e in PROFILE_TABLES]
@@ -279,7 +276,6 @@ SHIPPED_PROFILE = [(label + (", causal" if causal else ""), impl, D, causal)
                             ("shipped", SHIPPED_PROFILE, "ncu_shipped_h100.json")],
                          ids=[s for s, _ in PROFILE_TABLES] + ["overlap", "shipped"])
 def test_hopper_profile_tables_match_the_data(set_name, entries, data):
-    from flashtut.bench import profile
     from flashtut.bench.report import format_table
 
     rows, _ = load_results(data)
@@ -291,13 +287,11 @@ def test_hopper_profile_tables_match_the_data(set_name, entries, data):
 def test_the_shipped_profiles_prose_reads_its_data():
     """The table covers exactly the set's launches, and the paragraph under it quotes the data: the
     shipped D = 64 build's time saved and barrier stall, and the same wgmma count and registers."""
-    from flashtut.bench import profile
-
     rows, _ = load_results("ncu_shipped_h100.json")
     assert sorted((impl, D, causal) for _, impl, D, causal in SHIPPED_PROFILE) == sorted(
         (impl, D, causal) for D in (128, 64) for impl, causal in profile.launches("shipped", D))
     page = (BOOK / "perflog_hopper.md").read_text()
-    before, shipped = "hopper-w3[c3,turns]", "hopper-w3[c3,turns,tail,uni]"
+    before, shipped = (impl for _, impl, _, causal in profile.shipped_entries(64) if not causal)
 
     def get(impl, causal, name):
         return profile.metric(rows, impl, 64, causal, name, set_name="shipped")

@@ -102,6 +102,17 @@ def launches(set_name: str, D: int) -> list[tuple[str, bool]]:
     return [(n, causal) for causal in (False, True) for n in [wide, *options]]
 
 
+def shipped_entries(D: int) -> list[tuple[str, str, int, bool]]:
+    """:func:`table`'s entries ``(label, impl, D, causal)`` for each launch of set ``shipped`` at ``D``, in
+    order: "as profiled before" and "as it ships" where the two builds differ, else "cuda_attention's
+    build" ("..., causal" for the causal launches)."""
+    runs = launches("shipped", D)
+    names = list(dict.fromkeys(name for name, _ in runs))
+    labels = (dict(zip(names, ("as profiled before", "as it ships"))) if len(names) == 2
+              else {names[0]: "cuda_attention's build"})
+    return [(labels[name] + (", causal" if causal else ""), name, D, causal) for name, causal in runs]
+
+
 #: a profile table's columns: header -> (metric, format); ms from ncu's nanoseconds
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 TABLE_COLUMNS = {
