@@ -19,15 +19,15 @@ def accumulator_to_a_fragment(acc_labels, a_labels, threads):
     if rows == 0 or cols == 0 or any(len(r) != cols for r in (*acc_labels, *a_labels, *threads)) \
             or len(acc_labels) != rows or len(a_labels) != rows:
         raise ValueError("acc_labels, a_labels and threads must be non-empty grids of one shape")
-    fig, axes = subplots(2, 1, figsize=(8.0, 1.0 + 0.62 * rows))
+    fig, axes = subplots(2, 1, figsize=(6.6, 1.0 + 0.8 * rows))
     colors = [[_lane_color(t) for t in row] for row in threads]
     for ax, labels, title in ((axes[0], acc_labels, "S accumulator of m64nNk16: thread T, register s[i]"),
                               (axes[1], a_labels, "A operand of the P V wgmma: thread T, register a[j]")):
-        _grid(ax, rows, cols, colors, labels, fontsize=9)
+        _grid(ax, rows, cols, colors, labels, fontsize=10)
         ax.set_xlim(0, cols)
         ax.set_ylim(0, rows)
         ax.axis("off")
-        ax.set_title(title, fontsize=11)
+        ax.set_title(title, fontsize=10)
     return fig
 
 
@@ -36,7 +36,7 @@ def stage_ring(slots, stages: int):
     per tile, ``slots[i] = (stage, parity)`` of tile ``i`` marked in its buffer's row with the
     mbarrier phase parity the consumer waits on."""
     n = len(slots)
-    fig, ax = subplots(figsize=(min(1.0 + 0.9 * n, 9), 1.0 + 0.75 * stages))
+    fig, ax = subplots(figsize=(min(1.0 + 0.75 * n, 6.6), 1.0 + 0.75 * stages))
     for i, (stage, parity) in enumerate(slots):
         y = stages - 1 - stage
         ax.add_patch(Rectangle((i, y), 0.92, 0.85, facecolor=PALETTE[stage % len(PALETTE)], edgecolor=INK,
@@ -52,5 +52,5 @@ def stage_ring(slots, stages: int):
         s.set_visible(False)
     ax.grid(False)
     ax.set_title(f"{stages} stages: tile i goes to stage i mod {stages}; "
-                 f"its barrier's phase parity is (i div {stages}) mod 2", fontsize=10)
+                 f"its phase parity is (i div {stages}) mod 2", fontsize=10)
     return fig

@@ -143,10 +143,11 @@ def _draw(ax, spans, lanes, colors):
         ax.add_patch(Rectangle((sp.start, y + 0.12), sp.end - sp.start, 0.76, facecolor=color,
                                edgecolor=INK, linewidth=0.6, alpha=0.55 if (pv or soft) else 0.95,
                                hatch="///" if pv else None))
-        if sp.end - sp.start >= 250:
-            ax.text((sp.start + sp.end) / 2, y + 0.5, _pretty(sp.label), ha="center", va="center",
-                    fontsize=10, color="black")
-    ax.set_yticks([ys[lane] + 0.5 for lane, _ in lanes], [name for _, name in lanes])
+        if sp.end - sp.start >= 250:     # softmax lanes: the tile alone ("S2": softmax(S2))
+            ax.text((sp.start + sp.end) / 2, y + 0.5, _pretty(sp.label.replace("softmax ", "")),
+                    ha="center", va="center", fontsize=10, color="black")
+    ax.set_yticks([ys[lane] + 0.5 for lane, _ in lanes], [name for _, name in lanes], fontsize=10)
+    ax.tick_params(axis="x", labelsize=10)
     ax.set_ylim(0, len(lanes))
     ax.set_xlim(0, max(sp.end for sp in spans) * 1.01)
     ax.grid(False)
@@ -156,9 +157,7 @@ def _draw(ax, spans, lanes, colors):
 
 
 def _pretty(label: str) -> str:
-    # "S2" -> "S$_2$", "PV1" -> "P$_1$V$_1$", "softmax S2" -> "softmax(S$_2$)"
-    if label.startswith("softmax "):
-        return "softmax(" + _pretty(label.split()[1]) + ")"
+    # "S2" -> "S$_2$", "PV1" -> "P$_1$V$_1$"
     for head in ("PV", "S", "K", "V", "Q"):
         if label.startswith(head) and label[len(head):].isdigit():
             j = label[len(head):]
@@ -166,21 +165,22 @@ def _pretty(label: str) -> str:
     return label
 
 
-def pingpong_figure(n_tiles: int = 4):
+def pingpong_figure(n_tiles: int = 3):
     """Two consumer warpgroups of W3 over ``n_tiles`` key tiles: the producer's TMA copies on their
     own lane, the tensor cores running one warpgroup's products while the other computes its
-    softmax (solid: S = Q K^T, hatched: P V), each warpgroup's softmax on its lane."""
+    softmax (solid: S = Q K^T, hatched: P V), each warpgroup's softmax on its lane (a box "S2" there
+    is softmax(S2))."""
     spans = schedule(n_tiles, (n_tiles, n_tiles))
     colors = {0: PALETTE[0], 1: PALETTE[1], None: "#999999"}
     lanes = [("tma", "TMA copies\n(producer)"), ("tensor", "tensor cores"),
-             (("softmax", 0), "consumer 0\nsoftmax"), (("softmax", 1), "consumer 1\nsoftmax")]
-    fig, ax = subplots(figsize=(8.0, 3.4))
+             (("softmax", 0), "consumer 0:\nsoftmax of"), (("softmax", 1), "consumer 1:\nsoftmax of")]
+    fig, ax = subplots(figsize=(6.6, 3.4))
     _draw(ax, spans, lanes, colors)
-    ax.set_xlabel("cycles (model: 64 x 128 tiles, head dim 128)")
+    ax.set_xlabel("cycles (model: 64 x 128 tiles, head dim 128)", fontsize=10)
     handles = [Rectangle((0, 0), 1, 1, facecolor=PALETTE[0], edgecolor=INK, label="consumer 0"),
                Rectangle((0, 0), 1, 1, facecolor=PALETTE[1], edgecolor=INK, label="consumer 1"),
                Rectangle((0, 0), 1, 1, facecolor="white", edgecolor=INK, hatch="///", label="P V (hatched)")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=10)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=3, fontsize=10)
     return fig
 
 
@@ -191,12 +191,12 @@ def intra_warpgroup_figure(n_tiles: int = 4):
     spans = schedule(n_tiles, (n_tiles, 0))
     colors = {0: PALETTE[0], None: "#999999"}
     lanes = [("tma", "TMA copies\n(producer)"), ("tensor", "tensor cores"),
-             (("softmax", 0), "consumer 0\nsoftmax")]
-    fig, ax = subplots(figsize=(8.0, 2.8))
+             (("softmax", 0), "consumer 0:\nsoftmax of")]
+    fig, ax = subplots(figsize=(6.6, 2.8))
     _draw(ax, spans, lanes, colors)
-    ax.set_xlabel("cycles (model: 64 x 128 tiles, head dim 128)")
+    ax.set_xlabel("cycles (model: 64 x 128 tiles, head dim 128)", fontsize=10)
     # bracket each overlap of a softmax with the previous tile's P V
-    ax.text(0.01, 1.02, "<->  softmax(S$_j$) runs while P$_{j-1}$V$_{j-1}$ is on the tensor cores",
+    ax.text(0.0, 1.02, "<->  softmax(S$_j$) runs while P$_{j-1}$V$_{j-1}$ is on the tensor cores",
             transform=ax.transAxes, fontsize=10, va="bottom", color=INK)
     for sp in spans:
         if sp.lane == ("softmax", 0) and sp.label.startswith("softmax"):
