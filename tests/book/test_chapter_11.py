@@ -324,7 +324,7 @@ def test_what_else_was_tried_quotes_the_committed_data():
     from flashtut.bench.report import gains
 
     text = _text()
-    table = text[text.index("| option | idea |"):text.index("The measurements are the files")]
+    table = text[text.index("| option, verdict | idea |"):text.index("The measurements are the files")]
 
     def g(name, column, base, D=None):
         rows, _ = results_data.load_results(name)
@@ -365,3 +365,16 @@ def test_what_else_was_tried_quotes_the_committed_data():
     tail = pair_gains(pairs, "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]")
     assert (f"{tail[(64, 'float16', 4096, True)][0]:+.1f}% and {tail[(64, 'bfloat16', 4096, True)][0]:+.1f}% "
             "at N = 4096, causal") in table
+
+
+def test_what_else_was_tried_ships_what_cuda_attention_runs():
+    from flashtut.cuda import configs
+
+    text = _text()
+    table = text[text.index("| option, verdict | idea |"):text.index("The measurements are the files")]
+    shipped = {(name, D) for D, options in configs.HOPPER_OPTIONS.items() for name, on in options.items() if on}
+    for name, D in shipped:
+        assert f"(`{name}`): **shipped** at D = {D}" in table, name
+    # every other option of the table was dropped
+    assert table.count("**shipped**") == len(shipped) + 1      # + the three consumers, a build of its own
+    assert configs.HOPPER_CONSUMERS[64] == 3 and "three consumers: **shipped** at D = 64" in table
