@@ -474,34 +474,6 @@ def test_tensor_map_ab_claims(maps_ab):
     assert "at $N = 16384$ the difference goes both ways" in text
 
 
-@needs_data
-def test_ring_depth_claims():
-    """3 stages slower everywhere, 4 stages slower at D = 64 and too large at D = 128 (log, chapter 11)."""
-    rows, _ = results_data.load_results("hopper_ring_h200.json")
-    by = {(r["impl"], r["D"], r["N"], r["causal"]): r for r in rows}
-    base = {k[1:]: r["tflops"] for k, r in by.items() if k[0] == "hopper-w3"}
-    assert len(base) == 8
-    loss = {}
-    for stages in ("s3", "s4"):
-        for case, t in base.items():
-            r = by[(f"hopper-w3[{stages}]", *case)]
-            if stages == "s4" and case[0] == 128:
-                assert r["status"] == "error" and "shared memory" in r["reason"], r
-                continue
-            assert r["status"] == "ok" and r["tflops"] < t, (stages, case)      # "made W3 no faster"
-            loss.setdefault((stages, case[0]), []).append(-_pct(r["tflops"], t))
-    log = _log()
-    s3 = f"by {_span(loss['s3', 64], '{:.1f}')}% at D = 64 and {_span(loss['s3', 128], '{:.1f}')}% at D = 128"
-    assert s3 in log, s3
-    assert f"4 stages: {_span(loss['s4', 64], '{:.1f}')}% slower at D = 64" in log
-    reason = next(r["reason"] for r in rows if r["status"] == "error")
-    need = int(re.search(r"needs (\d+) bytes", reason).group(1))
-    allow = int(re.search(r"allows (\d+)", reason).group(1))
-    assert need > allow
-    assert f"needs {need} bytes of shared memory per block; this GPU allows {allow}" in log
-    assert "made W3 no faster at either head dim" in _chapter_11_text()
-
-
 def _chapter_09_text():
     import json
 
@@ -529,55 +501,6 @@ def test_chapter_09_reading_of_the_mma_sync_kernels_after_chapter_8s_ladder():
 
 
 # --- W3 with three consumer warpgroups at D = 64 (hopper-w3[c3]): the log, chapters 11 and 09 ----------
-
-@needs_data
-def test_three_consumer_claims(hopper):
-    c3 = _ratios(hopper, "hopper-w3[c3]", "sdpa-flash")
-    assert len(c3) == 8 and {k[1] for k in c3} == {64}
-    gain = {k: 100 * (x - 1) for k, x in _ratios(hopper, "hopper-w3[c3]", "hopper-w3").items()}
-    cudnn = _ratios(hopper, "hopper-w3[c3]", "sdpa-cudnn")
-    w3_cudnn = [x for k, x in _ratios(hopper, "hopper-w3", "sdpa-cudnn").items() if k[1] == 64]
-    short = {k for k, x in c3.items() if x < 1.5}
-    fp16, bf16 = ("float16", 64, 4096, True), ("bfloat16", 64, 4096, True)
-    # "met in 6 of 8 cases ... The misses are N = 4096, causal"; "passes cuDNN in the same 6"
-    assert short == {fp16, bf16}
-    assert {k for k, x in cudnn.items() if x < 1} == short
-    # "the two they miss ... gained least over W3"
-    assert max(gain[k] for k in short) < min(g for k, g in gain.items() if k not in short)
-    # "inside the range in 6 of 8 cases, above it in bfloat16 at N = 16384" (predicted 1.40-1.60)
-    above = {k for k, x in c3.items() if x > 1.60}
-    assert above == {("bfloat16", 64, 16384, False), ("bfloat16", 64, 16384, True)}
-    assert all(1.40 <= x for x in c3.values())
-    causal = [g for k, g in gain.items() if k[3]]
-    full = [g for k, g in gain.items() if not k[3]]
-    log = _log()
-    for quoted in (
-            f"{_span(c3.values())}x (+{min(gain.values()):.1f}% to +{max(gain.values()):.1f}% over W3)",
-            f"1.45x in float16 and {c3[bf16]:.3f}x in bfloat16 (the table rounds it to {c3[bf16]:.2f})",
-            f"(+{min(causal):.1f}% to +{max(causal):.1f}%, against +{min(full):.1f}% to +{max(full):.1f}% not causal)",
-            f"0.98-1.10x, ahead in 6 of 8 cases",
-            f"({cudnn[fp16]:.2f}x float16, {cudnn[bf16]:.2f}x bfloat16)",
-            f"every D = 64 case ({_span(w3_cudnn)}x)",
-            f"bfloat16 at N = 16384 ({c3[('bfloat16', 64, 16384, True)]:.2f}x causal, "
-            f"{c3[('bfloat16', 64, 16384, False)]:.2f}x not causal)",
-            "At D = 64 the two-consumer W3 meets it in no case and the three-consumer build in 6 of 8"):
-        assert quoted in log, quoted
-    assert f"{c3[fp16]:.2f}x in float16" in log and _span(cudnn.values()) == "0.98-1.10"
-    assert max(w3_cudnn) < 1
-    text = _chapter_11_text()
-    lo, hi = _span(c3.values()).split("-")
-    assert f"Against the prediction: {lo} to {hi} times `sdpa-flash` for 1.40 to 1.60 predicted" in text
-    assert "inside the range in 6 of 8 cases, above it in bfloat16 at $N = 16384$" in text
-    assert "reach 1.5 in 6 of the 8 cases and pass cuDNN in the same 6" in text
-    assert f"{c3[bf16]:.3f} in bfloat16 shows as {c3[bf16]:.2f} in the table" in text
-    import json
-
-    nb09 = json.loads((ROOT / "notebooks" / "09_results.ipynb").read_text())
-    text09 = " ".join(" ".join("".join(c["source"]).split()) for c in nb09["cells"] if c["cell_type"] == "markdown")
-    assert f"it reaches {lo} to {hi} times and passes cuDNN in 6 of 8 cases" in text09
-
-
-# --- the protocol run of cuda_attention (cuda_protocol_h200.json): the CUDA logs and the Hopper log ----
 
 def _protocol_ratios(rows):
     """ratios(impl, base, mode) -> {(dtype, D, N, causal): impl's TFLOP/s over base's} for one version of
@@ -929,47 +852,6 @@ def test_backward_protocol_gmeans():
 
 # --- W4, persistent blocks (hopper_w4_h200.json): the Hopper log and chapter 11 -------------------------
 
-@needs_data
-def test_w4_claims():
-    rows, _ = results_data.load_results("hopper_w4_h200.json")
-    rows = [r for r in rows if r.get("tflops")]
-    # W3 and W4 with cuda_attention's consumers: two at D = 128, three at D = 64
-    wide = {128: ("hopper-w3", "hopper-w4"), 64: ("hopper-w3[c3]", "hopper-w4[c3]")}
-    w3, w4, gain = {}, {}, {}
-    for D, (a, b) in wide.items():
-        w3.update({k: x for k, x in _ratios(rows, a, "sdpa-flash").items() if k[1] == D})
-        w4.update({k: x for k, x in _ratios(rows, b, "sdpa-flash").items() if k[1] == D})
-    gain = {k: 100 * (w4[k] / w3[k] - 1) for k in w3}
-    assert len(gain) == 16
-    causal_short = [g for k, g in gain.items() if k[2] == 4096 and k[3]]
-    log, text = _log(), _chapter_11_text()
-    for quoted in (
-            f"W4 against W3, per case: {min(gain.values()):+.1f}% to +{max(gain.values()):.1f}%".replace("+-", "-"),
-            f"causal N = 4096 moved {min(causal_short):+.1f}% to {max(causal_short):+.1f}%".replace("+-", "-"),
-            f"(D = 128 float16 causal: {w3[('float16', 128, 16384, True)]:.2f}x to "
-            f"{w4[('float16', 128, 16384, True)]:.2f}x)",
-            f"(+{gain[('float16', 128, 4096, False)]:.1f}% at D = 128, +{gain[('float16', 64, 4096, False)]:.1f}% "
-            f"at D = 64), where the same cases in bfloat16 lost {-gain[('bfloat16', 128, 4096, False)]:.1f}% and "
-            f"{-gain[('bfloat16', 64, 4096, False)]:.1f}%"):
-        assert quoted in log, quoted
-    # the ladder table's W4 row and the W3 of the same run
-    by_d = lambda d, x: [v for k, v in x.items() if k[1] == d]  # noqa: E731
-    assert f"| {_span(by_d(128, w4))}x | {_span(by_d(64, w4))}x |" in log
-    assert f"W3 measured {_span(by_d(128, w3))}x and {_span(by_d(64, w3))}x (section W4)" in log
-    # "N = 16384 lost up to 10%"; "the two gains above 4%"
-    assert round(-min(gain.values())) == 10 and min(gain, key=gain.get)[2] == 16384
-    assert sorted(k for k, g in gain.items() if g > 4) == [("float16", 64, 4096, False), ("float16", 128, 4096, False)]
-    # the benchmark medians the log compares with Nsight Compute's single launches
-    ms = {r["impl"]: r["ms"] for r in rows if (r["dtype"], r["D"], r["N"], r["causal"]) == ("float16", 128, 4096, False)}
-    assert f"its benchmark median, {ms['hopper-w3']:.3f} ms" in log and f"W4's, {ms['hopper-w4']:.3f} ms" in log
-    # chapter 11: "W4 loses up to 10%", "8% ahead"; and W4 is not what cuda_attention runs
-    assert "At $N = 16384$ W4 loses up to 10%" in text and "the benchmark has W4 8% ahead" in text
-    assert round(gain[("float16", 64, 4096, False)]) == 8 and round(gain[("float16", 128, 4096, False)]) == 8
-    from flashtut.cuda import configs
-
-    assert configs.HOPPER_DEFAULT == "w3" and "`configs.HOPPER_DEFAULT` stays W3" in log
-
-
 def _option_gains(data: str, option: str) -> dict:
     """{head dim: [% against W3 per case]} for W3 with one build option, at cuda_attention's consumers."""
     from flashtut.bench.report import gains
@@ -1023,26 +905,6 @@ def test_c3_tile_shape_claims():
         assert len(g) == 8 and max(g) < 0
         assert f"{label} {min(g):+.1f}% to {max(g):+.1f}%".replace("+-", "-") in log
 
-
-def test_heads_first_claims():
-    from flashtut.bench.report import gains
-
-    rows, _ = results_data.load_results("hopper_heads_h200.json")
-    by_d = gains(rows, {64: "hopper-w3[c3,heads]", 128: "hopper-w3[heads,store]"},
-                 {64: "hopper-w3[c3]", 128: "hopper-w3[store]"})
-    spans, all_gains = [], []
-    for D in (64, 128):
-        g = list(by_d[D].values())
-        assert len(g) == 8 and max(g) < 0
-        all_gains.append(g)
-        spans.append(f"{min(g):+.1f}% to {max(g):+.1f}% at D = {D}".replace("+-", "-"))
-    assert f"Heads first: {spans[0]} and {spans[1]}, every case" in _log()
-    worst = min(min(g) for g in all_gains)
-    best = max(max(g) for g in all_gains)
-    assert f"loses by {round(-best)} to {round(-worst)}% in every case" in _chapter_11_text()
-
-
-# --- turns among three consumers (c3_turns): hopper_turns*.json and ncu_hopper_h200.json, the Hopper log ---
 
 def _gains_at(data: str, impl: str, base: str, D: int) -> dict:
     from flashtut.bench.report import gains
@@ -1109,35 +971,6 @@ def test_turns_claims():
     assert {k for k in configs.HOPPER_OPTIONS[64] if k not in ("tail_first", "uniform_wg")} == {"c3_turns"}
 
 
-def test_chapter_11_profile_and_turns_claims():
-    """Chapter 11's readings of the committed profile (ncu_hopper_h200.json) and of the turns' runs."""
-    from flashtut.bench import profile
-
-    ncu, _ = results_data.load_results("ncu_hopper_h200.json")
-    text = _chapter_11_text()
-    m = lambda impl, name, causal=False, s="ladder": profile.metric(ncu, impl, 64, causal, name, s)  # noqa: E731
-    stall = profile.STALL.format
-    ms = lambda impl: m(impl, profile.DURATION) / 1e6  # noqa: E731
-    assert f"The launch takes {ms('hopper-w3[c3]'):.3f} ms against {ms('hopper-w3'):.3f}." in text
-    assert (f"`wait` {m('hopper-w3', stall('wait')):.2f} to {m('hopper-w3[c3]', stall('wait')):.2f}, long scoreboard "
-            f"{m('hopper-w3', stall('long_scoreboard')):.2f} to {m('hopper-w3[c3]', stall('long_scoreboard')):.2f}") in text
-    assert f"(math pipe throttle {m('hopper-w3', stall('math_pipe_throttle')):.2f} at $D = 64$)" in text
-    # 11.11: "to 54.9% (not causal), just under the predicted 55 to 58%"; "about 40% rarer"
-    turns = m("hopper-w3[c3,turns]", profile.TENSOR, s="options")
-    assert f"to {turns:.1f}% (not causal), just under the predicted 55 to 58%" in text and turns < 55
-    for causal in (False, True):
-        drop = 1 - m("hopper-w3[c3,turns]", stall("math_pipe_throttle"), causal, "options") / m(
-            "hopper-w3[c3]", stall("math_pipe_throttle"), causal, "options")
-        assert 0.35 < drop < 0.45
-    assert "is about 40% rarer" in text
-    rows, _ = results_data.load_results("hopper_turns_h200.json")
-    flash = _ratios(rows, "hopper-w3[c3,turns]", "sdpa-flash")
-    short = [round(flash[(dt, 64, 4096, True)], 2) for dt in ("float16", "bfloat16")]
-    assert "those two cases stay at 1.47 and 1.49" in text and short == [1.47, 1.49]
-    assert "won 7 of 8 cases in one run and 5 of 8 in the next" in text
-
-
-
 def test_w4_static_schedule_claims():
     """perflog_hopper.md, "W4 without a handover": the static schedule against W4's counter and W3."""
     from flashtut.bench.report import gains
@@ -1157,20 +990,6 @@ def test_w4_static_schedule_claims():
     counter = gains(rows, w4, w3)
     assert (f"W4 with its counter {_pct_span(counter[128].values())} at D = 128 and {_pct_span(counter[64].values())} at "
             "D = 64 here") in log
-
-
-def test_ladder_rows_of_the_turns_and_the_static_w4():
-    log = _log()
-    turns, _ = results_data.load_results("hopper_turns_h200.json")
-    on = _ratios(turns, "hopper-w3[c3,turns]", "sdpa-flash").values()
-    off = _ratios(turns, "hopper-w3[c3]", "sdpa-flash").values()
-    assert f"| +1 to +4% over three consumers without turns | - | {_span(on)}x | - / 54.9 | - / 128 |" in log
-    assert f"three consumers without turns measured {_span(off)}x" in log
-    w4 = [r for r in results_data.load_results("hopper_w4_static_h200.json")[0] if r.get("tflops")]
-    by_d = {D: [x for k, x in _ratios(w4, impl, "sdpa-flash").items() if k[1] == D]
-            for D, impl in ((128, "hopper-w4[static]"), (64, "hopper-w4[c3,static]"))}
-    assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers) | - | 168 / 128 |" in log
-    assert "racecheck finds nothing in it, which places the report on the slot alone" in _chapter_11_text()
 
 
 def test_pin_lazy_and_stepped_descriptor_claims():
@@ -1271,39 +1090,6 @@ def test_overlap_profile_claims():
     assert f"The barrier stalls rise ({arrow(64, 'ds', stall('barrier'))})" in log
 
 
-def test_chapter_11_ptxas_claims():
-    """Chapter 11, 11.12: the pin's and the lazy rescale's figures, from the three runs and the profile."""
-    import math
-
-    from flashtut.bench import profile
-
-    text = _chapter_11_text()
-    base = {64: "hopper-w3[c3,turns]", 128: "hopper-w3[store]"}
-    pin128 = [_gains_at(f, "hopper-w3[store,pin]", base[128], 128)
-              for f in ("hopper_pin_d128_h200.json", "hopper_anchor_d128_h200.json", "hopper_ds_d128_h200.json")]
-    every = [g for run in pin128 for g in run.values()]
-    mean = 100 * (math.prod(1 + g / 100 for g in every) ** (1 / len(every)) - 1)
-    assert round(mean) == 1 and f"up to {max(every):.1f}% in one case" in text and min(every) < 0
-    pin64 = [g for f in ("hopper_pin_d64_h200.json", "hopper_anchor_d64_h200.json")
-             for g in _gains_at(f, "hopper-w3[c3,turns,pin]", base[64], 64).values()]
-    assert -4 <= min(pin64) and max(pin64) < 0 and round(-max(pin64), 1) == 0.5
-    assert "costs 0.5 to 4% at $D = 64$ in every case of two runs" in text
-    lazy = [g for D in (64, 128) for g in _gains_at(f"hopper_pin_d{D}_h200.json", base[D][:-1] + ",lazy]", base[D], D).values()]
-    assert max(lazy) < 0 and "the lazy rescale loses everywhere" in text
-    rows, _ = results_data.load_results("ncu_overlap_h200.json")
-    stall = profile.STALL.format
-
-    def m(D, option, reason):
-        return profile.metric(rows, base[D] if not option else base[D][:-1] + f",{option}]", D, False, stall(reason),
-                              "overlap")
-
-    for D in (64, 128):
-        assert m(D, "pin", "barrier") <= m(D, "", "barrier") / 2 and "fall by half" in text
-        assert m(D, "pin", "wait") - m(D, "", "wait") >= 0.6 * (m(D, "", "barrier") - m(D, "pin", "barrier"))
-    ratios = [m(D, "lazy", "math_pipe_throttle") / m(D, "", "math_pipe_throttle") for D in (64, 128)]
-    assert round(min(ratios)) == 3 and round(max(ratios)) == 9 and "three to nine times higher" in text
-
-
 def test_final_source_protocol_rerun_claims():
     """perflog_hopper.md, "At the final kernel source": the protocol run again and the stepped descriptors
     once more."""
@@ -1393,77 +1179,3 @@ def test_w4_named_handover_claims():
             for D, impl in ((128, "hopper-w4[named]"), (64, "hopper-w4[c3,turns,named]"))}
     assert f"| {_span(by_d[128])}x | {_span(by_d[64])}x (three consumers, turns) | - | 168 / 128 |" in log
 
-
-@needs_data
-def test_short_block_first_and_uniform_index_claims():
-    """perflog_hopper.md, "The short query block first, and the warpgroup index known uniform": the figures
-    of the single run and of the paired rounds, recomputed, and the choice they lead to."""
-    from flashtut.bench.hopper_ab import PAIR_NOISE_PCT, pair_gains
-    from flashtut.cuda import configs
-
-    log = _log()
-    pair = {}
-    for name, data, base, impl in (
-            ("uni64", "hopper_pair_uni_d64_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]"),
-            ("tail", "hopper_pair_tail_d64_h200.json", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]"),
-            ("uni128", "hopper_pair_uni_d128_h200.json", "hopper-w3[store]", "hopper-w3[store,uni]")):
-        rows, _ = results_data.load_results(data)
-        pair[name] = pair_gains(rows, base, impl)
-    d64 = lambda g: {k: v for k, v in g.items() if k[0] == 64}  # noqa: E731
-    uni64 = {k[1:]: v for k, v in d64(pair["uni64"]).items()}
-    tail = {k[1:]: v for k, v in d64(pair["tail"]).items()}
-    uni128 = {k[1:]: v for k, v in pair["uni128"].items() if k[0] == 128}
-    two64 = {k[1:]: v for k, v in pair["uni128"].items() if k[0] == 64}
-    assert all(len(x) == 8 for x in (uni64, tail, uni128, two64))
-    g = lambda x: [v[0] for v in x.values()]  # noqa: E731
-    # the short block first: the two N = 4096 causal cases, the largest; N = 16384 causal; no mask
-    c4096 = [tail[(dt, 4096, True)] for dt in ("bfloat16", "float16")]
-    assert max(g(tail)) == max(v[0] for v in c4096)
-    nomask = [v[0] for k, v in tail.items() if not k[2]]
-    for quoted in (
-            f"At N = 4096 causal, {c4096[0][0]:+.1f}% and {c4096[1][0]:+.1f}%, won in {c4096[0][1]} and "
-            f"{c4096[1][1]} of 7 rounds",
-            f"At N = 16384 causal, {tail[('bfloat16', 16384, True)][0]:+.1f}% and "
-            f"{tail[('float16', 16384, True)][0]:.1f}%",
-            f"{_pct_span(nomask)}: what this method measures between two builds doing the same work"):
-        assert quoted.replace("+-", "-") in log, quoted
-    # the uniform index: D = 64 three consumers, two consumers, D = 128
-    low = min(uni64, key=lambda k: uni64[k][0])
-    assert low == ("bfloat16", 16384, False) and sum(v[0] > 0 for v in uni64.values()) == 7
-    pos = [v[0] for v in uni64.values() if v[0] > 0]
-    assert (f"At D = 64 with three consumers: {_pct_span(pos)} in 7 of 8 cases, {uni64[low][0]:.1f}% in the eighth "
-            f"(N = 16384, bfloat16, not causal, won in {uni64[low][1]} of 7 rounds)") in log
-    assert (f"With two consumers at D = 64: {_pct_span(g(two64))}, won in {sum(v[1] for v in two64.values())} of "
-            "56 rounds") in log
-    assert (f"At D = 128: {_pct_span(g(uni128))}, the median below zero in {sum(v < 0 for v in g(uni128))} of 8 "
-            "cases") in log
-    # the single run, and W4 with the index against W3 with it
-    single = {D: _gains_at("hopper_uniform_h200.json", impl, base, D) for D, impl, base in (
-        (64, "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns]"), (128, "hopper-w3[store,uni]", "hopper-w3[store]"))}
-    assert (f"moved W3 by {_pct_span(single[64].values())} at D = 64 and {_pct_span(single[128].values())} at "
-            "D = 128") in log
-    w4 = _gains_at("hopper_uniform_h200.json", "hopper-w4[c3,turns,uni]", "hopper-w3[c3,turns,uni]", 64)
-    assert f"(in `hopper_uniform_h200.json` {_pct_span(w4.values())} at D = 64)" in log
-    first = _gains_at("hopper_uniform_h200.json", "hopper-w3[c3,turns,tail,uni]", "hopper-w3[c3,turns,uni]", 64)
-    assert (f"it lost {-first[(16384, 'float16', False)]:.1f}% (float16) and {-first[(16384, 'bfloat16', False)]:.1f}% "
-            "(bfloat16)") in log
-    # the rule, and the choice
-    assert f"kept when no case's median falls below -{PAIR_NOISE_PCT}% and some case's rises above +{PAIR_NOISE_PCT}%" in log
-    for x, kept in ((uni64, True), (tail, True), (uni128, False)):
-        assert (min(g(x)) > -PAIR_NOISE_PCT and max(g(x)) > PAIR_NOISE_PCT) == kept
-    assert (f"The uniform index passes at D = 64 (lowest {min(g(uni64)):.1f}%, highest {max(g(uni64)):+.1f}%) and "
-            f"fails at D = 128 ({min(g(uni128)):.1f}%); the short block first passes ({min(g(tail)):.1f}%, "
-            f"{max(g(tail)):+.1f}%)") in log
-    assert configs.HOPPER_OPTIONS == {64: {"c3_turns": True, "tail_first": True, "uniform_wg": True},
-                                      128: {"tma_store": True}}
-    text = _chapter_11_text()
-    assert (f"The short block first gains most where it was aimed, {c4096[0][0]:+.1f}% and {c4096[1][0]:+.1f}% at "
-            "$N = 4096$ causal") in text
-    assert f"its {_pct_span(nomask)} there is what this method" in text
-    assert f"The uniform index gains up to {max(g(uni64)):.1f}% in 7 of 8 cases" in text
-    assert f"it lost up to {-min(g(uni128)):.1f}%, and it stays out there" in text
-    rows, _ = results_data.load_results("cuda_protocol_h200.json")
-    cuda = _protocol_ratios(rows)("cuda", "sdpa-flash")
-    d64 = _by_d(cuda, 64)
-    assert (f"puts the weakest case at {min(d64):.2f} times `sdpa-flash` and the head dim at {_span(d64).replace('-', ' to ')}, "
-            "ahead of cuDNN in every case") in text
