@@ -53,6 +53,30 @@ def test_headline_table_takes_each_ratio_within_its_own_rows():
     assert lines[3] == "| y | fp16 | 1.50 | - | - | - |"
 
 
+def _tma_store_gain():
+    """Per head dim, W3 with the TMA store of its output against W3 without it at cuda_attention's consumers,
+    % per case, from the same process (hopper_options_h200.json)."""
+    rows, _ = results_data.load_results("hopper_options_h200.json")
+    rows = [r for r in rows if r.get("status") == "ok" and r.get("tflops")]
+    gain = {}
+    pairs = {128: ("hopper-w3[store]", "hopper-w3"), 64: ("hopper-w3[c3,store]", "hopper-w3[c3]")}
+    for d, (store, base) in pairs.items():
+        gain[d] = [100 * (x - 1) for k, x in _ratios(rows, store, base).items() if k[1] == d]
+        assert len(gain[d]) == 8, (d, gain[d])
+    return gain
+
+
+def _turns_gain():
+    """W3's three consumers at D = 64 taking turns against the same build without turns, % per case, from
+    the same process (hopper_turns_h200.json)."""
+    from flashtut.bench.report import gains
+
+    rows, _ = results_data.load_results("hopper_turns_h200.json")
+    gain = list(gains(rows, "hopper-w3[c3,turns]", "hopper-w3[c3]")[64].values())
+    assert len(gain) == 8
+    return gain
+
+
 # --- chapter 11: the reading of rungs W2 and W3 --------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -657,8 +681,6 @@ def test_protocol_claims_now():
     assert (f"{_span(by(bwd, 128))}x SDPA flash at D = 128 and {_span(by(bwd, 64))}x at D = 64, so ours runs at "
             f"{_span(by(ours, 128))}x and {_span(by(ours, 64))}x of it") in bwd_log
     assert f"measured again on 2026-12-02 at {when}, commit {commit};" in bwd_log
-    readme = " ".join(README.read_text().split())
-    assert f"(`book/data/cuda_protocol_h200.json`, 2026-12-02 {when}, which timed cuDNN" in readme
     # the Hopper log's summary of this run
     hopper_log = _log()
     assert (f"`cuda_protocol_h200.json` again, {when}, commit {commit}: forward {_span(by(cuda, 64))}x SDPA flash at "
@@ -793,11 +815,6 @@ def test_protocol_history_in_the_files_previous_versions():
             f"float16, {prev[bf16]:.3f} bfloat16)"):
         assert quoted in hopper_log, quoted
     assert {k for k, v in vs_cudnn.items() if v < 1} == {fp16, bf16} and min(by(prev, 128)) >= 1.75
-    # README: the four D = 128, N = 16384 cases against cuDNN in the previous version, and cuDNN's moves there
-    four = lambda x: [v for k, v in x.items() if k[1:3] == (128, 16384)]  # noqa: E731
-    readme = " ".join(README.read_text().split())
-    assert (f"where the file's previous version, 06:11 UTC, had {_span(four(then))}x with the same build at this "
-            f"head dim; cuDNN's own figures moved by {_pct_span(four(cudnn))} between the two calls") in readme
 
 
 @needs_data

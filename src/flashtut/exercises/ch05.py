@@ -213,7 +213,8 @@ def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
         m = torch.full(qi.shape[:3], float("-inf"), dtype=acc_t, device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros_like(qi)
-        k_end = min(q1, Nk) if causal else Nk     # later key blocks are hidden from every row
+        # causal: key blocks from q1 on are hidden from every row of this block
+        k_end = min(q1, Nk) if causal else Nk
         for k0 in range(0, k_end, block_n):
             k1 = min(k0 + block_n, Nk)
             s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)
