@@ -201,8 +201,11 @@ def solution_fa1_traffic(n, d, block_m, block_n):
 # --- Exercise 5.3 (headline): the tiled forward with log-sum-exp and causal block skipping -------
 
 def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
-    """Worked solution of exercise 5.3, in plain tensors: returns ``(o, lse)``, scale
-    ``1/sqrt(D)``. ``flashtut.tiled_attention`` is this loop plus its input checks."""
+    """Chapter 5's tiled forward (and the worked solution of exercise 5.3), in plain
+    tensors: returns ``(o, lse)``, scale ``1/sqrt(D)``, top-left causal mask.
+    ``flashtut.tiled_attention`` is this loop plus input checks, any scale,
+    grouped-query heads, bottom-right alignment and windows (chapter 12) and an
+    overflow check."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.empty_like(q)
