@@ -158,18 +158,18 @@ def _draw_backward_panel(ax, n_q_blocks: int, n_k_blocks: int, causal: bool, cho
             ax.add_patch(plt.Rectangle((j, i), 0.94, 0.94, color=colour if on else "#DDDDDD",
                                        alpha=0.9 if on else 1.0))
             if on:
-                ax.text(j + 0.47, i + 0.5, f"$S_{{{i}{j}}}$", ha="center", va="center", fontsize=9,
+                ax.text(j + 0.47, i + 0.5, f"$S_{{{i}{j}}}$", ha="center", va="center", fontsize=11,
                         color="white", fontweight="bold")
     for j in range(n_k_blocks):
-        ax.text(j + 0.47, -0.2, f"$K_{{{j}}}, V_{{{j}}}$", ha="center", va="bottom", fontsize=8, color=INK)
+        ax.text(j + 0.47, -0.2, f"$K_{{{j}}}, V_{{{j}}}$", ha="center", va="bottom", fontsize=10, color=INK)
     for i in range(n_q_blocks):
-        ax.text(-0.15, i + 0.47, f"$Q_{{{i}}}$", ha="right", va="center", fontsize=9, color=INK)
-    ax.text(n_k_blocks / 2, n_q_blocks + 0.25, note, ha="center", va="top", fontsize=8.5, color=INK)
+        ax.text(-0.15, i + 0.47, f"$Q_{{{i}}}$", ha="right", va="center", fontsize=11, color=INK)
+    ax.text(n_k_blocks / 2, n_q_blocks + 0.25, note, ha="center", va="top", fontsize=10.5, color=INK)
     ax.set_xlim(-0.9, n_k_blocks + 0.6)
     ax.set_ylim(n_q_blocks + 1.05, -0.6)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(title, fontsize=10, color=INK)
+    ax.set_title(title, fontsize=12, color=INK)
 
 
 def backward_dataflow_figure(n_q_blocks: int = 5, n_k_blocks: int = 5, causal: bool = True,
