@@ -38,6 +38,13 @@ class GPUSpec:
     fp32_tflops: float               # plain fp32 on the CUDA cores (no tensor cores)
     source: str
     tf32_tensor_tflops: float | None = None  # dense TF32 (Ampere and newer); None: no TF32 mode
+    #: exponentials (``ex2``, the special-function unit MUFU) per clock per SM: 16 from compute
+    #: capability 7.x to 9.0 (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table)
+    exp_per_clock_per_sm: int = 16
+    #: the clock (MHz) the datasheet's dense tensor rate is quoted at, None: ``boost_clock_mhz``.
+    #: The H100 SXM's 989.4 TFLOP/s is 4096 FLOP per clock per SM at 1830 MHz, below its 1980 MHz
+    #: maximum boost; the exponential rate is taken at the same clock.
+    rated_clock_mhz: int | None = None
 
     @property
     def memory_bytes(self) -> float:
@@ -56,6 +63,16 @@ class GPUSpec:
     def smem_total_mib(self) -> float:
         """All the shared memory of the chip together, MiB: tiny next to device memory."""
         return self.sm_count * self.smem_per_sm_kib / 1024
+
+    @property
+    def exp_tera_per_s(self) -> float:
+        """Exponentials per second (10^12) of the special-function units at the rated clock:
+        ``sm_count * exp_per_clock_per_sm * clock``. On an H100/H200, 132 x 16 x 1830 MHz = 3.9
+        (the "3.9 TFLOPS of special functions" of the FlashAttention-3 paper), 256 times fewer
+        than its 989.4 dense float16 TFLOP/s: one exponential per score costs as much time as the
+        2d = 256 FLOPs of a d = 128 dot product."""
+        clock = self.rated_clock_mhz or self.boost_clock_mhz
+        return self.sm_count * self.exp_per_clock_per_sm * clock * 1e6 / 1e12
 
     def peak_tflops(self, dtype: torch.dtype = torch.float16) -> float:
         """The dense matrix rate for ``dtype`` (tensor cores for 16-bit types, CUDA cores for fp32)."""
@@ -90,7 +107,7 @@ _H100 = GPUSpec(
     boost_clock_mhz=1980, fp16_tensor_tflops=989.4, bf16_tensor_tflops=989.4, fp32_tflops=67,
     source="NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/); "
            "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022); " + _CUDA_GUIDE,
-    tf32_tensor_tflops=494.7)
+    tf32_tensor_tflops=494.7, rated_clock_mhz=1830)
 
 GPUS: dict[str, GPUSpec] = {
     "T4": GPUSpec(
@@ -140,23 +157,39 @@ def gpu_table(names=None) -> list[dict]:
         row["smem_bandwidth_tbps"] = round(g.smem_bandwidth_tbps, 1)
         row["smem_total_mib"] = round(g.smem_total_mib, 1)
         row["ridge_fp16_flop_per_byte"] = round(g.ridge_point(torch.float16), 1)
+        row["exp_tera_per_s"] = g.exp_tera_per_s
         rows.append(row)
     return rows
 
 
-def format_gpu_table(names=None) -> str:
-    """A markdown table of the published figures (for ``IPython.display.Markdown``)."""
-    lines = ["| GPU | compute capability | memory | bandwidth (GB/s) | SMs "
-             "| shared memory per SM / per block (KiB) | L2 (MiB) | fp16 tensor (TFLOP/s) "
-             "| bf16 tensor (TFLOP/s) | fp32 (TFLOP/s) |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+def format_gpu_table(names=None, part: str = "all") -> str:
+    """A markdown table of the published figures (for ``IPython.display.Markdown``). ``part``:
+    ``"all"`` (ten columns), or one of two halves narrow enough for a book's text column:
+    ``"memory"`` (compute capability, memory, bandwidth, SMs, shared memory, L2) and
+    ``"compute"`` (the dense tensor rates, plain fp32 and the exponential rate)."""
+    if part not in ("all", "memory", "compute"):
+        raise ValueError(f"part: got {part!r}; accepted: 'all', 'memory' or 'compute'")
+    columns = {  # header, alignment, cell
+        "compute capability": ("---", lambda r: r["compute_capability"]),
+        "memory": ("---", lambda r: f'{r["memory_gb"]:g} GB {r["memory_type"]}'),
+        "bandwidth (GB/s)": ("---:", lambda r: f'{r["memory_bandwidth_gbps"]:,}'),
+        "SMs": ("---:", lambda r: str(r["sm_count"])),
+        "shared memory per SM / per block (KiB)": (
+            "---", lambda r: f'{r["smem_per_sm_kib"]} / {r["smem_per_block_kib"]}'),
+        "L2 (MiB)": ("---:", lambda r: f'{r["l2_mib"]:g}'),
+        "fp16 tensor (TFLOP/s)": ("---:", lambda r: f'{r["fp16_tensor_tflops"]:g}'),
+        "bf16 tensor (TFLOP/s)": ("---:", lambda r: "none" if r["bf16_tensor_tflops"] is None
+                                  else f'{r["bf16_tensor_tflops"]:g}'),
+        "fp32 (TFLOP/s)": ("---:", lambda r: f'{r["fp32_tflops"]:g}'),
+        "exp (10¹²/s)": ("---:", lambda r: f'{r["exp_tera_per_s"]:.1f}'),
+    }
+    names_of = {"memory": list(columns)[:6], "compute": list(columns)[6:],
+                "all": list(columns)[:9]}
+    chosen = names_of[part]
+    lines = ["| GPU | " + " | ".join(chosen) + " |",
+             "| --- | " + " | ".join(columns[c][0] for c in chosen) + " |"]
     for r in gpu_table(names):
-        bf16 = "none" if r["bf16_tensor_tflops"] is None else f'{r["bf16_tensor_tflops"]:g}'
-        lines.append(
-            f'| {r["name"]} | {r["compute_capability"]} | {r["memory_gb"]:g} GB {r["memory_type"]} '
-            f'| {r["memory_bandwidth_gbps"]:,} | {r["sm_count"]} '
-            f'| {r["smem_per_sm_kib"]} / {r["smem_per_block_kib"]} | {r["l2_mib"]:g} '
-            f'| {r["fp16_tensor_tflops"]:g} | {bf16} | {r["fp32_tflops"]:g} |')
+        lines.append(f'| {r["name"]} | ' + " | ".join(columns[c][1](r) for c in chosen) + " |")
     return "\n".join(lines)
 
 

@@ -93,6 +93,22 @@ def show_table(header, body):
     return Markdown(format_table([str(h) for h in header], cells, markdown=True))
 
 
+def measured_caption(rows, text: str = ""):
+    """The one caption line under a measured figure or table: ``text`` then "Measured on an
+    NVIDIA H200; data: `file.json`." with the GPU and the files taken from ``rows`` (as
+    ``results_data.load_results`` tags them: ``device`` and ``source``). Returns Markdown."""
+    from IPython.display import Markdown
+
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows: got none; the caption names the GPU and files the rows came from")
+    devices = sorted({str(r.get("device") or "an unrecorded GPU") for r in rows})
+    files = sorted({str(r["source"]) for r in rows if r.get("source")})
+    gpu = " and ".join(("an " if d.upper().startswith(("NVIDIA", "A", "H")) else "a ") + d for d in devices)
+    data = ", ".join(f"`{f}`" for f in files) or "not recorded"
+    return Markdown(f"*{text.strip() + ' ' if text.strip() else ''}Measured on {gpu}; data: {data}.*")
+
+
 def show_provenance(provs):
     """Display the provenance of loaded results files (``results_data.load_results``) as one
     Markdown table, a row per file, and under it the command that measured each file."""

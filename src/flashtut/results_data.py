@@ -671,6 +671,26 @@ def roofline_data(device=None) -> dict:
     return load_roofline_data()
 
 
+# --- the README's results table ------------------------------------------------------------------
+
+#: the README's results table: (label, implementation, committed files it is read from)
+HEADLINE_SOURCES = (
+    ("`flashtut.triton_attention` (chapter 7)", "triton", "bench_h200_protocol_d128_*.json"),
+    ("`flashtut.cuda_attention` (chapters 8 and 11)", "cuda", "cuda_protocol_h200.json"),
+    ("PyTorch SDPA, cuDNN backend (for scale)", "sdpa-cudnn", "bench_h200_protocol_d128_*.json"),
+)
+
+
+def headline_table(data_dir=None) -> str:
+    """The README's results table, regenerated from the committed H200 data: ratios to SDPA
+    flash at D = 128, N = 16384 (``flashtut.bench.report.headline_table``)."""
+    from .bench.report import headline_table as _table
+
+    return _table([(label, impl, load_results(pattern, data_dir)[0])
+                   for label, impl, pattern in HEADLINE_SOURCES])
+
+
 __all__ = ["DATA_ENV", "PRODUCERS", "ResultsMissing", "load_results", "data_path", "find", "describe",
            "local_data_dir", "raw_url", "cache_dir", "producer", "data_dir", "load_roofline_data",
-           "roofline_data", "read_repository", "REPO_URL", "BRANCH"]
+           "roofline_data", "read_repository", "REPO_URL", "BRANCH", "HEADLINE_SOURCES",
+           "headline_table"]

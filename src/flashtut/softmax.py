@@ -21,7 +21,9 @@ def naive_softmax(x: torch.Tensor) -> torch.Tensor:
     """``exp(x) / sum(exp(x))`` in the input's own dtype, with no maximum subtracted.
 
     Wrong on purpose: ``exp`` overflows to ``inf`` once an input passes about 11.09 in
-    float16 (88.7 in float32) and the row becomes ``inf / inf = nan``.
+    float16 (88.7 in float32). The row's sum is then ``inf``: each overflowing entry becomes
+    ``inf / inf = nan`` and every other entry ``e^x / inf = 0``, so a row with one such entry
+    comes out as ``[nan, 0, ..., 0]``, summing to ``nan``.
     """
     _check_x(x)
     e = torch.exp(x)

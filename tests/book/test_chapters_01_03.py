@@ -360,3 +360,103 @@ def test_library_functions_pass_their_own_checkers():
     assert ch02.check_attention(lambda q, k, v, c, s: flashtut.tiled_attention(q, k, v, c, s, 16, 16)).ok
     assert ch03.check_softmax(flashtut.safe_softmax).ok
     assert ch03.check_softmax(lambda x: flashtut.online_softmax(x, 7)).ok
+
+
+# --- what chapters 01-03 say, tied to the code ------------------------------------------------------
+
+NOTEBOOKS = __import__("pathlib").Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _text(stem: str) -> str:
+    nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
+    return " ".join(" ".join("".join(c["source"]) for c in nb["cells"]).split())
+
+
+def test_gpu_table_halves_fit_and_carry_the_exp_rate():
+    mem, comp = hardware.format_gpu_table(part="memory"), hardware.format_gpu_table(part="compute")
+    assert mem.splitlines()[0].count("|") == 8 and comp.splitlines()[0].count("|") == 6
+    assert "| T4 | 7.5 | 16 GB GDDR6 | 320 |" in mem and "| H200 SXM | 989.4 | 989.4 | 67 | 3.9 |" in comp
+    with pytest.raises(ValueError, match="part"):
+        hardware.format_gpu_table(part="wide")
+
+
+def test_exp_rate_is_sixteen_per_clock_per_sm_at_the_tensor_rate_clock():
+    for g in hardware.GPUS.values():
+        clock = g.rated_clock_mhz or g.boost_clock_mhz
+        # the datasheet's dense fp16 rate is a whole number of FLOP per clock per SM at that clock
+        per_clock = g.fp16_tensor_tflops * 1e12 / (g.sm_count * clock * 1e6)
+        assert per_clock == pytest.approx(round(per_clock / 1024) * 1024, rel=0.01), g.name
+        assert g.exp_tera_per_s == pytest.approx(g.sm_count * 16 * clock / 1e6)
+    h = hardware.GPUS["H100-SXM"]
+    assert h.exp_tera_per_s == pytest.approx(3.9, abs=0.05)           # FlashAttention-3's figure
+    # one exponential costs the time of the 2d FLOPs of a d = 128 dot product (chapter 06)
+    assert (1 / h.exp_tera_per_s) / (2 * 128 / h.fp16_tensor_tflops) == pytest.approx(1.0, abs=0.01)
+
+
+def test_chapter_01_reads_the_ridge_and_names_chapter_11_for_wgmma():
+    text = _text("01_memory_hierarchy")
+    qk = memory.naive_attention_kernels(4, 16, 4096, 128, torch.float16)[0]
+    ridge = hardware.GPUS["H200-SXM"].ridge_point(torch.float16)
+    assert f"{qk.intensity / ridge:.2f} of the ridge point" in text
+    assert f"they do {qk.intensity:.0f} FLOP per byte against a ridge of {ridge:.0f}" in text
+    assert f"holds them to {qk.intensity / ridge:.0%} of the peak" in text
+    assert "just left of the ridge" not in text
+    assert "straight from shared memory, chapter 11.)" in text
+
+
+def test_chapter_01_roofline_caption_names_the_gpu_and_file():
+    ceilings = results_data.load_roofline_data()
+    assert ceilings["provenance"]["device"] == "NVIDIA H200"
+    assert "Measured on an NVIDIA H200; data: `h200_roofline.json`." in _text("01_memory_hierarchy")
+
+
+def test_naive_attention_lesson_is_the_library_on_what_it_covers():
+    gen = torch.Generator().manual_seed(5)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5), (torch.float16, 2e-3)):
+        for causal in (False, True):
+            for nq, nk in ((37, 53), (53, 37), (29, 29)):
+                q, k, v = (torch.randn(2, 3, n, 24, generator=gen, dtype=torch.float64).to(dtype)
+                           for n in (nq, nk, nk))
+                for scale in (None, 0.31):
+                    mine = ch02.naive_attention_lesson(q, k, v, causal=causal, scale=scale)
+                    ref = flashtut.naive_attention(q, k, v, causal=causal, scale=scale)
+                    assert mine.dtype == ref.dtype and mine.shape == ref.shape
+                    assert torch.allclose(mine.double(), ref.double(), atol=tol, rtol=tol), \
+                        (dtype, causal, nq, nk, scale)
+    # and it is what the chapter reveals
+    assert "show_source(ch02.naive_attention_lesson)" in _text("02_naive_attention")
+
+
+def test_naive_attention_lesson_differs_where_the_library_goes_further():
+    # bottom-right alignment is the library's (chapter 12): the lesson's top-left mask must differ
+    q, k, v = (torch.randn(1, 1, n, 8, dtype=torch.float64) for n in (5, 9, 9))
+    top_left = ch02.naive_attention_lesson(q, k, v, causal=True)
+    assert torch.allclose(top_left, flashtut.naive_attention(q, k, v, causal=True))
+    assert not torch.allclose(top_left, flashtut.naive_attention(q, k, v, causal="bottom-right"))
+
+
+def test_naive_softmax_overflow_is_nan_only_where_exp_overflowed():
+    x = torch.tensor([12.0, 3.0, 11.5, 0.0], dtype=torch.float16)
+    y = flashtut.naive_softmax(x)
+    assert torch.isnan(y[[0, 2]]).all() and (y[[1, 3]] == 0).all()
+    one = flashtut.naive_softmax(torch.tensor([100.0, 3.0, 0.0]))
+    assert torch.isnan(one[0]) and (one[1:] == 0).all()
+    assert "[nan, 0, ..., 0]" in " ".join(flashtut.naive_softmax.__doc__.split())
+    text = _text("03_safe_softmax")
+    assert "turns its whole row" not in text and "[\\text{nan}, 0, \\dots, 0]" in text
+
+
+def test_safe_softmax_error_grows_with_the_distance_below_the_max():
+    # chapter 03: the shift's rounding is absolute, so exp(x - m)'s relative error grows with |x - m|
+    gen = torch.Generator().manual_seed(0)
+    x = (25.0 * torch.randn(64, 400, generator=gen)).clamp(-40.0, 40.0)
+    ref = torch.softmax(x.double(), dim=-1)
+    gap = (x.amax(dim=-1, keepdim=True) - x).double()
+
+    def worst(fn, lo, hi):
+        rel = ((fn(x).double() - ref) / ref).abs() / 2 ** -24
+        return rel[(gap >= lo) & (gap < hi)].max().item()
+    near, far = worst(flashtut.safe_softmax, 0, 2), worst(flashtut.safe_softmax, 64, 80)
+    assert near < 8 and far > 5 * near
+    assert worst(flashtut.naive_softmax, 64, 80) < 8           # one rounding of exp(x), wherever x is
+    assert "for the price of an ulp or two" not in _text("03_safe_softmax")

@@ -26,47 +26,31 @@ def _tflops(rows, impl, **case):
 
 # --- README's results table ----------------------------------------------------------------------
 
-#: row label (a part of it) -> the committed files the row is read from and the implementation
-README_ROWS = {
-    "`flashtut.triton_attention`": ("bench_h200_protocol_d128_*.json", "triton"),
-    "`flashtut.cuda_attention` (on an H200": ("cuda_protocol_h200.json", "cuda"),
-    "forward_kernel=\"mma\"": ("cuda_protocol_h200.json", "cuda-mma"),
-    "cuDNN": ("bench_h200_protocol_d128_*.json", "sdpa-cudnn"),
-    "Hopper rung W3": ("hopper_h200.json", "hopper-w3"),
-}
-
-
-def _readme_table():
-    lines = README.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| kernel | fp16 fwd"))
-    header = [c.strip() for c in lines[start].strip("|").split("|")]
-    body = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        body.append([c.strip() for c in line.strip("|").split("|")])
-    return header, body
-
-
 @needs_data
-def test_readme_ratios_are_the_committed_ones():
-    header, body = _readme_table()
-    assert len(body) == len(README_ROWS), [row[0] for row in body]
-    dtypes = {"fp16": "float16", "bf16": "bfloat16"}
-    for row in body:
-        key = next(k for k in README_ROWS if k in row[0])
-        pattern, impl = README_ROWS[key]
-        rows, _ = results_data.load_results(pattern)
-        for column, cell in zip(header[1:], row[1:]):
-            m = re.fullmatch(r"(fp16|bf16) (fwd|bwd)( causal)?", column)
-            case = dict(D=128, N=16384, dtype=dtypes[m.group(1)], mode=m.group(2), causal=bool(m.group(3)))
-            mine = [r for r in rows if r["impl"] == impl and r.get("tflops")
-                    and all(r[k] == v for k, v in case.items())]
-            if not mine:                    # a pass the kernel does not have: the table says so
-                assert cell == "-", (row[0], column, cell)
-                continue
-            ratio = mine[0]["tflops"] / _tflops(rows, "sdpa-flash", **case)
-            assert cell == f"{ratio:.2f}", (row[0], column, cell, ratio)
+def test_readme_table_is_the_regenerated_one():
+    # the README's only numbers: results_data.headline_table() regenerates them from the data
+    text = README.read_text()
+    table = results_data.headline_table()
+    assert table in text, "README's results table differs from results_data.headline_table():\n" + table
+    # and the three files it names are the ones the table is read from
+    for _, _, pattern in results_data.HEADLINE_SOURCES:
+        for path in results_data.find(pattern):
+            assert f"`{path.name}`" in text, path.name
+
+
+def test_headline_table_takes_each_ratio_within_its_own_rows():
+    from flashtut.bench.report import headline_table
+
+    def row(impl, mode, causal, tflops, dtype="float16"):
+        return dict(impl=impl, mode=mode, causal=causal, tflops=tflops, dtype=dtype, D=128, N=16384)
+    base = [row("sdpa-flash", m, c, 100.0) for m in ("fwd", "bwd") for c in (False, True)]
+    mine = [row("x", "fwd", False, 150.0), row("x", "bwd", True, 90.0)]
+    other = [dict(r, tflops=r["tflops"] * 2) for r in base] + [row("y", "fwd", False, 300.0)]
+    table = headline_table([("x", "x", base + mine), ("y", "y", other)], dtypes=("float16",))
+    lines = table.splitlines()
+    assert lines[2] == "| x | fp16 | 1.50 | - | - | 0.90 |"
+    # y's baseline is its own file's (200 TFLOP/s), not x's
+    assert lines[3] == "| y | fp16 | 1.50 | - | - | - |"
 
 
 def _tma_store_gain():
@@ -91,35 +75,6 @@ def _turns_gain():
     gain = list(gains(rows, "hopper-w3[c3,turns]", "hopper-w3[c3]")[64].values())
     assert len(gain) == 8
     return gain
-
-
-@needs_data
-def test_readme_prose_ranges():
-    # "there `cuda_attention`'s forward is 1.04-1.13x cuDNN's in these four cases" (D = 128, N = 16384);
-    # "1.57-1.84x SDPA flash at D = 128, 1.45-1.64x at D = 64": the W3 build cuda_attention runs per head dim
-    text = " ".join(README.read_text().split())
-    proto, _ = results_data.load_results("cuda_protocol_h200.json")
-    cudnn = [r["tflops"] / _tflops(proto, "sdpa-cudnn", **{k: r[k] for k in ("mode", "dtype", "D", "N", "causal")})
-             for r in proto if r["impl"] == "cuda" and r["mode"] == "fwd" and r["D"] == 128 and r["N"] == 16384]
-    assert len(cudnn) == 4
-    assert f"forward is {_span(cudnn)}x cuDNN's in these four cases" in text
-    rows, _ = results_data.load_results("hopper_h200.json")
-    rows = [r for r in rows if r.get("status") == "ok" and r.get("tflops")]
-    d128 = [x for k, x in _ratios(rows, "hopper-w3", "sdpa-flash").items() if k[1] == 128]
-    d64 = list(_ratios(rows, "hopper-w3[c3]", "sdpa-flash").values())
-    assert f"{_span(d128)}x SDPA flash at D = 128, {_span(d64)}x at D = 64" in text
-    # "at head dim 128 with its output written by a TMA store (+0.6% to +5.2% over W3 without it, in one
-    # process": faster in every D = 128 case of that run
-    store = _tma_store_gain()[128]
-    assert min(store) > 0
-    assert (f"written by a TMA store (+{min(store):.1f}% to +{max(store):.1f}% over W3 without it, in one "
-            f"process: `book/data/hopper_options_h200.json`)") in text
-    # "at head dim 64 with the three taking turns ... (+1.0% to +7.7% over three without turns": faster in
-    # every case of that run, which is what made cuda_attention take them
-    turns = _turns_gain()
-    assert min(turns) > 0
-    assert (f"(+{min(turns):.1f}% to +{max(turns):.1f}% over three without turns, in one process: "
-            "`book/data/hopper_turns_h200.json`)") in text
 
 
 # --- chapter 11: the reading of rungs W2 and W3 --------------------------------------------------
@@ -649,8 +604,6 @@ def test_protocol_claims_now():
     assert (f"{_span(by(bwd, 128))}x SDPA flash at D = 128 and {_span(by(bwd, 64))}x at D = 64, so ours runs at "
             f"{_span(by(ours, 128))}x and {_span(by(ours, 64))}x of it") in bwd_log
     assert f"measured again on 2026-12-02 at {when}, commit {commit};" in bwd_log
-    readme = " ".join(README.read_text().split())
-    assert f"(`book/data/cuda_protocol_h200.json`, 2026-12-02 {when}, which timed cuDNN" in readme
     # the Hopper log's summary of this run
     hopper_log = _log()
     assert (f"`cuda_protocol_h200.json` again, {when}, commit {commit}: forward {_span(by(cuda, 64))}x SDPA flash at "
@@ -785,11 +738,6 @@ def test_protocol_history_in_the_files_previous_versions():
             f"float16, {prev[bf16]:.3f} bfloat16)"):
         assert quoted in hopper_log, quoted
     assert {k for k, v in vs_cudnn.items() if v < 1} == {fp16, bf16} and min(by(prev, 128)) >= 1.75
-    # README: the four D = 128, N = 16384 cases against cuDNN in the previous version, and cuDNN's moves there
-    four = lambda x: [v for k, v in x.items() if k[1:3] == (128, 16384)]  # noqa: E731
-    readme = " ".join(README.read_text().split())
-    assert (f"where the file's previous version, 06:11 UTC, had {_span(four(then))}x with the same build at this "
-            f"head dim; cuDNN's own figures moved by {_pct_span(four(cudnn))} between the two calls") in readme
 
 
 @needs_data

@@ -15,6 +15,8 @@ MAX_SHOWN_LINE = 88
 
 # (module, attribute path within it; "" for the whole module)
 SHOWN = [
+    ("flashtut.exercises.ch02", "naive_attention_lesson"),
+    ("flashtut.exercises.ch05", "solution_flash_forward"),
     ("flashtut.exercises.ch06", "solution_dv_tile"),
     ("flashtut.exercises.ch06", "solution_flash_backward"),
     ("flashtut.tiled", "tiled_attention_backward"),

@@ -93,3 +93,15 @@ def test_ladder_figure_draws_the_hopper_rungs():
     plt.close(fig)
     with pytest.raises(ValueError, match=r"cuda-v\*"):                 # the default: chapter 8's steps
         bench_plot.ladder_figure(rows)
+
+
+def test_measured_caption_names_the_gpu_and_the_files():
+    from flashtut.notebook import measured_caption
+
+    rows = [{"device": "NVIDIA H200", "source": "b.json"}, {"device": "NVIDIA H200", "source": "a.json"}]
+    assert measured_caption(rows, "Median ms.").data == \
+        "*Median ms. Measured on an NVIDIA H200; data: `a.json`, `b.json`.*"
+    assert measured_caption([{"device": "Tesla T4", "source": "t.json"}]).data == \
+        "*Measured on a Tesla T4; data: `t.json`.*"
+    with pytest.raises(ValueError, match="rows"):
+        measured_caption([])

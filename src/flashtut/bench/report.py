@@ -303,3 +303,30 @@ def setting_table(rows: list[dict], impl: str = "triton", markdown: bool = True)
             row.append("-" if t is None else f"{t[0]:.0f} ({t[1]:.2f})" if t[1] else f"{t[0]:.0f}")
         body.append(row)
     return format_table(head, body, markdown)
+
+
+#: the four columns of :func:`headline_table`: (header, mode, causal)
+HEADLINE_COLUMNS = (("forward", "fwd", False), ("forward, causal", "fwd", True),
+                    ("backward", "bwd", False), ("backward, causal", "bwd", True))
+
+
+def headline_table(sources: list[tuple[str, str, list[dict]]], D: int = 128, N: int = 16384,
+                   dtypes=("float16", "bfloat16"), baseline: str = "sdpa-flash") -> str:
+    """The README's results table, in Markdown: one line per (label, dtype), the TFLOP/s of
+    implementation ``impl`` over ``baseline``'s at head dim ``D`` and length ``N`` (forward and
+    backward, causal or not), each ratio taken within the rows it came with (one process).
+    ``sources``: ``[(label, impl, rows)]``; ``-`` where ``impl`` has no such row."""
+    body = []
+    for label, impl, rows in sources:
+        tf = {(r["impl"], r["mode"], r["dtype"], r["causal"]): r["tflops"] for r in rows
+              if r.get("kind", "speed") == "speed" and r.get("tflops") and r.get("D") == D
+              and r.get("N") == N}
+        for dtype in dtypes:
+            cells = [label, _SHORT_DTYPE.get(dtype, dtype)]
+            for _, mode, causal in HEADLINE_COLUMNS:
+                mine, base = tf.get((impl, mode, dtype, causal)), tf.get((baseline, mode, dtype, causal))
+                cells.append(f"{mine / base:.2f}" if mine and base else "-")
+            body.append(cells)
+    header = ["kernel", "dtype"] + [h for h, _, _ in HEADLINE_COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "| --- | --- | " + " | ".join("---:" for _ in HEADLINE_COLUMNS) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])

@@ -133,3 +133,21 @@ def solution_unfused_traffic(B, H, N, D, bytes_per_element):
     nd = B * H * N * D * bytes_per_element
     nn = B * H * N * N * bytes_per_element
     return (2 * nd + nn) + (nn + nn) + (nn + nd + nd)
+
+
+def naive_attention_lesson(q, k, v, causal=False, scale=None):
+    """Chapter 2's attention with exactly what the chapter teaches: tensors
+    ``(B, H, N, d)``, the scale (``None``: ``1/sqrt(d)``), the top-left causal mask
+    (query ``i`` sees keys ``0..i``) and float32 scores (float64 for float64 inputs).
+    ``flashtut.naive_attention`` is this plus input checks, grouped-query heads,
+    bottom-right alignment and sliding windows (chapter 12), output 0 for a row that
+    sees no key, and an overflow check."""
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q.to(acc_t) @ k.to(acc_t).transpose(-2, -1) * scale   # (B, H, Nq, Nk)
+    if causal:                              # top-left: hide key j from query i if j > i
+        i = torch.arange(q.shape[-2], device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    p = torch.softmax(s, dim=-1)            # subtracts each row's maximum (chapter 3)
+    return (p @ v.to(acc_t)).to(q.dtype)

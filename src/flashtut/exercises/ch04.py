@@ -125,9 +125,11 @@ def check_combine_states(fn, trials: int = 6, seed: int = 0) -> CheckResult:
 
 def solution_combine_states(m, d):
     """Worked solution of exercise 4.3: no loop needed. The global max is the max of the maxima;
-    each worker's sum is rescaled to it and the rescaled sums add up."""
+    each worker's sum is rescaled to it and the rescaled sums add up. As in exercise 4.1, a row
+    that every worker saw empty keeps m = -inf and d = 0 instead of exp(-inf - (-inf)) = nan."""
     m_total = m.amax(dim=0)
-    return m_total, (d * torch.exp(m - m_total)).sum(dim=0)
+    finite = torch.where(torch.isinf(m_total), torch.zeros_like(m_total), m_total)
+    return m_total, (d * torch.exp(m - finite)).sum(dim=0)
 
 
 __all__ = ["check_merge", "check_online_softmax", "check_combine_states",

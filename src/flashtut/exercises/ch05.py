@@ -201,8 +201,11 @@ def solution_fa1_traffic(n, d, block_m, block_n):
 # --- Exercise 5.3 (headline): the tiled forward with log-sum-exp and causal block skipping -------
 
 def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
-    """Worked solution of exercise 5.3, in plain tensors: returns ``(o, lse)``, scale
-    ``1/sqrt(D)``. ``flashtut.tiled_attention`` is this loop plus its input checks."""
+    """Chapter 5's tiled forward (and the worked solution of exercise 5.3), in plain
+    tensors: returns ``(o, lse)``, scale ``1/sqrt(D)``, top-left causal mask.
+    ``flashtut.tiled_attention`` is this loop plus input checks, any scale,
+    grouped-query heads, bottom-right alignment and windows (chapter 12) and an
+    overflow check."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.empty_like(q)
@@ -213,7 +216,8 @@ def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
         m = torch.full(qi.shape[:3], float("-inf"), dtype=acc_t, device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros_like(qi)
-        k_end = min(q1, Nk) if causal else Nk     # later key blocks are hidden from every row
+        # causal: key blocks from q1 on are hidden from every row of this block
+        k_end = min(q1, Nk) if causal else Nk
         for k0 in range(0, k_end, block_n):
             k1 = min(k0 + block_n, Nk)
             s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)

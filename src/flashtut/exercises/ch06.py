@@ -134,9 +134,11 @@ def solution_attention_backward(q, k, v, do, causal=False, scale=None):
 # --- Exercise 6.4 (headline): the tiled backward --------------------------------------------------
 
 def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block_n=64):
-    """Worked solution of exercise 6.4, in plain tensors: ``(dq, dk, dv)``, scale
-    ``1/sqrt(D)``. ``flashtut.tiled_attention_backward`` is this loop plus its input
-    checks."""
+    """Chapter 6's tiled backward (and the worked solution of exercise 6.4), in plain
+    tensors: ``(dq, dk, dv)``, scale ``1/sqrt(D)``, top-left causal mask.
+    ``flashtut.tiled_attention_backward`` is this loop plus input checks, any scale,
+    grouped-query heads, bottom-right alignment and windows (chapter 12) and an
+    overflow check."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = D ** -0.5

@@ -143,3 +143,54 @@ def memory_vs_n_figure(ns, measured: dict, title: str = "peak extra memory of on
     ax.set_title(title, loc="left")
     ax.legend(fontsize=8)
     return fig
+
+
+def _draw_backward_panel(ax, n_q_blocks: int, n_k_blocks: int, causal: bool, chosen, along: str,
+                         colour: str, title: str, note: str):
+    """One panel of :func:`backward_dataflow_figure`: the tile grid, the column (``along="col"``)
+    or row (``"row"``) ``chosen`` filled, the tiles a causal mask hides hatched."""
+    for i in range(n_q_blocks):
+        for j in range(n_k_blocks):
+            if causal and j > i:
+                ax.add_patch(plt.Rectangle((j, i), 0.94, 0.94, fill=False, hatch="///", edgecolor=INK, lw=0.5))
+                continue
+            on = (j == chosen) if along == "col" else (i == chosen)
+            ax.add_patch(plt.Rectangle((j, i), 0.94, 0.94, color=colour if on else "#DDDDDD",
+                                       alpha=0.9 if on else 1.0))
+            if on:
+                ax.text(j + 0.47, i + 0.5, f"$S_{{{i}{j}}}$", ha="center", va="center", fontsize=11,
+                        color="white", fontweight="bold")
+    for j in range(n_k_blocks):
+        ax.text(j + 0.47, -0.2, f"$K_{{{j}}}, V_{{{j}}}$", ha="center", va="bottom", fontsize=10, color=INK)
+    for i in range(n_q_blocks):
+        ax.text(-0.15, i + 0.47, f"$Q_{{{i}}}$", ha="right", va="center", fontsize=11, color=INK)
+    ax.text(n_k_blocks / 2, n_q_blocks + 0.25, note, ha="center", va="top", fontsize=10.5, color=INK)
+    ax.set_xlim(-0.9, n_k_blocks + 0.6)
+    ax.set_ylim(n_q_blocks + 1.05, -0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title, fontsize=12, color=INK)
+
+
+def backward_dataflow_figure(n_q_blocks: int = 5, n_k_blocks: int = 5, causal: bool = True,
+                             key_block: int = 1, query_block: int = 3):
+    """What feeds the backward's outputs, on the grid of score tiles ``S_ij`` (hatched: hidden by
+    a causal mask, never computed). Left: ``dK_j`` and ``dV_j`` of key block ``key_block`` sum a
+    column of tiles, which one thread block walks while it keeps them on chip. Right: ``dQ_i`` of
+    query block ``query_block`` sums a row of tiles, each computed by a different key block's
+    thread block. Returns the ``Figure``."""
+    for name, val, hi in (("n_q_blocks", n_q_blocks, 12), ("n_k_blocks", n_k_blocks, 12),
+                          ("key_block", key_block, n_k_blocks - 1), ("query_block", query_block, n_q_blocks - 1)):
+        low = 0 if name.endswith("_block") else 1
+        if isinstance(val, bool) or not isinstance(val, int) or not low <= val <= hi:
+            raise ValueError(f"{name} must be an integer from {low} to {hi}, got {val!r}")
+    width = 8.6
+    unit = (width / 2 - 0.3) / (n_k_blocks + 1.5)
+    fig, axes = subplots(1, 2, figsize=(width, unit * (n_q_blocks + 1.65) + 0.45))
+    _draw_backward_panel(axes[0], n_q_blocks, n_k_blocks, causal, key_block, "col", PALETTE[0],
+                         f"$dK_{{{key_block}}}, dV_{{{key_block}}}$: a column of tiles",
+                         "one thread block, accumulators on chip,\nwritten once")
+    _draw_backward_panel(axes[1], n_q_blocks, n_k_blocks, causal, query_block, "row", PALETTE[3],
+                         f"$dQ_{{{query_block}}}$: a row of tiles",
+                         "one tile from each key block's thread block:\natomic adds, or a second pass")
+    return fig
