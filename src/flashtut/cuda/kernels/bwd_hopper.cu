@@ -156,14 +156,17 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned k_s = smem_addr(smem_align1024(smem_raw));  // [HEAD_DIM / 64][128][64], swizzled
     const unsigned v_s = k_s + BWDH_TILE_N;
-    const unsigned st_s = v_s + BWDH_TILE_N;                    // stages: Q, dO, lse2, Delta
-    const unsigned ds_s = st_s + BWDH_NSTAGE * BWDH_STAGE_BYTES;  // [2][BM / 64][128][64]
-    const unsigned bars = ds_s + 2 * BWDH_DS_BYTES;             // kv_full, full[S], empty[S]
+    const unsigned st_s = v_s + BWDH_TILE_N;                    // stages: Q, dO tiles
+    const unsigned ds_s = st_s + BWDH_NSTAGE * 2 * BWDH_TILE_M;  // [2][BM / 64][128][64]
+    const unsigned ld_s = ds_s + 2 * BWDH_DS_BYTES;             // stages: lse2, Delta (BM floats each)
+    const unsigned bars = ld_s + BWDH_NSTAGE * BWDH_BLOCK_M * 8;  // kv_full, full[S], empty[S]
     (void)bars;
     unsigned char* const smem_gen = smem_align1024(smem_raw);   // the same memory, generic addresses
-#define BWDH_Q(s) (st_s + (s) * BWDH_STAGE_BYTES)
+    // every tile starts on a 1024-byte boundary (the 128-byte swizzle's period): K, V, Q and dO tiles are
+    // multiples of 8 KB, the dS^T tiles of 16 KB; the float vectors come after them
+#define BWDH_Q(s) (st_s + (s) * 2 * BWDH_TILE_M)
 #define BWDH_DO(s) (BWDH_Q(s) + BWDH_TILE_M)
-#define BWDH_L(s) (BWDH_Q(s) + 2 * BWDH_TILE_M)
+#define BWDH_L(s) (ld_s + (s) * BWDH_BLOCK_M * 8)
 #define BWDH_D(s) (BWDH_L(s) + BWDH_BLOCK_M * 4)
 #define BWDH_FULL(s) (bars + 8u * (1 + (s)))
 #define BWDH_EMPTY(s) (bars + 8u * (1 + BWDH_NSTAGE + (s)))
@@ -308,7 +311,9 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         wgmma_fence_operands<BWDH_BLOCK_M / 2>(dp);
         ft_raw2 pf[BWDH_BLOCK_M / 4], dsf[BWDH_BLOCK_M / 4];
 #if BWDH_DQ
+#if BWDH_DQ
         unsigned char* const ds_gen = smem_gen + (ds_s - k_s) + (it & 1) * BWDH_DS_BYTES;
+#endif
 #endif
 #pragma unroll
         for (int i = 0; i < BWDH_BLOCK_M / 2; i += 2) {
