@@ -312,6 +312,13 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         ft_raw2 pf[BWDH_BLOCK_M / 4], dsf[BWDH_BLOCK_M / 4];
 #if BWDH_DQ
 #if BWDH_DQ
+        // dS^T goes into the MN-major A tile of dQ: element (key row r = 64 wg + 16 warp + g + 8 h, query
+        // column 8 c8 + 2t) at sw128_offset(r, 8 c8 + 2t) = row part + 16 ((c8 ^ g) % 8) + 4t + 16384 (c8 / 8).
+        // Since r % 8 = g, that is xrow ^ 16 (c8 % 8) plus constants, xrow holding g in bits 4-6. xrow comes
+        // out of an asm statement inside the loop so that the compiler cannot hoist the 32 store addresses out
+        // of the loop into 32 registers (it did, and spilled at D = 64).
+        unsigned xrow;
+        asm volatile("mov.b32 %0, %1;" : "=r"(xrow) : "r"((unsigned)((64 * wg + 16 * warp + g) * 128 + (g << 4) + 4 * t)));
         unsigned char* const ds_gen = smem_gen + (ds_s - k_s) + (it & 1) * BWDH_DS_BYTES;
 #endif
 #endif
@@ -321,9 +328,8 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
             pf[i / 2] = ft_pack2(sc[i], sc[i + 1]);
             dsf[i / 2] = ft_pack2(sc[i] * (dp[i] - dl.x), sc[i + 1] * (dp[i + 1] - dl.y));
 #if BWDH_DQ
-            // dS^T into the MN-major A tile of dQ: key row 64 wg + 16 warp + g + 8 ((i / 2) % 2), query column
-            const int r = 64 * wg + 16 * warp + g + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * t;
-            *reinterpret_cast<ft_raw2*>(ds_gen + sw128_offset<BWDH_BLOCK_N>(r, c)) = dsf[i / 2];
+            const unsigned off = ((xrow + 1024u * ((i / 2) % 2) + (i / 32) * (BWDH_BLOCK_N * 128)) ^ (((i / 4) % 8) << 4));
+            *reinterpret_cast<ft_raw2*>(ds_gen + off) = dsf[i / 2];
 #endif
         }
 
