@@ -1,4 +1,4 @@
-"""The Hopper backward ladder (bwd_hopper.cu, rungs b1 and b2) against SDPA flash's backward and the
+"""The Hopper backward ladder (bwd_hopper.cu, rungs b1, b2, b3) against SDPA flash's backward and the
 mma.sync backward, in one process, on the book's protocol: 16k tokens, hidden 2048, D = 64 (32 heads) and
 128 (16 heads), N = 4096 and 16384, float16 and bfloat16, causal and not.
 
@@ -7,7 +7,7 @@ Every implementation's gradients are checked against SDPA flash's on the same in
 backward is timed: o and lse come from one forward before the timing. Prints a table of ratios to SDPA
 flash and writes the rows (kind speed, mode bwd) to $OUT/hopper_backward.json (or --out).
 
-    python experiments/hopper_backward/run.py [--quick] [--out PATH] [--rungs b1,b2]
+    python experiments/hopper_backward/run.py [--quick] [--out PATH] [--rungs b1,b2,b3]
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 4096, float16 only")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "hopper_backward.json"))
-    ap.add_argument("--rungs", default="b1,b2")
+    ap.add_argument("--rungs", default="b1,b2,b3")
     ap.add_argument("--rep-ms", type=float, default=200)
     args = ap.parse_args(argv)
     rungs = [r for r in args.rungs.split(",") if r]

@@ -48,6 +48,9 @@
 #ifndef BWDH_DQ
 #define BWDH_DQ 1         // 0: dK and dV only (the deterministic mode takes dQ from a separate pass)
 #endif
+#ifndef BWDH_DQ_TMA
+#define BWDH_DQ_TMA 0     // 1 (B3, with BWDH_TMA): dQ tiles staged in shared memory and added by TMA reduce-add
+#endif
 #define BWDH_BLOCK_N 128  // keys per block: two consumer warpgroups of 64
 #define BWDH_CONSUMERS 256
 #define BWDH_THREADS (BWDH_CONSUMERS + 128 * BWDH_TMA)
@@ -59,7 +62,9 @@
 #define BWDH_STAGE_BYTES (2 * BWDH_TILE_M + 2 * BWDH_BLOCK_M * 4)   // Q, dO, lse2, Delta
 #define BWDH_NSTAGE (BWDH_TMA ? BWDH_STAGES : 2)
 // dynamic shared memory: K, V, the stages, two dS^T tiles, mbarriers; + 1024 for the alignment
-#define BWDH_SMEM (2 * BWDH_TILE_N + BWDH_NSTAGE * BWDH_STAGE_BYTES + 2 * BWDH_DS_BYTES + 8 * (1 + 2 * BWDH_NSTAGE) + 1024)
+#define BWDH_DQ_STAGE_BYTES (BWDH_DQ_TMA ? 2 * 64 * 64 * 4 : 0)   // B3: each consumer's 64 x 64 float32 dQ tile
+#define BWDH_SMEM (2 * BWDH_TILE_N + BWDH_NSTAGE * BWDH_STAGE_BYTES + 2 * BWDH_DS_BYTES + BWDH_DQ_STAGE_BYTES \
+                   + 8 * (1 + 2 * BWDH_NSTAGE) + 1024)
 
 #if BWDH_BLOCK_M * HEAD_DIM != 8192
 #error "the dQ product is 64 x 64 per consumer: BWDH_BLOCK_M * HEAD_DIM must be 8192 (D 64: BM 128, D 128: BM 64)"
@@ -89,6 +94,10 @@ __device__ __forceinline__ void bwdh_bulk_load(unsigned dst, const void* src, un
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
 }
+
+#if BWDH_DQ_TMA && (!BWDH_TMA || !BWDH_DQ)
+#error "BWDH_DQ_TMA needs the producer (BWDH_TMA) and dQ (BWDH_DQ)"
+#endif
 
 // named barrier 1 over the two consumer warpgroups (B2: the producer never joins it)
 __device__ __forceinline__ void bwdh_consumer_sync() {
@@ -158,7 +167,8 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
     const unsigned v_s = k_s + BWDH_TILE_N;
     const unsigned st_s = v_s + BWDH_TILE_N;                    // stages: Q, dO tiles
     const unsigned ds_s = st_s + BWDH_NSTAGE * 2 * BWDH_TILE_M;  // [2][BM / 64][128][64]
-    const unsigned ld_s = ds_s + 2 * BWDH_DS_BYTES;             // stages: lse2, Delta (BM floats each)
+    const unsigned dqs_s = ds_s + 2 * BWDH_DS_BYTES;            // B3: [2 consumers][2][64][32] float32, swizzled
+    const unsigned ld_s = dqs_s + BWDH_DQ_STAGE_BYTES;          // stages: lse2, Delta (BM floats each)
     const unsigned bars = ld_s + BWDH_NSTAGE * BWDH_BLOCK_M * 8;  // kv_full, full[S], empty[S]
     (void)bars;
     unsigned char* const smem_gen = smem_align1024(smem_raw);   // the same memory, generic addresses
@@ -311,7 +321,6 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         wgmma_fence_operands<BWDH_BLOCK_M / 2>(dp);
         ft_raw2 pf[BWDH_BLOCK_M / 4], dsf[BWDH_BLOCK_M / 4];
 #if BWDH_DQ
-#if BWDH_DQ
         // dS^T goes into the MN-major A tile of dQ: element (key row r = 64 wg + 16 warp + g + 8 h, query
         // column 8 c8 + 2t) at sw128_offset(r, 8 c8 + 2t) = row part + 16 ((c8 ^ g) % 8) + 4t + 16384 (c8 / 8).
         // Since r % 8 = g, that is xrow ^ 16 (c8 % 8) plus constants, xrow holding g in bits 4-6. xrow comes
@@ -320,7 +329,6 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         unsigned xrow;
         asm volatile("mov.b32 %0, %1;" : "=r"(xrow) : "r"((unsigned)((64 * wg + 16 * warp + g) * 128 + (g << 4) + 4 * t)));
         unsigned char* const ds_gen = smem_gen + (ds_s - k_s) + (it & 1) * BWDH_DS_BYTES;
-#endif
 #endif
 #pragma unroll
         for (int i = 0; i < BWDH_BLOCK_M / 2; i += 2) {
@@ -362,6 +370,37 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
 #if BWDH_DQ
         wgmma_wait<0>();
         wgmma_fence_operands<32>(dq);
+#if BWDH_DQ_TMA
+        // the tile into this consumer's staging buffer, [2 halves of 32 columns][64 rows][32 floats] with the
+        // 128-byte swizzle (16-byte chunk k of row r at k ^ (r % 8)): dq[i] is row 16 warp + g + 8 ((i / 2) % 2),
+        // column 8 (i / 4) + 2t + i % 2, chunk (2 ((i / 4) % 4) + t / 2) ^ g of its half. As for dS^T, one
+        // register from an asm statement holds the part that depends on the thread, XORed with constants.
+        unsigned xq;
+        asm volatile("mov.b32 %0, %1;" : "=r"(xq) : "r"((unsigned)((16 * warp + g) * 128 + (((t / 2) ^ g) << 4) + 8 * (t % 2))));
+        unsigned char* const dq_gen = smem_gen + (dqs_s - k_s) + wg * (64 * 64 * 4);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+            const unsigned off = ((xq + 1024u * ((i / 2) % 2) + (i / 16) * 8192u) ^ ((2 * ((i / 4) % 4)) << 4));
+            *reinterpret_cast<float2*>(dq_gen + off) = make_float2(dq[i], dq[i + 1]);
+        }
+        fence_proxy_async_smem();   // the stores, visible to the TMA unit
+        if (wg == 0)                // this consumer's tile is complete (named barriers 2 and 3, 128 threads)
+            asm volatile("bar.sync 2, 128;" ::: "memory");
+        else
+            asm volatile("bar.sync 3, 128;" ::: "memory");
+        if (ct % 128 == 0) {
+            const void* tdq = tmaps + 512;
+            const unsigned src = dqs_s + wg * (64 * 64 * 4);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
+                             :: "l"(tdq), "r"(64 * cb + 32 * h), "r"(m0 + 64 * qb), "r"(bh), "r"(src + h * 8192) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            // the buffer is written again after the next step's consumer barrier, which this thread reaches
+            // only once the copy engine has read it
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+#else
         // dq[i]: query row m0 + 64 qb + 16 warp + g + 8 ((i / 2) % 2), column 64 cb + 8 (i / 4) + 2t + i % 2
         float* dqb = dq_acc + (size_t)bh * Nq * HEAD_DIM;
 #pragma unroll
@@ -369,8 +408,11 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
             const int row = m0 + 64 * qb + 16 * warp + g + 8 * ((i / 2) % 2);
             if (row < Nq) bwdh_red_add2(dqb + (size_t)row * HEAD_DIM + 64 * cb + 8 * (i / 4) + 2 * t, dq[i], dq[i + 1]);
         }
+#endif
 #else
         (void)bh;
+        (void)qb;
+        (void)cb;
 #endif
     }
 
