@@ -46,7 +46,7 @@ def test_builds_and_shared_memory():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"rung": "b3"}, "rung"),
+    ({"rung": "b9"}, "rung"),
     ({"stages": 0}, "stages"),
     ({"rung": "b1", "stages": 3}, "stages"),
     ({"window": 16}, "window"),            # a window needs a causal alignment
