@@ -1,4 +1,4 @@
-"""The Hopper backward ladder (bwd_hopper.cu, rungs b1, b2, b3) against SDPA flash's backward and the
+"""The Hopper backward ladder (bwd_hopper.cu, rungs b1 to b4) against SDPA flash's backward and the
 mma.sync backward, in one process, on the book's protocol: 16k tokens, hidden 2048, D = 64 (32 heads) and
 128 (16 heads), N = 4096 and 16384, float16 and bfloat16, causal and not.
 
@@ -7,7 +7,7 @@ Every implementation's gradients are checked against SDPA flash's on the same in
 backward is timed: o and lse come from one forward before the timing. Prints a table of ratios to SDPA
 flash and writes the rows (kind speed, mode bwd) to $OUT/hopper_backward.json (or --out).
 
-    python experiments/hopper_backward/run.py [--quick] [--out PATH] [--rungs b1,b2,b3]
+    python experiments/hopper_backward/run.py [--quick] [--out PATH] [--rungs b1,b2,b3,b4]
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 4096, float16 only")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "hopper_backward.json"))
-    ap.add_argument("--rungs", default="b1,b2,b3")
+    ap.add_argument("--rungs", default="b1,b2,b3,b4",
+                    help="rungs to time, comma-separated; RUNG:S times it with S TMA stages (where it fits)")
     ap.add_argument("--rep-ms", type=float, default=200)
     args = ap.parse_args(argv)
     rungs = [r for r in args.rungs.split(",") if r]
@@ -61,7 +62,9 @@ def main(argv=None) -> int:
         impls = {"sdpa_flash": lambda: torch.autograd.grad(o_ref, leaves, do, retain_graph=True),
                  "cuda_mma": lambda: cuda_backward(q, k, v, o, lse, do, causal)}
         for r in rungs:
-            impls[f"hopper_{r}"] = (lambda r=r: hopper_backward(q, k, v, o, lse, do, causal, rung=r))
+            rung, _, st = r.partition(":")
+            impls[f"hopper_{r}"] = (lambda rung=rung, st=int(st or 2):
+                                    hopper_backward(q, k, v, o, lse, do, causal, rung=rung, stages=st))
         flops = 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1.0)
         times = {}
         for impl, fn in impls.items():
@@ -87,13 +90,13 @@ def main(argv=None) -> int:
 
     impl_names = ["sdpa_flash", "cuda_mma"] + [f"hopper_{r}" for r in rungs]
     print(f"\n{name}: backward ms (ratio to SDPA flash)")
-    print(f"{'case':34s}" + "".join(f"{n:>20s}" for n in impl_names))
+    print(f"{'case':34s}" + "".join(f"{n:>16s}" for n in impl_names))
     for B, H, N, D, dt, causal, times in table:
         cells = []
         for n in impl_names:
             t = times.get(n)
-            cells.append(f"{'-':>20s}" if t is None else f"{t:9.3f} ({times['sdpa_flash'] / t:4.2f}x)"
-                         .rjust(20) if times.get("sdpa_flash") else f"{t:20.3f}")
+            cells.append(f"{'-':>16s}" if t is None else f"{t:7.3f} ({times['sdpa_flash'] / t:4.2f}x)"
+                         .rjust(16) if times.get("sdpa_flash") else f"{t:16.3f}")
         print(f"B{B} H{H} N{N} D{D} {dt} {'causal' if causal else 'full':7s}".ljust(34) + "".join(cells))
     prov = collect("cuda", sys.argv[1:] if argv is None else argv)
     save_results(args.out, "speed", rows, prov, {"tokens": TOKENS, "hidden": HIDDEN, "rungs": rungs})

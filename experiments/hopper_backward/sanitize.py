@@ -19,7 +19,7 @@ from flashtut.cuda.hopper_backward import HEAD_DIMS, hopper_backward
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rungs", default="b1,b2,b3")
+    ap.add_argument("--rungs", default="b1,b2,b3,b4")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     for rung in args.rungs.split(","):

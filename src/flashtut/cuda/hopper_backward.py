@@ -5,14 +5,15 @@
 every query head of its group (so grouped heads are summed in registers), recomputes ``S^T = K Q^T`` and
 ``dP^T = V dO^T`` with the keys as the wgmma rows (so ``P^T`` and ``dS^T`` come out of the accumulators in
 the register layout the ``dV`` and ``dK`` products take as their A operand), and adds ``dQ = dS K`` of
-each query block into a float32 buffer. Three rungs (``RUNGS``), each one change on the last:
+each query block into a float32 buffer. Four rungs (``RUNGS``), each one change on the last:
 
 * ``"b1"``: two consumer warpgroups that also load (cp.async into a double buffer); dQ by 8-byte
   float32 reductions (``red.global.add.v2.f32``) from every consumer thread;
 * ``"b2"``: a producer warpgroup issues TMA copies into a ring of ``stages`` stages guarded by
   mbarriers and hands its registers to the consumers (``setmaxnreg``);
 * ``"b3"`` (the default): each consumer stages its 64 x 64 dQ tile in shared memory and one thread adds
-  it into the buffer with a TMA reduce-add (``cp.reduce.async.bulk.tensor``), as FlashAttention-3 does.
+  it into the buffer with a TMA reduce-add (``cp.reduce.async.bulk.tensor``), as FlashAttention-3 does;
+* ``"b4"``: the dQ product issued before dV and dK, so that its store overlaps them.
 
 Passes: ``bwdh_preprocess`` (Delta = rowsum(dO O) and lse in base 2, rows padded per head to the query
 block), the main kernel, then ``bwd_dq_convert.cu`` (dQ times the scale, to the input type).
@@ -40,8 +41,8 @@ from .hopper_launch import _TMA_L2_128B, _TMA_SWIZZLE_128B, TENSOR_MAP_BYTES, _e
 #: CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (cuda.h)
 _TMA_FLOAT32 = 7
 
-#: the rungs of the backward ladder and what each builds (BWDH_TMA, BWDH_DQ_TMA)
-RUNGS = {"b1": (0, 0), "b2": (1, 0), "b3": (1, 1)}
+#: the rungs of the backward ladder and what each builds (BWDH_TMA, BWDH_DQ_TMA, BWDH_DQ_FIRST)
+RUNGS = {"b1": (0, 0, 0), "b2": (1, 0, 0), "b3": (1, 1, 0), "b4": (1, 1, 1)}
 #: head dims the kernel is built for
 HEAD_DIMS = (64, 128)
 SOURCE = "bwd_hopper.cu"
@@ -89,7 +90,7 @@ class HopperBackwardConfig:
     @property
     def define_dict(self) -> dict:
         return {"FT_BF16": int(self.bf16), "HEAD_DIM": self.head_dim, "BWDH_TMA": RUNGS[self.rung][0],
-                "BWDH_DQ_TMA": int(self.dq_tma), "BWDH_STAGES": self.stages, "BWDH_DQ": int(self.dq),
+                "BWDH_DQ_TMA": int(self.dq_tma), "BWDH_DQ_FIRST": RUNGS[self.rung][2] * int(self.dq), "BWDH_STAGES": self.stages, "BWDH_DQ": int(self.dq),
                 "FT_DESC_STEP": 1}
 
 
@@ -158,7 +159,7 @@ def hopper_backward(q, k, v, o, lse, do, causal=False, scale: float | None = Non
     ``q``, ``o``, ``do``: ``(B, H, Nq, D)``; ``k``, ``v``: ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0``; CUDA
     float16 or bfloat16, D 64 or 128; ``lse``: the forward's natural-log log-sum-exp ``(B, H, Nq)``.
     ``causal``: ``False``, ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` (with causal): query
-    ``i`` sees key ``j`` iff ``i + off - window < j <= i + off``. ``rung``: ``"b1"``, ``"b2"`` or ``"b3"``
+    ``i`` sees key ``j`` iff ``i + off - window < j <= i + off``. ``rung``: ``"b1"`` to ``"b4"``
     (module doc); ``stages``: the TMA rungs' ring. ``deterministic``: dQ from the separate mma.sync pass (the same bits
     every run) instead of float32 atomics. Returns gradients in the input dtype, shaped like the inputs.
     """

@@ -48,6 +48,9 @@
 #ifndef BWDH_DQ
 #define BWDH_DQ 1         // 0: dK and dV only (the deterministic mode takes dQ from a separate pass)
 #endif
+#ifndef BWDH_DQ_FIRST
+#define BWDH_DQ_FIRST 0   // 1 (B4): the dQ product issued before dV and dK, its store overlapping them
+#endif
 #ifndef BWDH_DQ_TMA
 #define BWDH_DQ_TMA 0     // 1 (B3, with BWDH_TMA): dQ tiles staged in shared memory and added by TMA reduce-add
 #endif
@@ -341,75 +344,101 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
 #endif
         }
 
-        // dV += P^T dO and dK += dS^T Q: A from registers, B MN-major from the stage
-        wgmma_fence();
-        wg_pv<BWDH_BLOCK_M>(dv_acc, pf, do_addr);
-        wg_pv<BWDH_BLOCK_M>(dk_acc, dsf, q_addr);
-        wgmma_commit();
-
+        // dV += P^T dO and dK += dS^T Q (A from registers, B MN-major from the stage), and dQ = dS K once both
+        // consumers' dS^T are in shared memory. B4 (BWDH_DQ_FIRST) issues dQ first, so that its store to the
+        // float32 buffer runs while the tensor cores do dV and dK.
 #if BWDH_DQ
-        fence_proxy_async_smem();   // this thread's dS^T stores, visible to the tensor cores
-        bwdh_consumer_sync();       // both warpgroups' dS^T are in
-        float dq[32];
-        const unsigned ds_addr = ds_s + (it & 1) * BWDH_DS_BYTES + qb * (BWDH_BLOCK_N * 128);
-        const unsigned kq = k_s + cb * (BWDH_BLOCK_N * 128);
-        const unsigned long long da = wgmma_desc(ds_addr, 1024, 1024), db = wgmma_desc(kq, 1024, 1024);
+        // dQ of this step from registers into the float32 buffer
+        auto store_dq = [&](const float* dq) {
+#if BWDH_DQ_TMA
+            // the tile into this consumer's staging buffer, [2 halves of 32 columns][64 rows][32 floats] with the
+            // 128-byte swizzle (16-byte chunk k of row r at k ^ (r % 8)): dq[i] is row 16 warp + g + 8 ((i / 2) % 2),
+            // column 8 (i / 4) + 2t + i % 2, chunk (2 ((i / 4) % 4) + t / 2) ^ g of its half. As for dS^T, one
+            // register from an asm statement holds the part that depends on the thread, XORed with constants.
+            unsigned xq;
+            asm volatile("mov.b32 %0, %1;" : "=r"(xq) : "r"((unsigned)((16 * warp + g) * 128 + (((t / 2) ^ g) << 4) + 8 * (t % 2))));
+            unsigned char* const dq_gen = smem_gen + (dqs_s - k_s) + wg * (64 * 64 * 4);
 #pragma unroll
-        for (int kp = 0; kp < BWDH_BLOCK_N / 16; ++kp)   // 16 keys a step: 2048 bytes down both tiles
-            bwdh_wgmma_tt(dq, wgmma_desc_step(da, kp * 2048), wgmma_desc_step(db, kp * 2048), kp > 0);
-        wgmma_commit();
+            for (int i = 0; i < 32; i += 2) {
+                const unsigned off = ((xq + 1024u * ((i / 2) % 2) + (i / 16) * 8192u) ^ ((2 * ((i / 4) % 4)) << 4));
+                *reinterpret_cast<float2*>(dq_gen + off) = make_float2(dq[i], dq[i + 1]);
+            }
+            fence_proxy_async_smem();   // the stores, visible to the TMA unit
+            if (wg == 0)                // this consumer's tile is complete (named barriers 2 and 3, 128 threads)
+                asm volatile("bar.sync 2, 128;" ::: "memory");
+            else
+                asm volatile("bar.sync 3, 128;" ::: "memory");
+            if (ct % 128 == 0) {
+                const void* tdq = tmaps + 512;
+                const unsigned src = dqs_s + wg * (64 * 64 * 4);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
+                                 :: "l"(tdq), "r"(64 * cb + 32 * h), "r"(m0 + 64 * qb), "r"(bh), "r"(src + h * 8192) : "memory");
+                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                // the buffer is written again after the next step's consumer barrier, which this thread reaches
+                // only once the copy engine has read it
+                asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            }
+#else
+            // dq[i]: query row m0 + 64 qb + 16 warp + g + 8 ((i / 2) % 2), column 64 cb + 8 (i / 4) + 2t + i % 2
+            float* dqb = dq_acc + (size_t)bh * Nq * HEAD_DIM;
+#pragma unroll
+            for (int i = 0; i < 32; i += 2) {
+                const int row = m0 + 64 * qb + 16 * warp + g + 8 * ((i / 2) % 2);
+                if (row < Nq) bwdh_red_add2(dqb + (size_t)row * HEAD_DIM + 64 * cb + 8 * (i / 4) + 2 * t, dq[i], dq[i + 1]);
+            }
 #endif
-        wgmma_wait<BWDH_DQ>();      // dV and dK are done: the stage's Q and dO are read
-        wgmma_fence_operands<HEAD_DIM / 2>(dv_acc);
-        wgmma_fence_operands<HEAD_DIM / 2>(dk_acc);
-        wgmma_fence_operands<BWDH_BLOCK_M / 4>(pf);
-        wgmma_fence_operands<BWDH_BLOCK_M / 4>(dsf);
+        };
+        float dq[32];
+        auto issue_dq = [&]() {
+            fence_proxy_async_smem();   // this thread's dS^T stores, visible to the tensor cores
+            bwdh_consumer_sync();       // both warpgroups' dS^T are in
+            const unsigned ds_addr = ds_s + (it & 1) * BWDH_DS_BYTES + qb * (BWDH_BLOCK_N * 128);
+            const unsigned kq = k_s + cb * (BWDH_BLOCK_N * 128);
+            const unsigned long long da = wgmma_desc(ds_addr, 1024, 1024), db = wgmma_desc(kq, 1024, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kp = 0; kp < BWDH_BLOCK_N / 16; ++kp)   // 16 keys a step: 2048 bytes down both tiles
+                bwdh_wgmma_tt(dq, wgmma_desc_step(da, kp * 2048), wgmma_desc_step(db, kp * 2048), kp > 0);
+            wgmma_commit();
+        };
+#endif
+        auto issue_dkdv = [&]() {
+            wgmma_fence();
+            wg_pv<BWDH_BLOCK_M>(dv_acc, pf, do_addr);
+            wg_pv<BWDH_BLOCK_M>(dk_acc, dsf, q_addr);
+            wgmma_commit();
+        };
+        auto release_stage = [&]() {   // dV and dK are done: the stage's Q and dO are read
+            wgmma_fence_operands<HEAD_DIM / 2>(dv_acc);
+            wgmma_fence_operands<HEAD_DIM / 2>(dk_acc);
+            wgmma_fence_operands<BWDH_BLOCK_M / 4>(pf);
+            wgmma_fence_operands<BWDH_BLOCK_M / 4>(dsf);
 #if BWDH_TMA
-        warp_release(BWDH_EMPTY(s), lane);
+            warp_release(BWDH_EMPTY(s), lane);
 #endif
-#if BWDH_DQ
+        };
+#if BWDH_DQ && BWDH_DQ_FIRST
+        issue_dq();
+        issue_dkdv();
+        wgmma_wait<1>();
+        wgmma_fence_operands<32>(dq);
+        store_dq(dq);
+        wgmma_wait<0>();
+        release_stage();
+#elif BWDH_DQ
+        issue_dkdv();
+        issue_dq();
+        wgmma_wait<1>();
+        release_stage();
         wgmma_wait<0>();
         wgmma_fence_operands<32>(dq);
-#if BWDH_DQ_TMA
-        // the tile into this consumer's staging buffer, [2 halves of 32 columns][64 rows][32 floats] with the
-        // 128-byte swizzle (16-byte chunk k of row r at k ^ (r % 8)): dq[i] is row 16 warp + g + 8 ((i / 2) % 2),
-        // column 8 (i / 4) + 2t + i % 2, chunk (2 ((i / 4) % 4) + t / 2) ^ g of its half. As for dS^T, one
-        // register from an asm statement holds the part that depends on the thread, XORed with constants.
-        unsigned xq;
-        asm volatile("mov.b32 %0, %1;" : "=r"(xq) : "r"((unsigned)((16 * warp + g) * 128 + (((t / 2) ^ g) << 4) + 8 * (t % 2))));
-        unsigned char* const dq_gen = smem_gen + (dqs_s - k_s) + wg * (64 * 64 * 4);
-#pragma unroll
-        for (int i = 0; i < 32; i += 2) {
-            const unsigned off = ((xq + 1024u * ((i / 2) % 2) + (i / 16) * 8192u) ^ ((2 * ((i / 4) % 4)) << 4));
-            *reinterpret_cast<float2*>(dq_gen + off) = make_float2(dq[i], dq[i + 1]);
-        }
-        fence_proxy_async_smem();   // the stores, visible to the TMA unit
-        if (wg == 0)                // this consumer's tile is complete (named barriers 2 and 3, 128 threads)
-            asm volatile("bar.sync 2, 128;" ::: "memory");
-        else
-            asm volatile("bar.sync 3, 128;" ::: "memory");
-        if (ct % 128 == 0) {
-            const void* tdq = tmaps + 512;
-            const unsigned src = dqs_s + wg * (64 * 64 * 4);
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
-                             :: "l"(tdq), "r"(64 * cb + 32 * h), "r"(m0 + 64 * qb), "r"(bh), "r"(src + h * 8192) : "memory");
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            // the buffer is written again after the next step's consumer barrier, which this thread reaches
-            // only once the copy engine has read it
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        }
+        store_dq(dq);
 #else
-        // dq[i]: query row m0 + 64 qb + 16 warp + g + 8 ((i / 2) % 2), column 64 cb + 8 (i / 4) + 2t + i % 2
-        float* dqb = dq_acc + (size_t)bh * Nq * HEAD_DIM;
-#pragma unroll
-        for (int i = 0; i < 32; i += 2) {
-            const int row = m0 + 64 * qb + 16 * warp + g + 8 * ((i / 2) % 2);
-            if (row < Nq) bwdh_red_add2(dqb + (size_t)row * HEAD_DIM + 64 * cb + 8 * (i / 4) + 2 * t, dq[i], dq[i + 1]);
-        }
-#endif
-#else
+        issue_dkdv();
+        wgmma_wait<0>();
+        release_stage();
         (void)bh;
         (void)qb;
         (void)cb;
