@@ -87,8 +87,12 @@ def test_sm90a_build_has_hgmma_and_reports_its_registers(cfg, record_property):
     # five products with dQ (S^T, dP^T: D / 16 each; dV, dK: BM / 16 x D / 64 each; dQ: 8), three without
     per_step = 2 * (cfg.head_dim // 16) + 2 * (cfg.block_m // 16) * (cfg.head_dim // 64) + 8 * cfg.dq
     assert sass.count(" HGMMA") == per_step
-    if cfg.head_dim == 128:
+    # no spills, except b2 and b3 at D = 64 (a few loop-invariant values, 12 to 16 bytes, reloaded once per
+    # query block: experiments/hopper_backward/README.md)
+    if not (cfg.head_dim == 64 and cfg.rung in ("b2", "b3") and cfg.dq):
         assert rep["spill_st"] == rep["spill_ld"] == 0, rep
+    else:
+        assert rep["spill_st"] <= 16, rep
     if cfg.rung != "b1":
         assert "USETMAXREG" in sass and "UTMALDG" in sass
     assert ("UTMAREDG" in sass) == cfg.dq_tma

@@ -102,6 +102,20 @@ __device__ __forceinline__ void bwdh_bulk_load(unsigned dst, const void* src, un
 #error "BWDH_DQ_TMA needs the producer (BWDH_TMA) and dQ (BWDH_DQ)"
 #endif
 
+// shared-memory accesses by 32-bit shared addresses (a generic pointer takes two registers, and the consumers
+// are short of registers)
+__device__ __forceinline__ float2 bwdh_ld_f2(unsigned addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void bwdh_st_b32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void bwdh_st_f2(unsigned addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 // named barrier 1 over the two consumer warpgroups (B2: the producer never joins it)
 __device__ __forceinline__ void bwdh_consumer_sync() {
 #if BWDH_TMA
@@ -174,7 +188,6 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
     const unsigned ld_s = dqs_s + BWDH_DQ_STAGE_BYTES;          // stages: lse2, Delta (BM floats each)
     const unsigned bars = ld_s + BWDH_NSTAGE * BWDH_BLOCK_M * 8;  // kv_full, full[S], empty[S]
     (void)bars;
-    unsigned char* const smem_gen = smem_align1024(smem_raw);   // the same memory, generic addresses
     // every tile starts on a 1024-byte boundary (the 128-byte swizzle's period): K, V, Q and dO tiles are
     // multiples of 8 KB, the dS^T tiles of 16 KB; the float vectors come after them
 #define BWDH_Q(s) (st_s + (s) * 2 * BWDH_TILE_M)
@@ -283,8 +296,7 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         }
 #endif
         const unsigned q_addr = BWDH_Q(s), do_addr = BWDH_DO(s);
-        const float* lse_s = reinterpret_cast<const float*>(smem_gen + (BWDH_L(s) - k_s));
-        const float* del_s = reinterpret_cast<const float*>(smem_gen + (BWDH_D(s) - k_s));
+        const unsigned lse_s = BWDH_L(s) + 8 * t, del_s = BWDH_D(s) + 8 * t;   // this thread's columns 2t, 2t + 1
 
         // S^T = K_w Q^T and dP^T = V_w dO^T: two wgmma groups, the second running during P's exponentials
         float sc[BWDH_BLOCK_M / 2], dp[BWDH_BLOCK_M / 2];
@@ -313,7 +325,7 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         // P^T in place of S^T while dP^T is still on the tensor cores
 #pragma unroll
         for (int i = 0; i < BWDH_BLOCK_M / 2; i += 2) {
-            const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * (i / 4) + 2 * t);
+            const float2 l2 = bwdh_ld_f2(lse_s + 32 * (i / 4));
             sc[i] = ft_exp2(fmaf(sc[i], scale_log2, -l2.x));
             sc[i + 1] = ft_exp2(fmaf(sc[i + 1], scale_log2, -l2.y));
         }
@@ -331,16 +343,16 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         // of the loop into 32 registers (it did, and spilled at D = 64).
         unsigned xrow;
         asm volatile("mov.b32 %0, %1;" : "=r"(xrow) : "r"((unsigned)((64 * wg + 16 * warp + g) * 128 + (g << 4) + 4 * t)));
-        unsigned char* const ds_gen = smem_gen + (ds_s - k_s) + (it & 1) * BWDH_DS_BYTES;
+        const unsigned ds_w = ds_s + (it & 1) * BWDH_DS_BYTES;
 #endif
 #pragma unroll
         for (int i = 0; i < BWDH_BLOCK_M / 2; i += 2) {
-            const float2 dl = *reinterpret_cast<const float2*>(del_s + 8 * (i / 4) + 2 * t);
+            const float2 dl = bwdh_ld_f2(del_s + 32 * (i / 4));
             pf[i / 2] = ft_pack2(sc[i], sc[i + 1]);
             dsf[i / 2] = ft_pack2(sc[i] * (dp[i] - dl.x), sc[i + 1] * (dp[i + 1] - dl.y));
 #if BWDH_DQ
             const unsigned off = ((xrow + 1024u * ((i / 2) % 2) + (i / 32) * (BWDH_BLOCK_N * 128)) ^ (((i / 4) % 8) << 4));
-            *reinterpret_cast<ft_raw2*>(ds_gen + off) = dsf[i / 2];
+            bwdh_st_b32(ds_w + off, dsf[i / 2]);
 #endif
         }
 
@@ -357,11 +369,11 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
             // register from an asm statement holds the part that depends on the thread, XORed with constants.
             unsigned xq;
             asm volatile("mov.b32 %0, %1;" : "=r"(xq) : "r"((unsigned)((16 * warp + g) * 128 + (((t / 2) ^ g) << 4) + 8 * (t % 2))));
-            unsigned char* const dq_gen = smem_gen + (dqs_s - k_s) + wg * (64 * 64 * 4);
+            const unsigned dq_w = dqs_s + wg * (64 * 64 * 4);
 #pragma unroll
             for (int i = 0; i < 32; i += 2) {
                 const unsigned off = ((xq + 1024u * ((i / 2) % 2) + (i / 16) * 8192u) ^ ((2 * ((i / 4) % 4)) << 4));
-                *reinterpret_cast<float2*>(dq_gen + off) = make_float2(dq[i], dq[i + 1]);
+                bwdh_st_f2(dq_w + off, dq[i], dq[i + 1]);
             }
             fence_proxy_async_smem();   // the stores, visible to the TMA unit
             if (wg == 0)                // this consumer's tile is complete (named barriers 2 and 3, 128 threads)
