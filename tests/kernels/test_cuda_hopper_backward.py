@@ -193,3 +193,23 @@ def test_deterministic_mode_repeats_its_bits(D):
     b = hb.hopper_backward(q, k, v, o, lse, do, "bottom-right", deterministic=True)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert yardstick(q, k, v, o, a, do, "bottom-right").passed
+
+
+def test_cuda_attention_takes_it_on_sm90_at_d64_and_d128_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from flashtut.cuda import hopper_backward_launch as hbl
+
+    monkeypatch.setattr(hbl, "capability", lambda device: (9, 0))
+
+    def fake(B, H, N, D):
+        return SimpleNamespace(shape=(B, H, N, D), is_cuda=True, device="cuda:0")
+
+    for D in (64, 128):
+        assert hbl.takes(fake(2, 4, 100, D), fake(2, 2, 90, D))
+        assert not hbl.takes(fake(2, 4, 100, D), fake(2, 2, 90, D), deterministic=True)
+    assert not hbl.takes(fake(2, 4, 100, 32), fake(2, 4, 100, 32))          # other dims: the warp grid
+    assert not hbl.takes(fake(1, 1, 2**24, 128), fake(1, 1, 16, 128))       # dQ rows past 32-bit indexing
+    assert not hbl.takes(fake(65536, 1, 16, 64), fake(65536, 1, 16, 64))    # grid.y
+    monkeypatch.setattr(hbl, "capability", lambda device: (8, 0))
+    assert not hbl.takes(fake(2, 4, 100, 64), fake(2, 4, 100, 64))          # an A100 keeps the mma.sync backward
