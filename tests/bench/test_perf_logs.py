@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from flashtut.bench import profile
-from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
+from flashtut.bench.report import BWD_GRID_COLUMNS
 from flashtut.figures.triton_plots import final_measurement_markdown
 from flashtut.results_data import load_results
 
@@ -150,7 +150,7 @@ def test_case_tables_match_the_data(page, data, columns, mode, head_dim, cases):
 
 def test_hopper_tensor_map_ab_table_matches_the_data():
     """The pageable-against-pinned tensor maps A/B (hopper_ab_h200.json), as hopper_ab.ab_table prints it."""
-    from flashtut.bench.hopper_ab import ab_table
+    from flashtut.bench.paired import ab_table
     from flashtut.bench.report import format_table
 
     rows, _ = load_results("hopper_ab_h200.json")
@@ -232,7 +232,7 @@ def test_the_pageable_maps_stand_in_for_the_launchs_own():
     every argument the launch passes (W4's counter, the TMA store's output map), with the same defaults."""
     import inspect
 
-    from flashtut.bench import hopper_ab
+    from flashtut.bench import paired as hopper_ab
     from flashtut.cuda import hopper_launch
 
     ours, theirs = (inspect.signature(f) for f in (hopper_ab.pageable_tensor_maps, hopper_launch.tensor_maps))
@@ -309,7 +309,7 @@ def test_the_shipped_profiles_prose_reads_its_data():
 def test_pair_table_takes_the_median_of_each_rounds_ratio_and_counts_the_rounds_won():
     """hopper_ab --pair: B against A is the median over the rounds of the ratio of the two timed in that
     round (not the ratio of two medians), and a round counts as won only when B is strictly faster."""
-    from flashtut.bench.hopper_ab import pair_table
+    from flashtut.bench.paired import pair_table
 
     def row(impl, rnd, tflops, causal=False):
         return dict(kind="speed", impl=impl, mode="fwd", dtype="float16", D=64, N=4096, causal=causal,

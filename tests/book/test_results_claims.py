@@ -332,7 +332,7 @@ def test_chapter_12_quotes_the_real_model_run():
 def test_chapter_08_quotes_the_warp_grid_run():
     import json
 
-    from flashtut.bench.cuda_ladder import BWD_GRID_COLUMNS
+    from flashtut.bench.report import BWD_GRID_COLUMNS
     from flashtut.bench.report import column_impl, ratio_summary
     from flashtut.cuda import configs as cf
 
@@ -1398,7 +1398,7 @@ def test_w4_named_handover_claims():
 def test_short_block_first_and_uniform_index_claims():
     """perflog_hopper.md, "The short query block first, and the warpgroup index known uniform": the figures
     of the single run and of the paired rounds, recomputed, and the choice they lead to."""
-    from flashtut.bench.hopper_ab import PAIR_NOISE_PCT, pair_gains
+    from flashtut.bench.paired import PAIR_NOISE_PCT, pair_gains
     from flashtut.cuda import configs
 
     log = _log()

@@ -946,7 +946,7 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
                     chosen[D].add(option)
     # options worth a percent or two, timed in alternated rounds against the build without them (hopper_ab
     # --pair): kept where no case's median falls below -PAIR_NOISE_PCT and some case's rises above it
-    from flashtut.bench.hopper_ab import PAIR_NOISE_PCT, pair_gains
+    from flashtut.bench.paired import PAIR_NOISE_PCT, pair_gains
 
     for name, base, impl, D, option in (
             ("hopper_pair_uni_d64_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]", 64, "uni"),

@@ -324,15 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=300.0, help="limit per set and head dim (s)")
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
-    p = sub.add_parser("window-backward", help="the sliding window's Triton backward, kernel by kernel, "
-                                               "against SDPA flash (a diagnosis, CUDA only)",
-                       description="Causal, window 4096 against none, N 16384, H 16, D 128, fp16: the whole "
-                                   "backward (first tiles, autotuned), each kernel alone per tile, the fused "
-                                   "backward, dQ on a second stream, SDPA flash; TFLOP/s of visible keys.")
-    p.add_argument("--out-dir", default=".gpu_out", help="where triton_window.txt and .json go")
-    p.add_argument("--budget-s", type=float, default=140.0,
-                   help="stop the tile sweeps (past their first two tiles) after this long (s)")
-    p.add_argument("--quick", action="store_true", help="sweep four tiles per kernel")
     for name, p in sub.choices.items():     # the GPU scripts pass --no-progress to every command
         if "--no-progress" not in p._option_string_actions:
             p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
@@ -632,15 +623,6 @@ def _cmd_profile(parser, args, argv) -> int:
     return 0
 
 
-def _cmd_window_backward(parser, args) -> int:
-    if not torch.cuda.is_available():
-        parser.error("window-backward times CUDA kernels: run it on a CUDA GPU")
-    from .window_backward import run_window_backward
-
-    run_window_backward(args.out_dir, args.budget_s, args.quick)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -659,8 +641,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_real_models(parser, args, argv)
     if args.command == "sass":
         return _cmd_sass(parser, args, argv)
-    if args.command == "window-backward":
-        return _cmd_window_backward(parser, args)
     if args.command == "profile":
         return _cmd_profile(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

@@ -165,6 +165,17 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
+#: the backward run as the book shows it (book/perflog_cuda_bwd.md, chapter 08), for
+#: :func:`case_table`: header -> implementation, or {D: implementation}
+BWD_GRID_COLUMNS = {
+    # headers short enough for a phone: what each is, the text around the table says
+    "separate dQ": "cuda-bwd-separate-dq",
+    "old default": {128: "cuda-bwd-atomic-dq-w8-1bar-v4", 64: "cuda-bwd-atomic-dq-w8-1bar"},
+    "grid": "cuda-bwd-atomic-dq-w8-split2x4",
+    "grid, 128 q": "cuda-bwd-atomic-dq-w8-split2x4-m128",
+}
+
+
 def column_impl(column, D):
     """The implementation a column names at head dim ``D``: a name, or ``{D: name}``."""
     return column.get(D) if isinstance(column, dict) else column

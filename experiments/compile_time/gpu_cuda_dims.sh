@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA kernels' head dims (issue 13, point 4) on a GPU machine, in one call of at most ~200 s,
+# The CUDA kernels' head dims on a GPU machine, in one call of at most ~200 s,
 # from the repository root with torch, triton and cupy:
 #   warm       compile every build the tests use, 16 processes at a time, into CuPy's disk cache
 #   tests      tests/kernels/test_cuda_dims.py, gpu-marked: D in {32, 40, 80, 96, 256} forward and
@@ -12,23 +12,23 @@
 #   timing     D = 96 and 256, bfloat16, N = 4096 and 16384 tokens per batch: cuda_attention forward
 #              and backward against SDPA flash in the same process (timing.log), step 3 and step 5
 #              at D = 96 (which fast step it should run: configs.FAST_VARIANTS has no measurement)
-#   compile    python -m flashtut.bench.compile_time (compile_time.json, compile.log): NVRTC seconds
+#   compile    python experiments/compile_time/compile_time.py (compile_time.json, compile.log): NVRTC seconds
 #              per build of a first cuda_attention call at D = 96 and 256 (bf16), one by one and one
 #              thread each, and the first forward/backward in a new process, cache empty then filled
-# Usage: OUT=/some/dir [STAGES="warm tests sanitizer timing compile"] bash tools/gpu_cuda_dims.sh
+# Usage: OUT=/some/dir [STAGES="warm tests sanitizer timing compile"] bash experiments/compile_time/gpu_cuda_dims.sh
 # Stage limits in seconds (environment): T_WARM 30, T_TESTS 45, T_CASE 25, T_SAN 30, T_TIMING 35,
 # T_COMPILE 35: 200 in all.
 # $OUT gets run.log (the summary) and the files named above.
 set -u
 export OUT=${OUT:-/tmp/gpu_cuda_dims}
-. "$(dirname "$0")/gpu_common.sh"
+. tools/gpu_common.sh
 STAGES=" ${STAGES:-warm tests sanitizer timing compile} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 machine_info
 
 if want warm; then
     stage warm
-    timeout ${T_WARM:-30} python3 -m flashtut.bench.compile_time --warm >> "$LOG" 2>&1
+    timeout ${T_WARM:-30} python3 experiments/compile_time/compile_time.py --warm >> "$LOG" 2>&1
     echo "warm rc=$?" | tee -a "$LOG"
 fi
 
@@ -104,7 +104,7 @@ fi
 
 if want compile; then
     stage compile
-    timeout ${T_COMPILE:-35} python3 -m flashtut.bench.compile_time --out "$OUT/compile_time.json" \
+    timeout ${T_COMPILE:-35} python3 experiments/compile_time/compile_time.py --out "$OUT/compile_time.json" \
         --dims 96 256 --dtypes bfloat16 > "$OUT/compile.log" 2>&1
     echo "compile rc=$?" | tee -a "$LOG"
     tail -6 "$OUT/compile.log" | tee -a "$LOG"

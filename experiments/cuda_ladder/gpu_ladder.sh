@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 13's GPU run (the CUDA forward ladder, steps 3 to 7, and the backward's dQ strategies), from
+# The CUDA ladder's GPU run (the CUDA forward ladder, steps 3 to 7, and the backward's dQ strategies), from
 # the repository root on a machine with a GPU, torch, triton, cupy, nvcc, ncu and compute-sanitizer:
 #   1. ptxas -v of every new step (nvcc, sm_90, fp16, D = 64 and 128), in the background;
 #   2. optional: the new steps' gpu tests (T_TEST > 0);
-#   3. flashtut.bench.cuda_ladder: first-call compile times, correctness on odd shapes, forward TFLOP/s of
+#   3. experiments/cuda_ladder/cuda_ladder.py: first-call compile times, correctness on odd shapes, forward TFLOP/s of
 #      steps 3-7 and SDPA flash, backward of SDPA flash and our two dQ strategies, one process;
 #   4. ncu --clock-control none on one launch of SDPA flash and of each step (N = 4096, D = 128, fp16);
 #   5. compute-sanitizer memcheck (and racecheck) on small launches of the new steps.
-# Usage: OUT=/some/dir [QUICK=--quick] [T_TEST=60] bash tools/gpu_ladder.sh; writes under $OUT:
+# Usage: OUT=/some/dir [QUICK=--quick] [T_TEST=60] bash experiments/cuda_ladder/gpu_ladder.sh; writes under $OUT:
 # ptxas.log, ladder.json, ladder.log, ncu.csv, ncu_summary.txt, memcheck.log, racecheck.log.
 set -u
 OUT=${OUT:-.gpu_out}
@@ -30,14 +30,14 @@ if [ "${T_TEST:-0}" != 0 ]; then
       2>&1 | tail -15
 fi
 
-timeout ${T_BENCH:-150} python3 -m flashtut.bench.cuda_ladder --out "$OUT/ladder.json" ${QUICK:-} > "$OUT/ladder.log" 2>&1
+timeout ${T_BENCH:-150} python3 experiments/cuda_ladder/cuda_ladder.py --out "$OUT/ladder.json" ${QUICK:-} > "$OUT/ladder.log" 2>&1
 echo "ladder exit $?"
 
 if command -v ncu > /dev/null; then
   timeout ${T_NCU:-60} ncu --clock-control none --kernel-name regex:flash_fwd --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
       --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      --csv --page raw python3 -m flashtut.bench.cuda_ladder --ncu-launch > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+      --csv --page raw python3 experiments/cuda_ladder/cuda_ladder.py --ncu-launch > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
   echo "ncu exit $?"
   python3 - "$OUT/ncu.csv" > "$OUT/ncu_summary.txt" 2>&1 <<'PY'
 import csv, sys
@@ -63,10 +63,10 @@ PY
 fi
 
 if command -v compute-sanitizer > /dev/null; then
-  timeout ${T_MEM:-45} compute-sanitizer --tool memcheck --print-limit 20 python3 -m flashtut.bench.cuda_ladder \
+  timeout ${T_MEM:-45} compute-sanitizer --tool memcheck --print-limit 20 python3 experiments/cuda_ladder/cuda_ladder.py \
       --sanitizer-launch > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"; tail -2 "$OUT/memcheck.log"
-  timeout ${T_RACE:-45} compute-sanitizer --tool racecheck --print-limit 20 python3 -m flashtut.bench.cuda_ladder \
+  timeout ${T_RACE:-45} compute-sanitizer --tool racecheck --print-limit 20 python3 experiments/cuda_ladder/cuda_ladder.py \
       --sanitizer-launch > "$OUT/racecheck.log" 2>&1
   echo "racecheck exit $?"; tail -2 "$OUT/racecheck.log"
 fi

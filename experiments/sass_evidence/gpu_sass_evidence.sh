@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evidence that the instructions decide the ranking on Hopper (issues 12 and 14), in one call of at most
+# Evidence that the instructions decide the ranking on Hopper, in one call of at most
 # 150 s, from the repository root on an sm_90 machine with torch, triton and cupy:
 #   sdpa     SDPA flash's forward kernels (D 128, float16) read out of libtorch_cuda.so by name with
 #            cuobjdump (in the background, while the GPU runs the next stage)
@@ -10,7 +10,7 @@
 #   sass     the instruction counts (HGMMA, HMMA, UTMALDG, LDGSTS, LDSM ...) of every Triton kernel each
 #            process compiled (the cubins in its cache folder), of our CUDA forwards (W1 for sm_90a and
 #            the mma.sync one) and SDPA flash's, with the speed rows, in one results file
-# Usage: OUT=/some/dir bash tools/gpu_sass_evidence.sh
+# Usage: OUT=/some/dir bash experiments/sass_evidence/gpu_sass_evidence.sh
 # Limits in seconds: T_SPEED per timing process (55), T_SDPA (100), T_SASS (60).
 # $OUT gets run.log (the summary), sass_evidence_h200.json (the results file) and sass_run.tgz (the
 # parts, each process's log and the SASS listings of the Triton kernels).
@@ -18,7 +18,7 @@ set -u
 FINAL=${OUT:-.gpu_out}
 mkdir -p "$FINAL"
 OUT=$(mktemp -d)
-. "$(dirname "$0")/gpu_common.sh"
+. tools/gpu_common.sh
 RESULT=sass_evidence_h200.json
 pack() {
     cp "$LOG" "$FINAL/run.log"; cp "$OUT/$RESULT" "$FINAL/" 2>/dev/null

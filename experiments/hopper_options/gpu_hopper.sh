@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chapter 11's Hopper evidence (issue 14), in one call, from the repository root on an sm_90 machine
+# Chapter 11's Hopper evidence, in one call, from the repository root on an sm_90 machine
 # with torch, triton and cupy (no venv needed):
 #   tests      tests/kernels/test_cuda_hopper.py: the gpu tests (FlashAttention criterion on odd shapes, causal
 #              both alignments, grouped heads, rows with no key) and, where nvcc is, the compile tests
@@ -15,7 +15,7 @@
 #              (which launches every Hopper build on an sm_90 GPU; the TMA rungs only when the tests stage passed,
 #              or when FLASHTUT_SANITIZE_W2=1 / _W3=1 / _W3C3=1 / _W4=1 are set: a rung that hangs would cost
 #              each tool its whole limit)
-# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_SETS=ladder,options] [NCU_DIMS="128 64"] bash tools/gpu_hopper.sh
+# Usage: OUT=/some/dir [STAGES="tests sass bench ncu sanitizer"] [QUICK=1] [NCU_SETS=ladder,options] [NCU_DIMS="128 64"] bash experiments/hopper_options/gpu_hopper.sh
 # Stage limits in seconds: T_TESTS T_SASS T_BENCH T_NCU T_SANITIZER (240, 60 per build, 200, 60 per ncu
 # run, 90 per tool). On the H200 the first run (QUICK=1) took 36 s of tests, 7 s of SASS, 11 s of
 # benchmark, 9 s of ncu sections and 5 s of memcheck, so the whole script fits one 600-second call.
@@ -25,7 +25,7 @@ set -u
 FINAL=${OUT:-.gpu_out}
 mkdir -p "$FINAL"
 OUT=$(mktemp -d)
-. "$(dirname "$0")/gpu_common.sh"
+. tools/gpu_common.sh
 STAGES=" ${STAGES:-tests sass bench ncu sanitizer} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 pack() {

@@ -1,7 +1,7 @@
 """Where the sliding window's Triton backward loses time, kernel by kernel, against SDPA flash.
 
-``python -m flashtut.bench window-backward --out-dir DIR`` on a CUDA GPU (``tools/gpu_triton_window.sh``
-runs it with the tests). The shape is the real-models comparison's window case: B = 1, H = Hkv = 16,
+``python experiments/triton_window/window_backward.py --out-dir DIR`` on a CUDA GPU
+(``experiments/triton_window/gpu_triton_window.sh`` runs it with the tests). The shape is the real-models comparison's window case: B = 1, H = Hkv = 16,
 N = 16384, D = 128, float16, causal, a window of 4096 against no window. For each mask it times,
 with ``triton.testing.do_bench`` (median): the whole backward with each list's first tile and (window
 only) autotuned; each kernel of the backward on its own (Delta, dK/dV, dQ) under several pinned tile
@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from ..costs.flops import visible_attention_flops
-from ..triton import attention as A
-from ..triton.configs import TileConfig as T
+from flashtut.costs.flops import visible_attention_flops
+from flashtut.triton import attention as A
+from flashtut.triton.configs import TileConfig as T
 
 DKDV = [T(64, 128, 8, 3), T(64, 128, 8, 2), T(32, 128, 8, 3), T(32, 64, 4, 3), T(64, 64, 8, 3),
         T(32, 128, 4, 3), T(32, 128, 8, 4), T(64, 64, 4, 3)]
@@ -200,3 +200,29 @@ def _run(out_dir, budget_s, quick):
 
 
 __all__ = ["run_window_backward"]
+
+
+def main(argv=None) -> int:
+    import argparse
+    import math
+    import sys
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", default=".gpu_out", help="where triton_window.txt and .json go")
+    ap.add_argument("--budget-s", type=float, default=140.0,
+                    help="stop the tile sweeps (past their first two tiles) after this long (s)")
+    ap.add_argument("--quick", action="store_true", help="sweep four tiles per kernel")
+    a = ap.parse_args(argv)
+    if not (math.isfinite(a.budget_s) and a.budget_s > 0):
+        ap.error(f"--budget-s: got {a.budget_s}; accepted: a positive number of seconds")
+    if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
+        ap.error(f"--out-dir: {a.out_dir} is a file; accepted: a folder (created if missing)")
+    if not torch.cuda.is_available():
+        print("window_backward.py: times CUDA kernels; run it on a CUDA GPU", file=sys.stderr)
+        return 2
+    run_window_backward(a.out_dir, a.budget_s, a.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

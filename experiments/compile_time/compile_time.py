@@ -1,7 +1,7 @@
 """First-call compile time of the CUDA kernels: how long a reader waits the first time
 ``cuda_attention`` runs a (dtype, head dim) on a fresh machine, kernel by kernel.
 
-    python -m flashtut.bench.compile_time --out compile.json [--dims 32 64 96 128 256]
+    python experiments/compile_time/compile_time.py --out compile.json [--dims 32 64 96 128 256]
         [--dtypes float16 bfloat16] [--no-first-call]
 
 ``compile`` rows of the one results format (``flashtut.bench.results``):
@@ -19,7 +19,7 @@
 
 ``--warm`` instead compiles every build of those first calls (both backward paths) in parallel
 processes into CuPy's disk cache, so that later processes on the machine load them in
-milliseconds (tools/gpu_cuda_dims.sh runs it before the tests).
+milliseconds (experiments/compile_time/gpu_cuda_dims.sh runs it before the tests).
 
 Needs a CUDA GPU and CuPy: the compile is CPU work, but its target is the GPU's architecture.
 """
@@ -36,10 +36,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..cuda import compile as cc
-from ..cuda import configs as cfgs
-from .provenance import collect
-from .results import save_results
+from flashtut.cuda import compile as cc
+from flashtut.cuda import configs as cfgs
+from flashtut.bench.provenance import collect
+from flashtut.bench.results import save_results
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -86,7 +86,7 @@ def nvrtc_rows(dtypes, dims, arch: int, smem_limit: int, log=print) -> list[dict
 
 def _first_call(dtype_name: str, D: int) -> dict:
     # runs in a child process (see first_call_rows): the first forward, then the first backward
-    from ..cuda.attention import cuda_attention
+    from flashtut.cuda.attention import cuda_attention
 
     dtype = DTYPE_NAMES[dtype_name]
     q, k, v = (torch.randn(1, 2, 130, D, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
@@ -112,7 +112,7 @@ def first_call_rows(dtypes, dims, arch: int, log=print) -> list[dict]:
                 for state in ("empty", "disk"):
                     base = {"kind": "compile", "what": "first-call", "arch": str(arch), "dtype": str(dtype)[6:],
                             "D": D, "cache": state}
-                    res = subprocess.run([sys.executable, "-m", "flashtut.bench.compile_time", "--child",
+                    res = subprocess.run([sys.executable, __file__, "--child",
                                           str(dtype)[6:], str(D)], capture_output=True, text=True, env=env)
                     if res.returncode != 0:
                         rows.append({**base, "step": "forward", "status": f"error: {res.stderr[-300:]}"})
@@ -156,7 +156,7 @@ def warm_cache(dtypes, dims, arch: int, smem_limit: int, workers: int = 16, log=
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flashtut.bench.compile_time", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="compile_time.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="results JSON to write")
     ap.add_argument("--dims", type=int, nargs="+", default=[*cfgs.HEAD_DIMS, *cfgs.WIDE_DIMS])
     ap.add_argument("--dtypes", nargs="+", choices=sorted(DTYPE_NAMES), default=["float16", "bfloat16"])
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     args = sys.argv[1:] if argv is None else list(argv)
     prov = collect("cuda", args)
-    prov["command"] = "python -m flashtut.bench.compile_time " + " ".join(args)
+    prov["command"] = "python experiments/compile_time/compile_time.py " + " ".join(args)
     prov["what"] = ("first-call compile time of cuda_attention's kernels: NVRTC seconds per build (runtime "
                     "options, no cache), one by one and one thread each; and the first forward and backward "
                     "in a new process with CuPy's kernel cache empty, then filled")

@@ -1,9 +1,9 @@
-"""The CUDA forward ladder's steps 3 to 7 (issue 13) on one GPU, in one process: correctness on odd
+"""The CUDA forward ladder's steps 3 to 7 on one GPU, in one process: correctness on odd
 shapes, first-call (NVRTC) compile time, forward TFLOP/s against SDPA flash at the protocol shapes,
-and the backward's dQ strategies against SDPA flash. Run by tools/gpu_ladder.sh; writes one JSON
+and the backward's dQ strategies against SDPA flash. Run by experiments/cuda_ladder/gpu_ladder.sh; writes one JSON
 (``book/data/cuda_ladder_h200.json``).
 
-    python -m flashtut.bench.cuda_ladder --out ladder.json [--bwd-only] [--quick]
+    python experiments/cuda_ladder/cuda_ladder.py --out ladder.json [--bwd-only] [--quick]
 
 Protocol: 16384 tokens (B = 16384 / N), H * D = 2048, N = 4096 and 16384, fp16 and bf16, causal and
 not; forward FLOPs 4 B H N^2 D (halved when causal), backward 2.5x; median of
@@ -23,14 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..costs.flops import attention_flops
-from ..cuda import attention as ca
-from ..cuda import compile as cc
-from ..cuda import configs as cfgs
-from .accuracy import yardstick
-from .provenance import collect
-from .results import save_results
-from .timing import time_fn
+from flashtut.costs.flops import attention_flops
+from flashtut.cuda import attention as ca
+from flashtut.cuda import compile as cc
+from flashtut.cuda import configs as cfgs
+from flashtut.bench.accuracy import yardstick
+from flashtut.bench.report import BWD_GRID_COLUMNS  # noqa: F401  (the columns of the book's table)
+from flashtut.bench.provenance import collect
+from flashtut.bench.results import save_results
+from flashtut.bench.timing import time_fn
 
 
 def time_ms(fn) -> float:
@@ -43,17 +44,6 @@ def run(q, k, v, causal, scale, variant, diag_offset=0):
 
 STEPS = ("v3", "v4", "v5", "v6", "v7")
 NEW = ("v4", "v5", "v6", "v7")
-
-#: the backward run as the book shows it (book/perflog_cuda_bwd.md, chapter 08), for
-#: ``flashtut.bench.report.case_table``: header -> implementation, or {D: implementation}
-BWD_GRID_COLUMNS = {
-    # headers short enough for a phone: what each is, the text around the table says
-    "separate dQ": "cuda-bwd-separate-dq",
-    "old default": {128: "cuda-bwd-atomic-dq-w8-1bar-v4", 64: "cuda-bwd-atomic-dq-w8-1bar"},
-    "grid": "cuda-bwd-atomic-dq-w8-split2x4",
-    "grid, 128 q": "cuda-bwd-atomic-dq-w8-split2x4-m128",
-}
-
 
 def sdpa_flash(q, k, v, causal):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -145,7 +135,7 @@ def first_calls(log):
 
 
 def _warm_one(build):
-    from ..cuda import compile as cc_
+    from flashtut.cuda import compile as cc_
     t0 = time.perf_counter()
     cc_.get_function(build[0], build[1], dict(build[2]))
     return time.perf_counter() - t0
@@ -411,9 +401,9 @@ def main():
     t0 = time.time()
     log = lambda r: print(json.dumps(r), flush=True)
     prov = collect("cuda", sys.argv[1:])
-    prov["command"] = "python -m flashtut.bench.cuda_ladder " + " ".join(sys.argv[1:])
+    prov["command"] = "python experiments/cuda_ladder/cuda_ladder.py " + " ".join(sys.argv[1:])
     prov["what"] = ("CUDA forward ladder steps 3-7 and the backward's dQ strategies against SDPA flash in one "
-                    "process (issue 13): speed rows per the protocol (fwd 4 B H N^2 D, halved when causal; bwd "
+                    "process: speed rows per the protocol (fwd 4 B H N^2 D, halved when causal; bwd "
                     "2.5x), median of triton.testing.do_bench, each output checked against SDPA flash first; "
                     "first_call_seconds: NVRTC compile + load + launch on a fresh machine; checks: the "
                     "FlashAttention criterion on odd shapes per (step, D, dtype)")

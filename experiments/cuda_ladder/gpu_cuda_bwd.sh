@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA backward on a GPU machine: resource report, GPU tests, a memory/race check of one
 # small case, and timing against the SDPA flash backend's backward in the same process.
-# Usage (repository root): OUT=/some/dir tools/gpu_cuda_bwd.sh   [needs torch, triton, cupy, nvcc]
+# Usage (repository root): OUT=/some/dir experiments/cuda_ladder/gpu_cuda_bwd.sh   [needs torch, triton, cupy, nvcc]
 # Writes under $OUT: ptxas.txt, pytest.log, bench.json, bench.log, sanitizer.log.
 # Knobs (environment): SKIP_PTXAS=1 (the resource report is the same as a local nvcc 13.0's),
 # BENCH_N (sequence lengths timed), BENCH_D (head dims timed), BENCH_SWEEP=0 (no tile sweep),
 # PYTEST_K (a pytest -k selection), T_PYTEST, T_BENCH, T_SAN (per-step time limits, seconds).
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/gpu_cuda_bwd}
 LOG="$OUT/gpu.txt"
 . tools/gpu_common.sh
