@@ -21,7 +21,7 @@ LAYERS = (
     ("cost models", ("flashtut.costs",)),
     ("kernels", ("flashtut.triton", "flashtut.cuda")),
     ("bench", ("flashtut.bench",)),
-    ("results data", ("flashtut.results_data",)),
+    ("results data", ("flashtut.results_data", "flashtut.repository")),
     ("figures", ("flashtut.figures",)),
     ("tools for readers", ("flashtut.exercises", "flashtut.notebook", "flashtut.colab",
                                              "flashtut.model")),

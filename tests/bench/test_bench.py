@@ -845,16 +845,16 @@ def _shipped_stage() -> str:
 
 
 def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
-    # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the file's
-    # producing command in results_data.PRODUCERS, less the progress flag and the output path
+    # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the command
+    # the file's provenance records, less the progress flag and the output path
     import re
     import shlex
 
-    from flashtut.results_data import PRODUCERS
+    from flashtut.results_data import commands
 
     block = _shipped_stage().replace("\\\n", " ")
     stage = re.search(r"bench \S+ cuda-protocol (run .*?) --out ", block).group(1).split()
-    made = shlex.split(PRODUCERS["cuda_protocol_h200.json"][1])
+    made = shlex.split(dict((f, c) for f, _, c in commands())["cuda_protocol_h200.json"])
     assert made[:3] == ["python", "-m", "flashtut.bench"]
     out = made.index("--out")
     made = [a for a in made[3:out] + made[out + 2:] if a != "--no-progress"]
