@@ -2,10 +2,12 @@
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -642,14 +644,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_tools_hold_no_second_harness_and_share_one_common_script():
     tools = os.path.join(ROOT, "tools")
     scripts = sorted(os.listdir(tools))
-    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "layout_only.py",
-                                                             "run_notebooks_plain.py",
+    assert sorted(n for n in scripts if n.endswith(".py")) == ["layout_only.py", "run_notebooks_plain.py",
                                                              "sanitizer_launches.py"]
     shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
-    assert "gpu_check.sh" in shells
-    for name in shells:
-        text = open(os.path.join(tools, name)).read()
+    assert shells == ["gpu_check.sh"], "a script tied to one study belongs in experiments/<study>/"
+    # the experiments' GPU scripts share the same common script, from the repository root
+    studies = sorted(str(p.relative_to(ROOT)) for p in Path(ROOT, "experiments").rglob("*.sh"))
+    assert studies
+    for name in [os.path.join("tools", n) for n in shells] + studies:
+        text = open(os.path.join(ROOT, name)).read()
         assert "gpu_common.sh" in text, f"{name} does not source tools/gpu_common.sh"
+        assert not re.search(r"[Ii]ssues? [0-9]", text), f"{name} points at the issue tracker"
     check = open(os.path.join(tools, "gpu_check.sh")).read()
     for stage in ("tests", "sanitizer", "protocol"):
         assert f"want {stage}" in check and f"T_{stage.upper()}" in check, stage

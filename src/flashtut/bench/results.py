@@ -51,12 +51,19 @@ def save_results(path, kind: str, rows: list[dict], provenance: dict, config: di
     return path
 
 
+#: the largest size a row may record: a tensor dimension is an int64 (a larger N would reach a
+#: figure's axis as an integer no float holds and fail there, far from the file that carries it)
+MAX_COUNT = 2**63 - 1
+
+
 def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, int) and not isinstance(x, bool):
+        return abs(x) <= MAX_COUNT              # math.isfinite raises on an int beyond a float's range
+    return isinstance(x, float) and math.isfinite(x)
 
 
 def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    return isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_COUNT
 
 
 def check_row(row, kind: str | None = None) -> str | None:
@@ -81,7 +88,7 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"impl: got {row.get('impl')!r}; accepted: an implementation name"
         for key in ("B", "H", "N", "D"):
             if not _count(row.get(key)):
-                return f"{key}: got {row.get(key)!r}; accepted: a positive integer"
+                return f"{key}: got {row.get(key)!r}; accepted: a positive integer up to 2**63 - 1"
         if not isinstance(row.get("dtype"), str):
             return f"dtype: got {row.get('dtype')!r}; accepted: a dtype name such as 'float16'"
         if not isinstance(row.get("causal", False), bool):
