@@ -191,3 +191,19 @@ def test_the_layer_story_is_told_the_same_way_everywhere():
         text = text.lower().replace("*", "")
         missing = [f"{i}. {name}" for i, name in enumerate(names, 1) if f"{i}. {name}" not in text]
         assert not missing, f"{where} does not number these layers as tests/test_layers.py does: {missing}"
+
+
+def test_the_repository_is_named_in_one_public_module():
+    # results_data and colab read the repository's URL and branch from flashtut.repository, and no module
+    # reaches into another's private names for them
+    known = modules()
+    for user in ("flashtut.results_data", "flashtut.colab"):
+        tree = ast.parse(known[user].read_text())
+        private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   for a in n.names if a.name.startswith("_")]
+        assert not private, f"{user} imports private names: {private}"
+        assert "flashtut.repository" in imports_of(user, known[user], known), user
+    for path in known.values():
+        text = path.read_text()
+        if path != known["flashtut.repository"]:
+            assert "flash-attention-from-scratch\"" not in text, f"{path.name} names the repository itself"

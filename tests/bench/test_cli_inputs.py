@@ -43,6 +43,8 @@ def test_profile_timeout_must_be_a_positive_finite_limit(value, capsys, nothing_
 @pytest.mark.parametrize("argv, option", [
     (["profile", "-D", ","], "--head-dim"),
     (["profile", "--set", "ladder,bogus"], "--set"),
+    (["profile", "--launch", "bogus", "64"], "--launch"),
+    (["profile", "--launch", "ladder", "x"], "--launch"),
     (["run", "--mode", ","], "--mode"),
     (["run", "--dtype", ","], "--dtype"),
     (["run", "-N", ","], "--seqlen"),

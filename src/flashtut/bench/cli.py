@@ -381,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-D", "--head-dim", type=_int_list, default=[128, 64], help="head dims (default 128,64)")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool (default: ncu)")
     p.add_argument("--timeout-s", type=_timeout_s, default=300.0, help="limit per set and head dim (s, at most 3600)")
+    p.add_argument("--launch", nargs=2, metavar=("SET", "D"), help=argparse.SUPPRESS)   # the child ncu profiles
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
     for name, p in sub.choices.items():     # the GPU scripts pass --no-progress to every command
@@ -693,9 +694,17 @@ def _cmd_sass(parser, args, argv) -> int:
 
 
 def _cmd_profile(parser, args, argv) -> int:
+    if args.launch:                                  # the child process: launch one set once, under ncu
+        set_name, D = args.launch
+        if set_name not in PROFILE_SETS or not D.isdigit():
+            parser.error(f"--launch: got {set_name} {D}; accepted: a set of {', '.join(PROFILE_SETS)} and a head dim")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("profile runs the Hopper kernels under ncu: run it on an sm_90 GPU (H100, H200)")
     from . import profile
+
+    if args.launch:
+        profile.run_launches(args.launch[0], int(args.launch[1]))
+        return 0
 
     rows = []
     for D in args.head_dim:
