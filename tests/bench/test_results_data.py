@@ -248,12 +248,12 @@ def test_the_manifest_follows_the_files(tmp_path):
 
 def _loaded_names(text: str) -> set[str]:
     """The names or patterns passed to results_data's loaders (and chapter helpers that take one) in a
-    notebook's or page's code."""
+    notebook's or page's code; an f-string's fields become ``*``."""
     import re
 
-    calls = r"(?:load_results|data_path|load_roofline_data|find|\bload)\(\s*\\?[\"']([A-Za-z0-9_.*?\[\]-]+\.json)" \
+    calls = r"(?:load_results|data_path|load_roofline_data|find|\bload)\(\s*f?\\?[\"']([A-Za-z0-9_.*?\[\]{}-]+\.json)" \
         r"\\?[\"'](?!\s*,\s*data_dir)"     # a reader's own file, read from their folder, is not the book's
-    return set(re.findall(calls, text))
+    return {re.sub(r"\{[^}]*\}", "*", name) for name in re.findall(calls, text)}
 
 
 def _pages() -> dict[str, str]:
