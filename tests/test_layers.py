@@ -21,9 +21,9 @@ LAYERS = (
     ("cost models", ("flashtut.costs",)),
     ("kernels", ("flashtut.triton", "flashtut.cuda")),
     ("bench", ("flashtut.bench",)),
-    ("results data", ("flashtut.results_data",)),
+    ("results data", ("flashtut.results_data", "flashtut.repository")),
     ("figures", ("flashtut.figures",)),
-    ("exercises, notebook helpers, models", ("flashtut.exercises", "flashtut.notebook", "flashtut.colab",
+    ("tools for readers", ("flashtut.exercises", "flashtut.notebook", "flashtut.colab",
                                              "flashtut.model")),
 )
 #: the public facade re-exports the layers; entry points (``python -m``) sit above everything
@@ -156,3 +156,54 @@ def test_nothing_points_readers_outside_the_repository():
                 if name in text:
                     stale.append(f"{path.relative_to(root)} mentions {name}")
     assert not stale, "\n".join(stale)
+
+
+def test_the_package_never_imports_the_experiments():
+    # experiments/ (option studies, A/B runners, their data) imports flashtut; never the other way, and
+    # the default test run does not collect it
+    root = PACKAGE.parents[1]
+    studies = {p.stem for p in (root / "experiments").rglob("*.py")} | {"experiments"}
+    bad = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{module} imports {n}" for n in names if n.split(".")[0] in studies]
+        if "experiments/" in path.read_text():
+            text = path.read_text()
+            if "sys.path" in text or "runpy" in text or "import_module" in text:
+                bad.append(f"{module} names experiments/ and loads code by path")
+    assert not bad, "\n".join(bad)
+    import tomllib
+
+    testpaths = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert testpaths == ["tests"], testpaths
+
+
+def test_the_layer_story_is_told_the_same_way_everywhere():
+    # the package docstring and the layout page number the same nine layers as this test (the ninth,
+    # notebooks and book pages, sits outside the package)
+    import flashtut
+
+    names = [name for name, _ in LAYERS] + ["notebooks and book pages"]
+    page = (PACKAGE.parents[1] / "book" / "code_layout.md").read_text()
+    for text, where in ((flashtut.__doc__, "src/flashtut/__init__.py"), (page, "book/code_layout.md")):
+        text = text.lower().replace("*", "")
+        missing = [f"{i}. {name}" for i, name in enumerate(names, 1) if f"{i}. {name}" not in text]
+        assert not missing, f"{where} does not number these layers as tests/test_layers.py does: {missing}"
+
+
+def test_the_repository_is_named_in_one_public_module():
+    # results_data and colab read the repository's URL and branch from flashtut.repository, and no module
+    # reaches into another's private names for them
+    known = modules()
+    for user in ("flashtut.results_data", "flashtut.colab"):
+        tree = ast.parse(known[user].read_text())
+        private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   for a in n.names if a.name.startswith("_")]
+        assert not private, f"{user} imports private names: {private}"
+        assert "flashtut.repository" in imports_of(user, known[user], known), user
+    for path in known.values():
+        text = path.read_text()
+        if path != known["flashtut.repository"]:
+            assert "flash-attention-from-scratch\"" not in text, f"{path.name} names the repository itself"

@@ -21,7 +21,7 @@
 #                                                                                  real_models_h200.json
 #   capstone   chapter 12's GPT: loss per backend, tokens/s and memory, generation, packed batches
 #                                                                                  capstone_h200.json
-#   hopper     chapter 11's Hopper rungs against SDPA flash and cuDNN (sm_90 only; tools/gpu_hopper.sh
+#   hopper     chapter 11's Hopper rungs against SDPA flash and cuDNN (sm_90 only; experiments/hopper_options/gpu_hopper.sh
 #              adds its tests, SASS, Nsight Compute and sanitizers)                  hopper_h200.json
 #   shipped    cuda_attention as it ships (sm_90 only): compute-sanitizer synccheck, racecheck and
 #              memcheck over its Hopper forward (sanitizer_launches.py --defaults; T_SHIPPED_SANITIZER

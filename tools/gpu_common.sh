@@ -1,4 +1,4 @@
-# Shared by the tools/gpu_*.sh scripts (sourced, not run): their log, stage marks, the machine's
+# Shared by tools/gpu_check.sh and the experiments' gpu_*.sh scripts (sourced, not run): their log, stage marks, the machine's
 # description, the GPU test run, the sanitizer run and one benchmark stage. The caller sets OUT
 # (created here) and may set LOG (default $OUT/run.log).
 mkdir -p "$OUT"

@@ -13,7 +13,7 @@ is exercised; the Hopper launches also cover grouped heads and both causal align
 
 ``--dims``: instead, only the head dims added after 64 and 128: the fast forward and both
 backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
-over two blocks), with grouped heads and both causal alignments (tools/gpu_cuda_dims.sh).
+over two blocks), with grouped heads and both causal alignments (experiments/compile_time/gpu_cuda_dims.sh).
 
 ``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``), its
 static schedule (``static``), the counter handed over on named barriers (``named``) and the counter with the

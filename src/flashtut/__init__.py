@@ -1,12 +1,21 @@
 """flashtut: FlashAttention from scratch.
 
-Layers, bottom up (each uses only the ones below it):
+Nine layers, bottom up; each imports only from the layers below it (``tests/test_layers.py``):
 
-1. ``softmax``, ``reference``: the softmax family and naive attention (float64-capable references)
-2. ``tiled``: the FlashAttention algorithm as readable PyTorch loops, forward and backward
-3. ``triton``, ``cuda``: fused kernels (loaded lazily: ``import flashtut`` needs
+1. core: input checks, the softmax family, naive attention, the tiled PyTorch loops, split-KV
+   decoding (``checks``, ``softmax``, ``reference``, ``tiled``, ``decode``): the float64-capable truth
+2. hardware facts: datasheets of the book's GPUs (``hardware``)
+3. cost models: FLOPs, tensor sizes, HBM traffic, IO complexity (``costs``)
+4. kernels: ``triton`` and ``cuda``, the fused kernels (loaded lazily: ``import flashtut`` needs
    neither triton nor cupy)
-4. ``bench``, ``figures``, ``exercises``: measuring, plotting and checking tools for the book
+5. bench: everything that times or measures, and the one results format (``bench``)
+6. results data: the committed measurements the chapters draw (``results_data``)
+7. figures: drawing only (``figures``)
+8. tools for readers: exercise checkers, notebook helpers, the Colab cell, chapter 12's GPT
+   (``exercises``, ``notebook``, ``colab``, ``model``)
+9. notebooks and book pages: the narrative around all of it (outside the package)
+
+This module is the public facade: it re-exports the names of the API reference.
 """
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import re
 import sys
 from pathlib import Path
 
-# the repository's URL and branch are read where the committed results are found (results_data,
-# a lower layer that downloads them); this module writes them into notebooks and _config.yml
-from .results_data import (_CHECKOUT_ROOT, BRANCH, DEFAULT_BRANCH, DEFAULT_REPO_URL, REPO_URL,  # noqa: F401
-                           _check_branch, _check_repo_url, _repository_block, read_repository)
+# the repository's URL and branch are read from _config.yml by flashtut.repository; this module
+# writes them into notebooks and _config.yml
+from .repository import (BRANCH, CHECKOUT_ROOT, DEFAULT_BRANCH, DEFAULT_REPO_URL, REPO_URL,  # noqa: F401
+                         check_branch, check_repo_url, read_repository, repository_block)
 
 
 def write_repository(config_path: str | Path, url: str | None = None, branch: str | None = None) -> bool:
@@ -28,12 +28,12 @@ def write_repository(config_path: str | Path, url: str | None = None, branch: st
     path = Path(config_path)
     text = path.read_text()
     lines = text.splitlines()
-    start, end = _repository_block(lines)
+    start, end = repository_block(lines)
     wanted = {}
     if url is not None:
-        wanted["url"] = _check_repo_url(url)
+        wanted["url"] = check_repo_url(url)
     if branch is not None:
-        wanted["branch"] = _check_branch(branch)
+        wanted["branch"] = check_branch(branch)
     if not wanted:
         return False
     if start < 0:
@@ -65,7 +65,7 @@ def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -
     ``import flashtut.notebook`` (not just ``import flashtut``) because the helpers module is not
     imported by the package itself; ``%pip`` installs into the running kernel, which Colab needs.
     """
-    url, branch = _check_repo_url(repo_url), _check_branch(branch)
+    url, branch = check_repo_url(repo_url), check_branch(branch)
     return (
         f"{SETUP_MARKER}\n"
         "try:\n"
@@ -175,7 +175,7 @@ def notebook_paths(root: str | Path) -> list[Path]:
     return paths
 
 
-def sync(root: str | Path = _CHECKOUT_ROOT, repo: str | None = None, branch: str | None = None) -> list[Path]:
+def sync(root: str | Path = CHECKOUT_ROOT, repo: str | None = None, branch: str | None = None) -> list[Path]:
     """Write the set-up cell into the first code cell of every notebook under ``root``, with the
     repository read from ``root/_config.yml`` (after setting it there when ``repo``/``branch`` are
     given). Returns the files that changed; a second run changes nothing."""
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         print(SETUP_CELL)
         return 0
     root = Path(args.root) if args.root else (Path.cwd() if (Path.cwd() / "_config.yml").is_file()
-                                              else _CHECKOUT_ROOT)
+                                              else CHECKOUT_ROOT)
     try:
         changed = sync(root, repo=args.repo, branch=args.branch)
     except (ValueError, TypeError, OSError) as exc:

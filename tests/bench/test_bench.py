@@ -2,10 +2,12 @@
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -642,14 +644,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_tools_hold_no_second_harness_and_share_one_common_script():
     tools = os.path.join(ROOT, "tools")
     scripts = sorted(os.listdir(tools))
-    assert sorted(n for n in scripts if n.endswith(".py")) == ["convert_results.py", "layout_only.py",
-                                                             "run_notebooks_plain.py",
+    assert sorted(n for n in scripts if n.endswith(".py")) == ["layout_only.py", "run_notebooks_plain.py",
                                                              "sanitizer_launches.py"]
     shells = [n for n in scripts if n.endswith(".sh") and n != "gpu_common.sh"]
-    assert "gpu_check.sh" in shells
-    for name in shells:
-        text = open(os.path.join(tools, name)).read()
+    assert shells == ["gpu_check.sh"], "a script tied to one study belongs in experiments/<study>/"
+    # the experiments' GPU scripts share the same common script, from the repository root
+    studies = sorted(str(p.relative_to(ROOT)) for p in Path(ROOT, "experiments").rglob("*.sh"))
+    assert studies
+    for name in [os.path.join("tools", n) for n in shells] + studies:
+        text = open(os.path.join(ROOT, name)).read()
         assert "gpu_common.sh" in text, f"{name} does not source tools/gpu_common.sh"
+        assert not re.search(r"[Ii]ssues? [0-9]", text), f"{name} points at the issue tracker"
     check = open(os.path.join(tools, "gpu_check.sh")).read()
     for stage in ("tests", "sanitizer", "protocol"):
         assert f"want {stage}" in check and f"T_{stage.upper()}" in check, stage
@@ -768,26 +773,6 @@ def test_every_command_accepts_no_progress_as_the_gpu_scripts_pass_it():
         assert "--no-progress" in p._option_string_actions, name
 
 
-def test_the_cuda_ladder_tool_runs_its_phases_and_saves_them(monkeypatch, tmp_path):
-    """Its phases were once lost in a merge: the tool ran, measured nothing and exited 0."""
-    from flashtut.bench import cuda_ladder as cl
-
-    called = []
-    row = dict(impl="sdpa-flash-bwd", D=64, N=4096, B=4, H=32, dtype="float16", causal=False,
-               bwd_ms=1.0, bwd_tflops=200.0)
-    monkeypatch.setattr(cl, "first_calls", lambda log: called.append("first") or [])
-    monkeypatch.setattr(cl, "warm_cache", lambda: called.append("warm"))
-    monkeypatch.setattr(cl, "check", lambda log: called.append("check") or [])
-    monkeypatch.setattr(cl, "check_bwd", lambda log: called.append("check_bwd") or [])
-    monkeypatch.setattr(cl, "bench", lambda log, Ns, Ds, bwd, fwd=True: called.append(("bench", Ds, fwd)) or [row])
-    out = tmp_path / "ladder.json"
-    monkeypatch.setattr(sys, "argv", ["cuda_ladder", "--bwd-only", "--out", str(out)])
-    monkeypatch.setattr(cl, "collect", lambda device, argv: {"device": "test"})
-    cl.main()
-    assert called == ["warm", "check_bwd", ("bench", (128,), False), ("bench", (64,), False)]
-    assert len(load_results(out)["rows"]) == 2
-
-
 def test_layout_only_tells_a_rewrap_from_a_change(tmp_path):
     import subprocess
     import sys
@@ -865,16 +850,16 @@ def _shipped_stage() -> str:
 
 
 def test_the_shipped_stage_times_the_protocol_as_its_data_file_was_made():
-    # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the file's
-    # producing command in results_data.PRODUCERS, less the progress flag and the output path
+    # tools/gpu_check.sh's stage `shipped` writes cuda_protocol_h200.json: its arguments are the command
+    # the file's provenance records, less the progress flag and the output path
     import re
     import shlex
 
-    from flashtut.results_data import PRODUCERS
+    from flashtut.results_data import commands
 
     block = _shipped_stage().replace("\\\n", " ")
     stage = re.search(r"bench \S+ cuda-protocol (run .*?) --out ", block).group(1).split()
-    made = shlex.split(PRODUCERS["cuda_protocol_h200.json"][1])
+    made = shlex.split(dict((f, c) for f, _, c in commands())["cuda_protocol_h200.json"])
     assert made[:3] == ["python", "-m", "flashtut.bench"]
     out = made.index("--out")
     made = [a for a in made[3:out] + made[out + 2:] if a != "--no-progress"]

@@ -134,7 +134,7 @@ def test_the_ncu_command_and_the_cli():
     cmd = profile.ncu_command("options", 64, "/opt/ncu")
     assert cmd[:5] == ["/opt/ncu", "--clock-control", "none", "-k", "regex:flash_fwd"]
     assert cmd[cmd.index("--metrics") + 1].split(",") == list(profile.NCU_METRICS)
-    assert cmd[-5:] == ["-m", "flashtut.bench.profile", "--launch", "options", "64"]
+    assert cmd[-6:] == ["-m", "flashtut.bench", "profile", "--launch", "options", "64"]
     args = cli.build_parser().parse_args(["profile", "--set", "options", "-D", "64"])
     assert (args.set, args.head_dim) == (["options"], [64])
     with pytest.raises(SystemExit):

@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from flashtut.cuda import hopper_layout as hl  # noqa: E402
 from flashtut.cuda import hopper_schedule as hs  # noqa: E402
@@ -320,14 +321,19 @@ def _span(values):
 
 def test_what_else_was_tried_quotes_the_committed_data():
     from flashtut import results_data
-    from flashtut.bench.hopper_ab import pair_gains
+    from flashtut.bench.paired import pair_gains
     from flashtut.bench.report import gains
 
     text = _text()
     table = text[text.index("| option, verdict | idea |"):text.index("The measurements are the files")]
+    # the A/B runs live with their experiment; the rungs' runs in book/data
+    lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
+
+    def load(name):
+        return results_data.load_results(name, data_dir=lab if (lab / name).exists() else None)
 
     def g(name, column, base, D=None):
-        rows, _ = results_data.load_results(name)
+        rows, _ = load(name)
         by_d = gains(rows, column, base)
         return [x for d, by in by_d.items() if D in (None, d) for x in by.values()]
 
@@ -358,10 +364,10 @@ def test_what_else_was_tried_quotes_the_committed_data():
     }
     for option, quoted in checks.items():
         assert option in table and quoted in table, (option, quoted)
-    pairs, _ = results_data.load_results("hopper_pair_uni_d64_h200.json")
+    pairs, _ = load("hopper_pair_uni_d64_h200.json")
     uni = [x[0] for x in pair_gains(pairs, "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]").values()]
     assert f"{min(uni):+.1f} to {max(uni):+.1f}%, {sum(x > 0 for x in uni)} of {len(uni)}" in table
-    pairs, _ = results_data.load_results("hopper_pair_tail_d64_h200.json")
+    pairs, _ = load("hopper_pair_tail_d64_h200.json")
     tail = pair_gains(pairs, "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]")
     assert (f"{tail[(64, 'float16', 4096, True)][0]:+.1f}% and {tail[(64, 'bfloat16', 4096, True)][0]:+.1f}% "
             "at N = 4096, causal") in table

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flashtut
-from flashtut.bench import compile_time, results
+from flashtut.bench import results
 from flashtut.bench.accuracy import lowp_attention, yardstick
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
@@ -86,26 +86,6 @@ def test_compile_rows_follow_the_results_format(tmp_path):
     # a first call with an empty cache and one with a filled cache are two measurements
     first = {**row, "what": "first-call", "cache": "empty"}
     assert results.measurement_key(first) != results.measurement_key({**first, "cache": "disk"})
-
-
-def test_compile_time_rows_name_every_build_of_a_first_call(monkeypatch):
-    compiled = []
-    monkeypatch.setattr(compile_time.cc, "nvrtc_cubin", lambda code, arch, defines: compiled.append(defines))
-    rows = compile_time.nvrtc_rows([torch.bfloat16], [80, 256], 80, A100[1], log=lambda *a: None)
-    assert all(results.check_row(r) is None for r in rows)
-    steps = [(r["D"], r["step"]) for r in rows]
-    for D in (80, 256):
-        assert [s for d, s in steps if d == D] == ["forward", "preprocess", "dkdv", "dq_convert",
-                                                  "all, one by one", "all, threads"]
-    assert {d["HEAD_DIM"] for d in compiled} == {96, 256} and len(compiled) == 2 * 3 * 4
-    skipped = compile_time.nvrtc_rows([torch.float16], [256], 75, T4[1], log=lambda *a: None)
-    assert len(skipped) == 1 and skipped[0]["status"].startswith("skipped")
-
-
-@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU message")
-def test_compile_time_needs_a_gpu():
-    with pytest.raises(RuntimeError, match="GPU"):
-        compile_time.main(["--no-first-call"])
 
 
 def test_backward_head_dim_errors_name_the_built_dims(gen):

@@ -936,7 +936,8 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
     for name, options, dims in (("hopper_softmax_h200.json", ("poly1", "poly2", "tree"), (64, 128)),
                                 ("hopper_options_h200.json", ("order", "store"), (64, 128)),
                                 ("hopper_turns_h200.json", ("turns",), (64,))):
-        rows, _ = results_data.load_results(name)
+        lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
+        rows, _ = results_data.load_results(name, data_dir=lab if (lab / name).is_file() else None)
         for D, base in ((D, default_impl[D]) for D in dims):
             for option in options:
                 impl = base[:-1] + f",{option}]" if base.endswith("]") else f"{base}[{option}]"
@@ -946,13 +947,15 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
                     chosen[D].add(option)
     # options worth a percent or two, timed in alternated rounds against the build without them (hopper_ab
     # --pair): kept where no case's median falls below -PAIR_NOISE_PCT and some case's rises above it
-    from flashtut.bench.hopper_ab import PAIR_NOISE_PCT, pair_gains
+    from flashtut.bench.paired import PAIR_NOISE_PCT, pair_gains
 
     for name, base, impl, D, option in (
             ("hopper_pair_uni_d64_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]", 64, "uni"),
             ("hopper_pair_tail_d64_h200.json", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]", 64, "tail"),
             ("hopper_pair_uni_d128_h200.json", "hopper-w3[store]", "hopper-w3[store,uni]", 128, "uni")):
-        rows, _ = results_data.load_results(name)
+        # a run no chapter draws lives with its experiment
+        lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
+        rows, _ = results_data.load_results(name, data_dir=lab if (lab / name).is_file() else None)
         by_case = [g for (d, *_), (g, _, n) in pair_gains(rows, base, impl).items() if d == D and n == 7]
         assert len(by_case) == 8, (name, impl)
         if min(by_case) > -PAIR_NOISE_PCT and max(by_case) > PAIR_NOISE_PCT:

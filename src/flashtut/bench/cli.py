@@ -39,6 +39,21 @@ MAX_THREADS = 4096
 MAX_INT = 2**31 - 1            # sizes, counts: beyond it no tensor dimension or loop is meaningful
 
 
+#: the largest copy (MiB) and square matmul the roofline measures: 64 GiB, and three n x n float32
+#: matrices of 12 GiB; beyond them no GPU holds the operands
+MAX_COPY_MIB = 65536
+MAX_MATMUL_N = 32768
+MAX_REF_GIB = 1024.0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (what was wrong) and exit status 2, without the usage
+    block: the rule for every command line of the package."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 # ------------------------------------------------------------------------------- parsing
 def _positive_int(text: str) -> int:
     try:
@@ -52,6 +67,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bounded_int(limit: int, what: str):
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {limit} {what}, got {value}")
+        return value
+    return parse
+
+
+def _label(text: str) -> str:
+    if not text.strip() or "\n" in text:
+        raise argparse.ArgumentTypeError(f"expected a non-empty one-line label, got {text!r}")
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -59,6 +89,13 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _ref_gib(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_REF_GIB:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_REF_GIB:g} GiB, got {text!r}")
     return value
 
 
@@ -122,18 +159,37 @@ def output_dir(text: str) -> Path:
 
 
 def _int_list(text: str) -> list[int]:
-    return [_positive_int(t) for t in text.split(",") if t.strip()]
+    values = [_positive_int(t) for t in text.split(",") if t.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+#: the longest a single ncu run may be given (an hour): beyond it a limit stops nothing
+MAX_TIMEOUT_S = 3600.0
+
+
+def _timeout_s(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMEOUT_S:g} seconds, got {text!r}")
+    return value
 
 
 def _dtype_list(text: str) -> list[torch.dtype]:
     try:
-        return [parse_dtype(t.strip()) for t in text.split(",") if t.strip()]
+        dtypes = [parse_dtype(t.strip()) for t in text.split(",") if t.strip()]
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if not dtypes:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of dtypes, got {text!r}")
+    return dtypes
 
 
 def _mode_list(text: str) -> list[str]:
     modes = [t.strip() for t in text.split(",") if t.strip()]
+    if not modes:
+        raise argparse.ArgumentTypeError(f"no mode given; accepted: {', '.join(MODES)} (comma-separated)")
     for m in modes:
         if m not in MODES:
             raise argparse.ArgumentTypeError(f"unknown mode {m!r}; accepted: {', '.join(MODES)} (comma-separated)")
@@ -183,7 +239,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m flashtut.bench",
         description="Check and time attention implementations side by side "
                     "(naive, tiled, PyTorch SDPA backends, Triton, CUDA) and write the results; "
@@ -224,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=_positive_float, help="softmax scale (default 1/sqrt(D))")
     p.add_argument("--warmup-ms", type=_budget_ms, default=25.0, help="warm-up budget per measurement (ms)")
     p.add_argument("--rep-ms", type=_budget_ms, default=100.0, help="timing budget per measurement (ms)")
-    p.add_argument("--ref-budget-gib", type=_positive_float,
+    p.add_argument("--ref-budget-gib", type=_ref_gib,
                    help="memory for the reference on a GPU (default 4): it runs on a slice of batch and heads that fits")
     p.add_argument("--memory", action="store_true", help="also record each call's peak extra memory")
     p.add_argument("--baseline", default="sdpa-flash", help="implementation the ratio column divides by")
@@ -256,8 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--what", default="copy,matmul",
                    help="comma-separated, of copy, matmul and instruction (each tensor-core instruction's "
                         f"own ceiling: {', '.join(INSTRUCTIONS)}, in the 16-bit dtypes of --dtype)")
-    p.add_argument("--copy-mib", type=_positive_int, help="bytes copied, MiB (default 2048 on a GPU, 256 on the CPU)")
-    p.add_argument("--matmul-n", type=_positive_int, help="matrix size n (default 8192 on a GPU, 1024 on the CPU)")
+    p.add_argument("--copy-mib", type=_bounded_int(MAX_COPY_MIB, "MiB"),
+                   help=f"bytes copied, MiB (default 2048 on a GPU, 256 on the CPU; at most {MAX_COPY_MIB})")
+    p.add_argument("--matmul-n", type=_bounded_int(MAX_MATMUL_N, "rows"),
+                   help=f"matrix size n (default 8192 on a GPU, 1024 on the CPU; at most {MAX_MATMUL_N})")
     p.add_argument("--warmup-ms", type=_budget_ms, default=25.0)
     p.add_argument("--rep-ms", type=_budget_ms, default=100.0)
     p.add_argument("--seed", type=_seed, default=0)
@@ -271,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", action="append", metavar="LIST",
                    help="implementations, comma-separated or repeated (default cuda,triton,sdpa-flash)")
     p.add_argument("--calls", type=_positive_int, default=1000, help="calls per run (default 1000)")
-    p.add_argument("--label", default="this checkout", help="the version measured (default 'this checkout')")
+    p.add_argument("--label", type=_label, default="this checkout", help="the version measured (default 'this checkout')")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
@@ -300,11 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Triton cache folder that one process filled, and the setting it ran under")
     p.add_argument("--speed", action="append", default=[], type=_setting_path, metavar="SETTING=FILE.json",
                    help="speed rows of one `run` process, and the setting it ran under")
-    p.add_argument("--part", action="append", default=[], metavar="FILE.json",
+    p.add_argument("--part", action="append", default=[], metavar="FILE.json", type=_existing_file,
                    help="the rows of another sass file to include (a part run in parallel)")
-    p.add_argument("--listings", metavar="DIR", help="also write each Triton kernel's whole SASS there")
-    p.add_argument("--torch-lib", help="the library with SDPA's kernels (default: torch's libtorch_cuda.so)")
-    p.add_argument("--arch", default="sm_90", help="architecture of the SDPA kernels to read (default sm_90)")
+    p.add_argument("--listings", metavar="DIR", type=output_dir, help="also write each Triton kernel's whole SASS there")
+    p.add_argument("--torch-lib", type=_existing_file,
+                   help="the library with SDPA's kernels (default: torch's libtorch_cuda.so)")
+    p.add_argument("--arch", default="sm_90", type=_arch, help="architecture of the SDPA kernels to read (default sm_90)")
     p.add_argument("-D", "--head-dim", type=_positive_int, default=128, help="head dim of the kernels (default 128)")
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
@@ -321,18 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated: {', '.join(PROFILE_SETS)} (default: ladder,options)")
     p.add_argument("-D", "--head-dim", type=_int_list, default=[128, 64], help="head dims (default 128,64)")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool (default: ncu)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="limit per set and head dim (s)")
+    p.add_argument("--timeout-s", type=_timeout_s, default=300.0, help="limit per set and head dim (s, at most 3600)")
+    p.add_argument("--launch", nargs=2, metavar=("SET", "D"), help=argparse.SUPPRESS)   # the child ncu profiles
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
-    p = sub.add_parser("window-backward", help="the sliding window's Triton backward, kernel by kernel, "
-                                               "against SDPA flash (a diagnosis, CUDA only)",
-                       description="Causal, window 4096 against none, N 16384, H 16, D 128, fp16: the whole "
-                                   "backward (first tiles, autotuned), each kernel alone per tile, the fused "
-                                   "backward, dQ on a second stream, SDPA flash; TFLOP/s of visible keys.")
-    p.add_argument("--out-dir", default=".gpu_out", help="where triton_window.txt and .json go")
-    p.add_argument("--budget-s", type=float, default=140.0,
-                   help="stop the tile sweeps (past their first two tiles) after this long (s)")
-    p.add_argument("--quick", action="store_true", help="sweep four tiles per kernel")
     for name, p in sub.choices.items():     # the GPU scripts pass --no-progress to every command
         if "--no-progress" not in p._option_string_actions:
             p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
@@ -351,6 +402,14 @@ def _names_from(allowed: tuple[str, ...]):
 
 
 _sass_parts = _names_from(("triton", "cuda", "sdpa"))
+
+
+def _arch(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"sm_[0-9]{2,3}a?", text):
+        raise argparse.ArgumentTypeError(f"expected an architecture such as sm_90 or sm_80, got {text!r}")
+    return text
 _profile_sets = _names_from(PROFILE_SETS)
 
 
@@ -359,7 +418,15 @@ def _setting_path(text: str) -> tuple[str, str]:
     setting, _, path = text.rpartition("=")
     if not setting or not path:
         raise argparse.ArgumentTypeError(f"expected SETTING=PATH, got {text!r}")
+    if not Path(path).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{path!r} (in {text!r}) does not exist")
     return setting, path
+
+
+def _existing_file(text: str) -> str:
+    if not Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return text
 
 
 # ------------------------------------------------------------------------------- commands
@@ -424,6 +491,11 @@ def _cmd_run(parser, args, argv) -> int:
                                batch=args.batch, nk=args.nk, scale=args.scale)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        registry.get(args.baseline)
+    except (KeyError, ValueError):
+        parser.error(f"--baseline: unknown implementation {args.baseline!r}; accepted: a name of "
+                     "`python -m flashtut.bench list`, such as sdpa-flash")
     config = {"impls": [i.name for i in impls], "modes": modes, "dtypes": [dtype_name(d) for d in dtypes],
               "seqlens": seqlens, "nk": args.nk, "head_dims": head_dims, "causal": list(causal),
               "heads": args.heads, "hidden": hidden, "batch": args.batch, "tokens": tokens, "scale": args.scale,
@@ -550,6 +622,9 @@ def _cmd_real_models(parser, args, argv) -> int:
 
     if args.device.type == "cpu" and not args.small:
         parser.error("real-models at full size needs a CUDA GPU; add --small for a CPU run")
+    if args.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("real-models --small on a CPU runs Triton through its interpreter, which must be chosen "
+                     "before triton is imported: TRITON_INTERPRET=1 python -m flashtut.bench real-models --small")
     config = {"small": args.small, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "seed": args.seed}
     saver = _Saver(args.out, "speed", collect(args.device, argv), config, every_s=0.0)
     try:
@@ -566,6 +641,15 @@ def _cmd_real_models(parser, args, argv) -> int:
 def _cmd_sass(parser, args, argv) -> int:
     from . import sass
 
+    if "triton" in args.what and not args.triton_cache:
+        parser.error("--what triton counts the kernels of Triton cache folders: give at least one "
+                     "--triton-cache SETTING=DIR (a folder one `run` process filled), or leave triton out of --what")
+    for setting, folder in args.triton_cache:
+        if not Path(folder).expanduser().is_dir():
+            parser.error(f"--triton-cache: {folder!r} (setting {setting!r}) is not a folder")
+    for setting, path in args.speed:
+        if not Path(path).expanduser().is_file():
+            parser.error(f"--speed: {path!r} (setting {setting!r}) is not a file")
     cuobjdump = sass.find_cuobjdump()
     if cuobjdump is None and ("triton" in args.what or "sdpa" in args.what):
         parser.error("cuobjdump not found: install the CUDA toolkit, or triton (its wheel carries one)")
@@ -610,9 +694,17 @@ def _cmd_sass(parser, args, argv) -> int:
 
 
 def _cmd_profile(parser, args, argv) -> int:
+    if args.launch:                                  # the child process: launch one set once, under ncu
+        set_name, D = args.launch
+        if set_name not in PROFILE_SETS or not D.isdigit():
+            parser.error(f"--launch: got {set_name} {D}; accepted: a set of {', '.join(PROFILE_SETS)} and a head dim")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("profile runs the Hopper kernels under ncu: run it on an sm_90 GPU (H100, H200)")
     from . import profile
+
+    if args.launch:
+        profile.run_launches(args.launch[0], int(args.launch[1]))
+        return 0
 
     rows = []
     for D in args.head_dim:
@@ -629,15 +721,6 @@ def _cmd_profile(parser, args, argv) -> int:
                   "ncu": " ".join(profile.ncu_command("<set>", "<D>", args.ncu))}
         save_results(args.out, "profile", rows, collect(torch.device("cuda"), argv), config)
         print(f"wrote {len(rows)} rows to {args.out}")
-    return 0
-
-
-def _cmd_window_backward(parser, args) -> int:
-    if not torch.cuda.is_available():
-        parser.error("window-backward times CUDA kernels: run it on a CUDA GPU")
-    from .window_backward import run_window_backward
-
-    run_window_backward(args.out_dir, args.budget_s, args.quick)
     return 0
 
 
@@ -659,8 +742,6 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_real_models(parser, args, argv)
     if args.command == "sass":
         return _cmd_sass(parser, args, argv)
-    if args.command == "window-backward":
-        return _cmd_window_backward(parser, args)
     if args.command == "profile":
         return _cmd_profile(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

@@ -1,7 +1,7 @@
 """Nsight Compute profiles of the forward kernels chapter 11 compares, as results rows of kind ``profile``.
 
 ``python -m flashtut.bench profile`` runs, for each head dim and set of launches, this module as a child
-process under ``ncu`` (``python -m flashtut.bench.profile --launch SET D``), which launches each
+process under ``ncu`` (``python -m flashtut.bench profile --launch SET D``), which launches each
 implementation of the set exactly once, so that ncu's report has one entry per launch in the order of
 :func:`launches`; it then reads ncu's CSV (:func:`parse_ncu_csv`), pairs each entry with its launch
 (:func:`profile_rows`, which checks that the kernel is the one that implementation runs) and writes one
@@ -213,21 +213,20 @@ def profile_rows(set_name: str, D: int, profiled: list[dict]) -> list[dict]:
 def ncu_command(set_name: str, D, ncu: str = "ncu") -> list[str]:
     """The ncu command line that profiles set ``set_name`` at ``D`` (clocks as the benchmark runs them)."""
     return [ncu, "--clock-control", "none", "-k", KERNEL_REGEX, "--metrics", ",".join(NCU_METRICS), "--csv",
-            sys.executable, "-m", "flashtut.bench.profile", "--launch", set_name, str(D)]
+            *child_command(set_name, D)]
+
+
+def child_command(set_name: str, D: int) -> list[str]:
+    """The process ncu profiles: the command line's ``profile --launch SET D``, which launches the set once."""
+    return [sys.executable, "-m", "flashtut.bench", "profile", "--launch", set_name, str(D)]
 
 
 def profile(set_name: str, D: int, ncu: str = "ncu", timeout_s: float = 300) -> list[dict]:
     """Profile set ``set_name`` at ``D``: a run without ncu first (it compiles and caches every kernel, so
     that ncu's process spends its time on the launches), then the profiled run."""
-    warm = [sys.executable, "-m", "flashtut.bench.profile", "--launch", set_name, str(D)]
+    warm = child_command(set_name, D)
     subprocess.run(warm, check=True, timeout=timeout_s, capture_output=True)
     res = subprocess.run(ncu_command(set_name, D, ncu), capture_output=True, text=True, timeout=timeout_s)
     if res.returncode != 0:
         raise RuntimeError(f"ncu exited with {res.returncode}: {res.stderr[-2000:] or res.stdout[-2000:]}")
     return profile_rows(set_name, D, parse_ncu_csv(res.stdout))
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["--launch"] or len(sys.argv) != 4:
-        sys.exit("usage: python -m flashtut.bench.profile --launch SET D (the child process ncu profiles)")
-    run_launches(sys.argv[2], int(sys.argv[3]))

@@ -165,6 +165,17 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
+#: the backward run as the book shows it (book/perflog_cuda_bwd.md, chapter 08), for
+#: :func:`case_table`: header -> implementation, or {D: implementation}
+BWD_GRID_COLUMNS = {
+    # headers short enough for a phone: what each is, the text around the table says
+    "separate dQ": "cuda-bwd-separate-dq",
+    "old default": {128: "cuda-bwd-atomic-dq-w8-1bar-v4", 64: "cuda-bwd-atomic-dq-w8-1bar"},
+    "grid": "cuda-bwd-atomic-dq-w8-split2x4",
+    "grid, 128 q": "cuda-bwd-atomic-dq-w8-split2x4-m128",
+}
+
+
 def column_impl(column, D):
     """The implementation a column names at head dim ``D``: a name, or ``{D: name}``."""
     return column.get(D) if isinstance(column, dict) else column
@@ -236,6 +247,26 @@ def format_ratio_summary(summary: list[dict], names: dict | None = None) -> list
                  for s in summary if s["D"] == D]
         lines.append(f"D = {D}: " + "; ".join(parts))
     return lines
+
+
+def ladder_summary(rows: list[dict], rungs: dict, baseline: str = "sdpa-flash", mode: str = "fwd",
+                   head_dims=(128, 64)) -> tuple[list[str], list[list[str]]]:
+    """A worklog's final ladder in one table: per rung (``rungs``: label -> implementation, or
+    ``{D: implementation}`` as in :func:`case_table`, or either with its pass as ``(column, mode)``),
+    its ratio to ``baseline`` per head dim over the cases both ran, as "gmean (min to max)"
+    (:func:`ratio_summary`); "-" where the rung has no build at that head dim. Returns
+    (header, body) for :func:`format_table`."""
+    body = []
+    for label, column in rungs.items():
+        column, rung_mode = column if isinstance(column, tuple) else (column, mode)
+        impls = [i for i in (column_impl(column, D) for D in head_dims) if i]
+        summary = {(s["D"], s["impl"]): s for s in ratio_summary(rows, impls, baseline, rung_mode)}
+        cells = [label]
+        for D in head_dims:
+            s = summary.get((D, column_impl(column, D)))
+            cells.append(f"{s['gmean']:.2f} ({s['min']:.2f} to {s['max']:.2f})" if s else "-")
+        body.append(cells)
+    return ["rung"] + [f"D = {D}: x {baseline}, gmean (min to max)" for D in head_dims], body
 
 
 def rung_table(rows: list[dict], profile: list[dict], rungs: dict, D: int, mode: str = "fwd",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
 KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass", "profile")
-#: what a ``compile`` row timed (``flashtut.bench.compile_time``): one NVRTC build, or a whole
+#: what a ``compile`` row timed (``experiments/compile_time``): one NVRTC build, or a whole
 #: first call (compile + load + launch) of ``cuda_attention``'s forward or backward
 COMPILE_WHATS = ("nvrtc", "first-call")
 #: the sections of a ``model`` file (``flashtut.model.measure``), in the order it measures them
@@ -51,12 +51,19 @@ def save_results(path, kind: str, rows: list[dict], provenance: dict, config: di
     return path
 
 
+#: the largest size a row may record: a tensor dimension is an int64 (a larger N would reach a
+#: figure's axis as an integer no float holds and fail there, far from the file that carries it)
+MAX_COUNT = 2**63 - 1
+
+
 def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, int) and not isinstance(x, bool):
+        return abs(x) <= MAX_COUNT              # math.isfinite raises on an int beyond a float's range
+    return isinstance(x, float) and math.isfinite(x)
 
 
 def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    return isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_COUNT
 
 
 def check_row(row, kind: str | None = None) -> str | None:
@@ -81,7 +88,7 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"impl: got {row.get('impl')!r}; accepted: an implementation name"
         for key in ("B", "H", "N", "D"):
             if not _count(row.get(key)):
-                return f"{key}: got {row.get(key)!r}; accepted: a positive integer"
+                return f"{key}: got {row.get(key)!r}; accepted: a positive integer up to 2**63 - 1"
         if not isinstance(row.get("dtype"), str):
             return f"dtype: got {row.get('dtype')!r}; accepted: a dtype name such as 'float16'"
         if not isinstance(row.get("causal", False), bool):
@@ -131,7 +138,7 @@ def check_row(row, kind: str | None = None) -> str | None:
             return f"metrics: got {metrics!r}; accepted: an object of metric name -> number or null"
         if status == "ok" and not metrics:
             return "metrics: empty in a row whose status is 'ok'"
-    if kind == "compile":        # flashtut.bench.compile_time: first-call build time of the CUDA kernels
+    if kind == "compile":        # experiments/compile_time: first-call build time of the CUDA kernels
         if row.get("what") not in COMPILE_WHATS:
             return f"what: got {row.get('what')!r}; accepted: {', '.join(COMPILE_WHATS)}"
         for key in ("step", "arch"):
@@ -196,8 +203,8 @@ def measurement_key(row: dict) -> tuple:
                 row.get("layout"), row.get("context"), row.get("prompt"))
     # the real-model options (grouped K/V heads, a window, a packed or padded batch) are part of what
     # was measured: without them a GQA row and a full-heads row of one shape would replace each other;
-    # so is a timing budget that a row records (bench.hopper_ab times one case under two), and the round
-    # of an A/B timed in rounds (bench.hopper_ab --pair)
+    # so is a timing budget that a row records (experiments/hopper_options/hopper_ab.py times one case under two), and the round
+    # of an A/B timed in rounds (hopper_ab.py --pair)
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
             row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"),

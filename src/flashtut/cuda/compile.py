@@ -176,7 +176,7 @@ def device_arch(device=None) -> str:
 def nvrtc_cubin(code: str, arch: str, defines: dict | None = None) -> bytes:
     """Compile CUDA C ``code`` (``load_source``'s text) with CuPy's NVRTC and exactly
     :func:`nvrtc_options` for ``arch``; returns the cubin. No cache: this is the cost a first call
-    pays (``flashtut.bench.compile_time`` times it)."""
+    pays (``experiments/compile_time`` times it)."""
     from cupy.cuda import nvrtc
 
     arch = normalize_arch(arch)

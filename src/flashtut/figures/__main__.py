@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..bench.cli import output_dir
+from ..bench.cli import Parser, output_dir
 from ..bench.results import load_rows
 
 FORMATS = ("png", "svg", "pdf")
@@ -35,7 +35,7 @@ def _formats(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flashtut.figures",
+    parser = Parser(prog="python -m flashtut.figures",
                                      description="Draw the book's benchmark figures from results files.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

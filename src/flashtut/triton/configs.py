@@ -93,7 +93,7 @@ BWD_DQ = {
 # The first entry of a list is what runs with autotuning off. A sliding window gives
 # every dK/dV program the same short query range, and its best tile differs from the
 # causal one. Measured on the H200 (fp16, D = 128, N = 16384, window 4096,
-# python -m flashtut.bench window-backward, two runs), the dK/dV kernel alone:
+# experiments/triton_window, two runs), the dK/dV kernel alone:
 # 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3 (the old
 # first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms,
 # 32x128 5.64).
