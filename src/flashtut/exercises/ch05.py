@@ -9,6 +9,7 @@ each row's maximum score sits in the first key block and wrong as soon as a late
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,7 @@ from ..costs import io_complexity as io
 from ..checks import accum_dtype, check_block, check_qkv, check_scale
 from ..reference import attention_lse, naive_attention
 from ..checks import check_count
+from . import technique as tq
 from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable,
                       check_seed, compare, mutation_note)
 
@@ -232,16 +234,6 @@ def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
     return o, lse
 
 
-def _forward_limits(B, H, Nq, Nk, D, bm, bn):
-    """Allowed sizes, in elements: one block per read; no tensor larger than a score tile or a
-    whole output; tensors alive at once within the output, log-sum-exp and a handful of tiles."""
-    bh = B * H
-    block = {"q": bh * bm * D, "k": bh * bn * D, "v": bh * bn * D}
-    largest = bh * max(bm * bn, Nq * D, Nk * D)
-    live = bh * (Nq * D + Nq + 12 * bm * bn + 4 * (bm + bn) * D)
-    return block, largest, live
-
-
 def _call(fn, args):
     try:
         return fn(*args), None
@@ -249,35 +241,98 @@ def _call(fn, args):
         return None, f"your function raised {type(exc).__name__}: {exc}"
 
 
+@dataclass
+class Limits:
+    """What one watched case allows: ``rows[name]`` rows of an input per tensor, score tensors of
+    ``bm`` query by ``bn`` key rows, no tensor over ``largest`` elements, ``live`` elements alive
+    at once, and with causal masking only the pairs of ``allowed`` above the diagonal."""
+    rows: dict
+    bm: int
+    bn: int
+    largest: int
+    live: int
+    scores: int
+    allowed: torch.Tensor | None = None
+    what: str = "score tile"
+
+
+#: score tiles a tiled loop may keep alive at once (a tile, its masked copy, P, a temporary)
+SCORE_TILES = 5
+
+
+def forward_limits(B, H, Nq, Nk, D, bm, bn, causal=False):
+    """Limits of a tiled forward: one block of rows per read; no tensor larger than a score tile
+    or the output; alive at once: the output, its log-sum-exp and, per query block, a few tiles
+    and blocks, ``O(bm*bn + (bm + bn)*D)``, never a whole ``Nk x D`` copy of the keys."""
+    bh = B * H
+    return Limits(rows={"q": bm, "k": bn, "v": bn}, bm=bm, bn=bn,
+                  largest=bh * max(bm * bn, Nq * D),
+                  live=bh * (3 * Nq * D + 4 * Nq + 8 * bm * bn + 8 * (bm + bn) * D),
+                  scores=bh * SCORE_TILES * bm * bn,
+                  allowed=tq.causal_allowed(Nq, Nk, bm, bn) if causal else None)
+
+
 def _pair(got):
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        return None, f"expected (o, lse), got {type(got).__name__}"
+        return None, f"expected (o, lse), got {_kind(got)}"
     return got, None
 
 
-def technique_report(trace, block, largest, live, what="score tile"):
+def _kind(x) -> str:
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} values"
+    if isinstance(x, torch.Tensor):
+        return f"one tensor of shape {tuple(x.shape)}"
+    return type(x).__module__.replace("builtins", "").strip(".") + ("." if type(x).__module__ != "builtins" else "") + type(x).__name__
+
+
+def _example(mask: torch.Tensor) -> tuple:
+    i, j = (int(x) for x in mask.nonzero()[0])
+    return i, j
+
+
+def technique_report(trace, limits: Limits):
     """Messages for what a ``technique.watch`` trace shows wrong (empty when nothing is)."""
     problems = []
     if trace.whole_reads:
-        name, op, shape = trace.whole_reads[0]
-        problems.append(f"read {name} {shape} at once (aten.{op}); load one block of rows at a "
-                        f"time ({block[name]:,} elements here), as a kernel loads a tile into SRAM")
-    if trace.largest[0] > largest:
+        name, op, shape, n = trace.whole_reads[0]
+        problems.append(f"read or held {n} rows of {name} in one tensor of shape {shape} (aten.{op}); "
+                        f"load one block of at most {limits.rows[name]} rows at a time, as a kernel loads a "
+                        f"tile into SRAM (a copy, cat or clone of more rows counts as reading them all)")
+    if trace.wide_scores:
+        side, op, shape, n = trace.wide_scores[0]
+        if side == "k":
+            problems.append(f"made scores against {n} key rows in one tensor of shape {shape} (aten.{op}): "
+                            f"a whole row of the score matrix. Compute one {limits.bm} x {limits.bn} tile "
+                            f"at a time and fold it into the running max and sum (the online softmax)")
+        else:
+            problems.append(f"made scores of {n} query rows in one tensor of shape {shape} (aten.{op}): "
+                            f"a whole column of the score matrix. Compute one {limits.bm} x {limits.bn} "
+                            f"tile at a time")
+    if trace.largest[0] > limits.largest:
         n, op, shape = trace.largest
         problems.append(f"made a tensor of shape {shape} ({n:,} elements, aten.{op}); the largest "
-                        f"allowed is {largest:,}: one {what} or one whole output. An Nq x Nk "
+                        f"allowed is {limits.largest:,}: one {limits.what} or one whole output. An Nq x Nk "
                         f"matrix, or a whole row or column of tiles, is what tiling avoids")
-    elif trace.peak_live > live:
-        problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {live:,}): "
-                        f"do not keep every tile; fold each into running statistics and drop it")
+    elif trace.peak_scores > limits.scores:
+        problems.append(f"kept {trace.peak_scores:,} scores alive at once ({trace.peak_scores / limits.bm / limits.bn:.0f} "
+                        f"tiles of {limits.bm} x {limits.bn}); a tiled loop needs a few tiles at a time: fold "
+                        f"each tile into the running max, sum and output, then drop it")
+    elif trace.peak_live > limits.live:
+        problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {limits.live:,}: "
+                        f"the outputs and a few tiles): do not keep every tile or a copy of the inputs; "
+                        f"fold each tile into running statistics and drop it")
     if trace.input_writes:
         name, op = trace.input_writes[0]
         problems.append(f"wrote into its input {name} (aten.{op}); work on copies of the blocks")
-    if trace.masked_products:
-        op, qr, kr = trace.masked_products[0]
-        problems.append(f"multiplied query rows {qr[0]}..{qr[1]} with key rows {kr[0]}..{kr[1]} "
-                        f"(aten.{op}): every one of those keys is hidden from every one of those "
-                        f"rows, so the tile contributes nothing; skip it")
+    if trace.hidden is not None and limits.allowed is not None:
+        extra = trace.hidden & ~limits.allowed
+        if bool(extra.any()):
+            i, j = _example(extra)
+            problems.append(f"computed {int(extra.sum()):,} scores above the causal diagonal outside the "
+                            f"diagonal tiles (e.g. query row {i} with key row {j}): every one of those keys "
+                            f"is hidden from its row, so the work contributes nothing; skip those tiles "
+                            f"(stop the key loop at the query block's last row)")
     return problems
 
 
@@ -291,6 +346,12 @@ def add_verdict(lines: list, head: str, problems: list, passed: str) -> bool:
     return True
 
 
+def watch_case(call, inputs: dict, limits: Limits, causal: bool):
+    """Run ``call()`` under ``technique.watch`` with ``limits``: ``(result, trace, error)``."""
+    return tq.run_watched(call, inputs, causal=causal, block_rows=limits.rows,
+                          pair_rows=(limits.bm, limits.bn), blocks=(limits.bm, limits.bn))
+
+
 def _fp16_inputs(gen):
     """Long float16 rows (3000 keys, near-uniform scores, values around 1): the running sum
     reaches thousands, where float16's spacing is 2 to 4, so a float16 accumulator drifts."""
@@ -301,32 +362,33 @@ def _fp16_inputs(gen):
     return q, k, v
 
 
+#: the float64 cases of :func:`check_flash_forward`: (B, H, Nq, Nk, D, block_m, block_n), causal
+FORWARD_CASES = (((1, 2, 45, 173, 128, 16, 16), False), ((2, 1, 83, 70, 24, 16, 16), True),
+                 ((1, 1, 37, 61, 8, 8, 16), True))
+
+
 def check_flash_forward(fn, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, causal, block_m, block_n) -> (o, lse)`` (scale ``1/sqrt(D)``): the
     numbers, in float64 against naive attention, causal or not, ``Nq != Nk``, sizes no block
-    divides; the technique, by watching every operator it runs (``technique.watch``): blocks
-    read one at a time, no ``Nq x Nk`` tensor, each key block loaded once per query block (one
-    pass), with ``causal`` no key block above the diagonal touched, inputs left unchanged;
-    and float16 rows long enough that a float16 accumulator fails."""
-    from . import technique as tq
-    gen = torch.Generator().manual_seed(seed)
+    divides, D up to 128; the technique, by watching every operator it runs
+    (``technique.watch``): blocks read one at a time (a copy of more rows, by ``cat``,
+    ``clone``, indexing or ``.to``, counts as a read of them all), scores made one tile at a
+    time (never a whole row), each key block loaded once per query block (one pass), few tensors
+    alive at once, with ``causal`` no tile above the diagonal computed, inputs left unchanged,
+    nothing taken out to NumPy; and float16 rows long enough that a float16 accumulator fails."""
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     lines, ok = [], True
     f64 = {"generator": gen, "dtype": torch.float64}
-    for causal in (False, True):
-        # small D and many key blocks per row: a row of score tiles is already over budget
-        B, H, Nq, Nk, D, bm, bn = (2, 1, 200, 150, 4, 16, 20) if causal else (2, 1, 100, 300, 4, 16, 20)
-        q = 2 * torch.randn(B, H, Nq, D, **f64)
-        k = torch.randn(B, H, Nk, D, **f64) * torch.linspace(0.5, 2.5, Nk, dtype=torch.float64)[:, None]
+    for (B, H, Nq, Nk, D, bm, bn), causal in FORWARD_CASES:
+        q = 2 * torch.randn(B, H, Nq, D, **f64) * D ** -0.25
+        k = torch.randn(B, H, Nk, D, **f64) * torch.linspace(0.5, 2.5, Nk, dtype=torch.float64)[:, None] * D ** -0.25
         v = torch.randn(B, H, Nk, D, **f64)
         (qg, kg, vg), kept = tq.private_copies(q, k, v)
         head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
-        block, largest, live = _forward_limits(B, H, Nq, Nk, D, bm, bn)
-        try:
-            got, trace = tq.watch(lambda: fn(qg, kg, vg, causal, bm, bn), dict(q=qg, k=kg, v=vg),
-                                  block_elements=block, causal=causal)
-            err = None
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            got, trace, err = None, None, f"your function raised {type(exc).__name__}: {exc}"
+        limits = forward_limits(B, H, Nq, Nk, D, bm, bn, causal)
+        got, trace, err = watch_case(lambda: fn(qg, kg, vg, causal, bm, bn), dict(q=qg, k=kg, v=vg),
+                                     limits, causal)
         if err is None:
             got, err = _pair(got)
         if err:
@@ -343,7 +405,7 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         if changed:
             problems.append(f"changed its input {', '.join(changed)}: a kernel reads q, k and v and "
                             f"writes only o and lse")
-        problems += technique_report(trace, block, largest, live)
+        problems += technique_report(trace, limits)
         once = io.count(io.flash2_schedule(Nq, Nk, D, bm, bn, causal)).reads
         for name, key in (("k", "K"), ("v", "V")):
             n_read, n_once = trace.read_elements(name), B * H * once[key]
@@ -373,6 +435,9 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         if res:
             lines.append(f"✓ {head}: max error {res.max_abs_err:.1e}, within twice PyTorch's own "
                          f"float16 error ({bound:.1e})")
+        elif res.n_total == 0:
+            ok = False
+            lines.append(f"✗ {head}: {res.message[2:]}")
         else:
             ok = False
             lines.append(f"✗ {head}: max error {res.max_abs_err:.1e} against float64, more than twice "
@@ -383,5 +448,6 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
 
 __all__ = ["buggy_loop", "buggy_tiled_attention", "max_rise_after_first_block", "inputs_max_in_first_block",
            "solution_flash_forward", "check_flash_forward", "technique_report", "add_verdict",
+           "Limits", "forward_limits", "watch_case", "FORWARD_CASES",
            "inputs_random", "check_tiled_attention", "solution_fixed_tiled_attention",
            "check_fa1_traffic", "solution_fa1_traffic"]
