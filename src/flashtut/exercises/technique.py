@@ -71,6 +71,10 @@ _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
 
 
+#: whole reads and score rows after which the watch stops recording (the verdict is clear by then)
+STOP_AFTER = 12
+
+
 class OutsideTorch(RuntimeError):
     """Raised inside the watched function when it takes an input's values out of torch."""
 
@@ -87,7 +91,8 @@ class Trace:
     the diagonal that were computed; ``wide_reductions``: ``(name, op, shape, rows)``, reductions
     over more than the allowed rows; ``key_reductions``: ``(op, shape)``, reductions of scores
     over key rows (a softmax, a row max or a row sum); ``outside``: messages for values taken out
-    of torch; ``n_ops``: operators run."""
+    of torch; ``n_ops``: operators run; ``stopped``: the watch stopped recording after
+    ``STOP_AFTER`` whole reads or score rows (the rest of the records are then incomplete)."""
     reads: dict
     whole_reads: list = field(default_factory=list)
     largest: tuple = (0, "", ())          # (elements, operator, shape)
@@ -101,6 +106,7 @@ class Trace:
     key_reductions: list = field(default_factory=list)
     outside: list = field(default_factory=list)
     n_ops: int = 0
+    stopped: bool = False
 
     def read_elements(self, name: str) -> int:
         return sum(self.reads.get(name, ()))
@@ -467,8 +473,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                     n = _distinct(s, reduce_limit[c])
                     if n > reduce_limit[c]:
                         trace.wide_reductions.append((c, name, tuple(t.shape), n))
-            if "@k" in src and "@q" in src and _varies(src["@k"], dims):
-                trace.key_reductions.append((name, tuple(t.shape)))
+            if "@k" in src and "@q" in src:
+                keys = torch.where(torch.isnan(src["@q"]), NAN, src["@k"])
+                if _varies(keys, dims):
+                    trace.key_reductions.append((name, tuple(t.shape)))
 
     def outside(message):
         trace.outside.append(message)
@@ -504,6 +512,11 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             name = func.overloadpacket.__name__
             name_of["op"] = name
             trace.n_ops += 1
+            if trace.stopped:
+                return out
+            if len(trace.whole_reads) + len(trace.wide_scores) >= STOP_AFTER:
+                trace.stopped = True          # the verdict is clear; spare the time of watching on
+                return out
             tensors = _tensors((args, tuple(kwargs.values())))
             outs = _tensors(out)
             arg_ptrs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
