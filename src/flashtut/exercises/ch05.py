@@ -309,7 +309,7 @@ def technique_report(trace, limits: Limits):
     problems = []
     if trace.whole_reads:
         name, op, shape, n = trace.whole_reads[0]
-        problems.append(f"read or held {n} rows of {name} in one tensor of shape {shape} (aten.{op}); "
+        problems.append(f"read or held {n} rows of {name} at once, in one tensor of shape {shape} (aten.{op}); "
                         f"load one block of at most {limits.rows[name]} rows at a time, as a kernel loads a "
                         f"tile into SRAM (a copy, cat or clone of more rows counts as reading them all)")
     if trace.wide_scores:

@@ -376,13 +376,19 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
         head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
         out = {}
 
-        def run():
+        def forward():
             out["o"] = fn_class.apply(qg, kg, vg, causal, bm, bn)
+
+        def backward():
             out["grads"] = torch.autograd.grad(out["o"], (qg, kg, vg), dog)
 
-        saved, trace, err = watch_case(lambda: _saved_sizes(run), dict(zip(names, given)), limits, causal)
+        saved, trace, err = watch_case(lambda: _saved_sizes(forward), dict(zip(names, given)), limits, causal)
+        where = "forward"
+        if err is None:
+            where = "backward"
+            _, trace_b, err = watch_case(backward, dict(zip(names, given)), limits, causal)
         if err is not None:
-            lines.append(f"✗ {head}: forward or backward: {err.removeprefix('your function ')}")
+            lines.append(f"✗ {head}: the {where} {err.removeprefix('your function ')}")
             ok = False
             continue
         problems = []
@@ -401,7 +407,8 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
             problems.append(f"saved {len(saved)} tensors for the backward (shapes "
                             f"{', '.join(str(shape) for _, shape in saved)}): save only q, k, v, o and the "
                             f"log-sum-exp (one number per query row, not the max and the sum apart)")
-        problems += backward_technique(trace, limits, names=())
+        problems += ["forward: " + p for p in technique_report(trace, limits)]
+        problems += ["backward: " + p for p in backward_technique(trace_b, limits, names=())]
         ok &= add_verdict(lines, head, problems, f"o and gradients match, {len(saved)} tensors "
                           f"saved, none Nq x Nk, tiled forward and backward")
     return CheckResult(ok, tq.wrap("\n".join(lines)))
