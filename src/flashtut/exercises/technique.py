@@ -272,8 +272,8 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     ``reduce_rows[name]``: the most rows one reduction may cover; ``pair_rows = (bm, bn)``: the
     most query and key rows one tensor of scores may cover; with ``causal`` and ``blocks = (bm,
     bn)``, ``Trace.hidden`` marks the pairs above the diagonal that were computed.
-    ``python_values``: how many input values may leave torch as Python numbers (default: the
-    smallest block). ``fn`` raising :class:`OutsideTorch` means it took input values out of
+    ``python_values``: how many copies of input values may leave torch as Python numbers
+    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``fn`` raising :class:`OutsideTorch` means it took input values out of
     torch; ``Trace.outside`` says so as well."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -478,6 +478,16 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                 if _varies(keys, dims):
                     trace.key_reductions.append((name, tuple(t.shape)))
 
+    def carried(t) -> int:
+        """How many elements of ``t`` hold a copy of some input's values."""
+        sh = [s for c, s in shadows.get(t).items() if c in carry_names]
+        if not sh:
+            return 0
+        held = torch.zeros(t.shape, dtype=torch.bool)
+        for s in sh:
+            held |= ~torch.isnan(s)
+        return int(held.sum())
+
     def outside(message):
         trace.outside.append(message)
         raise OutsideTorch(message)
@@ -486,15 +496,15 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
         def __torch_function__(self, func, types, args=(), kwargs=None):
             fname = getattr(func, "__name__", "")
             if fname in _NUMPY and args and isinstance(args[0], torch.Tensor):
-                carried = [c for c in shadows.get(args[0]) if c in carry_names]
-                if carried or any(c.startswith("@") for c in shadows.get(args[0])):
-                    outside(f"took values computed from {', '.join(carried) or 'the inputs'} out of torch "
+                names = [c for c in shadows.get(args[0]) if c in carry_names]
+                if names or any(c.startswith("@") for c in shadows.get(args[0])):
+                    outside(f"took values computed from {', '.join(names) or 'the inputs'} out of torch "
                             f"into NumPy (Tensor.{fname}): the checker can only watch torch operators, "
                             f"and a kernel never leaves them; do the work with torch tensors")
             elif fname == "tolist" and args and isinstance(args[0], torch.Tensor):
-                sh = shadows.get(args[0])
-                if sh:
-                    live["python"] += args[0].numel()
+                n = carried(args[0])
+                if n:
+                    live["python"] += n
                     if live["python"] > python_values:
                         outside(f"took {live['python']:,} values computed from the inputs out of torch as "
                                 f"Python numbers (Tensor.tolist): the checker can only watch torch "
@@ -521,7 +531,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             outs = _tensors(out)
             arg_ptrs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
             if name == "_local_scalar_dense":
-                if shadows.get(args[0]):
+                if carried(args[0]):
                     live["python"] += 1
                     if live["python"] > python_values:
                         outside(f"took {live['python']:,} values computed from the inputs out of torch as "
