@@ -18,7 +18,7 @@ from ..checks import accum_dtype, check_block, check_qkv, check_scale
 from ..reference import attention_lse, naive_attention
 from ..checks import check_count
 from . import technique as tq
-from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable,
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable, describe,
                       check_seed, compare, mutation_note)
 
 
@@ -287,16 +287,8 @@ def forward_limits(B, H, Nq, Nk, D, bm, bn, causal=False):
 
 def _pair(got):
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        return None, f"expected (o, lse), got {_kind(got)}"
+        return None, f"expected (o, lse), got {describe(got)}"
     return got, None
-
-
-def _kind(x) -> str:
-    if isinstance(x, (tuple, list)):
-        return f"a {type(x).__name__} of {len(x)} values"
-    if isinstance(x, torch.Tensor):
-        return f"one tensor of shape {tuple(x.shape)}"
-    return type(x).__module__.replace("builtins", "").strip(".") + ("." if type(x).__module__ != "builtins" else "") + type(x).__name__
 
 
 def _example(mask: torch.Tensor) -> tuple:
@@ -328,7 +320,8 @@ def technique_report(trace, limits: Limits):
                         f"allowed is {limits.largest:,}: one {limits.what} or one whole output. An Nq x Nk "
                         f"matrix, or a whole row or column of tiles, is what tiling avoids")
     elif trace.peak_scores > limits.scores:
-        problems.append(f"kept {trace.peak_scores:,} scores alive at once ({trace.peak_scores / limits.bm / limits.bn:.0f} "
+        tiles = trace.peak_scores / limits.bm / limits.bn
+        problems.append(f"kept {trace.peak_scores:,} scores alive at once ({tiles:.0f} "
                         f"tiles of {limits.bm} x {limits.bn}); a tiled loop needs a few tiles at a time: fold "
                         f"each tile into the running max, sum and output, then drop it")
     elif trace.peak_live > limits.live:

@@ -11,9 +11,9 @@ import torch
 from ..reference import attention_lse, causal_mask, naive_attention
 from ..checks import check_count
 from . import technique as tq
-from .ch05 import (FORWARD_CASES, Limits, _kind, add_verdict, solution_flash_forward, technique_report,
+from .ch05 import (FORWARD_CASES, Limits, add_verdict, solution_flash_forward, technique_report,
                    watch_case)
-from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed,
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed, describe,
                       compare, mutation_note, run_trials)
 
 _TOL = {"atol": 1e-10, "rtol": 1e-8}
@@ -193,7 +193,7 @@ def _f64_inputs(gen, B, H, Nq, Nk, D):
 
 def _grads_report(got, want, tol=None):
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
-        return [f"expected (dq, dk, dv), got {_kind(got)}"]
+        return [f"expected (dq, dk, dv), got {describe(got)}"]
     out = []
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         res = compare(g, w, name=name, **(tol or _TOL))
@@ -242,7 +242,7 @@ def _fp16_backward_case(fn, gen, lines) -> bool:
         lines.append(f"✗ {head}: {error.message[2:]}")
         return False
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
-        lines.append(f"✗ {head}: expected (dq, dk, dv), got {_kind(got)}")
+        lines.append(f"✗ {head}: expected (dq, dk, dv), got {describe(got)}")
         return False
     want = autograd_grads(Q, K, V, DO)
     torch16 = autograd_grads(q, k, v, do)

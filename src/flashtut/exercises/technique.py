@@ -273,8 +273,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     most query and key rows one tensor of scores may cover; with ``causal`` and ``blocks = (bm,
     bn)``, ``Trace.hidden`` marks the pairs above the diagonal that were computed.
     ``python_values``: how many copies of input values may leave torch as Python numbers
-    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``fn`` raising :class:`OutsideTorch` means it took input values out of
-    torch; ``Trace.outside`` says so as well."""
+    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``fn``
+    raising :class:`OutsideTorch` means it took input values out of torch; ``Trace.outside``
+    says so as well."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
