@@ -455,6 +455,18 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                     if kr[0] > qr[1]:
                         trace.masked_products.append((name, qr, kr))
 
+    def flag_storage(name, t):
+        """After a write into (a view of) ``t``: does its whole storage now hold too many rows?"""
+        entry = shadows.by_ptr.get(t.untyped_storage().data_ptr())
+        if entry is None:
+            return
+        for c, flat in entry[2].items():
+            if c in rows_limit and c in carry_names:
+                n = _distinct(flat, rows_limit[c])
+                if n > rows_limit[c]:
+                    base = t._base if t._base is not None else t
+                    trace.whole_reads.append((c, name, tuple(base.shape), n))
+
     def flag_operands(name, func, args, kwargs, tensors):
         for t in tensors:
             for c, s in shadows.get(t).items():
@@ -571,6 +583,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                 ch = channels_for(func, name, args, kwargs, tensors, t, mutated)
                 if any(t is m for m in mutated):
                     shadows.write(t, ch)
+                    flag_storage(name, t)
                 elif t.numel() and t.untyped_storage().data_ptr() in arg_ptrs:
                     continue                     # returned an argument (or a view of one) as is
                 else:
