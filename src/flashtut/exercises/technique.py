@@ -457,8 +457,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
 
     def flag_storage(name, t):
         """After a write into (a view of) ``t``: does its whole storage now hold too many rows?"""
-        entry = shadows.by_ptr.get(t.untyped_storage().data_ptr())
-        if entry is None:
+        key = t.untyped_storage().data_ptr()
+        entry = shadows.by_ptr.get(key)
+        if entry is None or key in input_ptrs:       # an input holds its own rows
             return
         for c, flat in entry[2].items():
             if c in rows_limit and c in carry_names:
