@@ -114,7 +114,7 @@ FORWARD_WRONG = {
     "not streaming": (query_blocks_against_all_keys, "at once"),
     "two passes": (two_passes_over_the_keys, "one pass"),
     "holds every tile": (keeps_a_row_of_tiles, "alive at once"),
-    "no causal skipping": (lambda *a: _forward(*a, skip=False), "hidden from every one"),
+    "no causal skipping": (lambda *a: _forward(*a, skip=False), "above the causal diagonal"),
     "float16 accumulators": (lambda *a: _forward(*a, acc_t=a[0].dtype), "float16"),
     "writes into q": (lambda *a: _forward(*a, prescale_in_place=True), "changed its input q"),
 }
@@ -198,7 +198,7 @@ BACKWARD_WRONG = {
                                "Nq x Nk"),
     "whole matrices": (lambda q, k, v, o, lse, do, c, bm, bn: ch06.solution_attention_backward(q, k, v, do, c),
                        "at once"),
-    "no causal skipping": (backward_without_skipping, "skip it"),
+    "no causal skipping": (backward_without_skipping, "skip those tiles"),
     "columns of P": (backward_by_columns, "at once"),
     "writes into do": (backward_scaling_do_in_place, "changed its input do"),
 }
@@ -288,11 +288,14 @@ def test_watch_sees_reads_sizes_rows_and_writes():
         kg[:, :, :1].zero_()
         return a, b
 
-    _, tr = technique.watch(run, dict(q=qg, k=kg), block_elements={"q": 64, "k": 80}, causal=True)
+    _, tr = technique.watch(run, dict(q=qg, k=kg), block_rows={"q": 8, "k": 10}, causal=True,
+                            pair_rows=(8, 10), blocks=(8, 10))
     assert tr.reads["q"] == [64, 320] and tr.reads["k"][:2] == [80, 240]
     assert [r[0] for r in tr.whole_reads] == ["q", "k"]
+    assert {side for side, *_ in tr.wide_scores} == {"q", "k"}
     assert tr.largest[0] == 2 * 40 * 30
     assert tr.masked_products[0][1:] == ((0, 7), (10, 19)) and len(tr.masked_products) == 1
+    assert tr.hidden[0, 10] and tr.hidden[39 - 30, 29] is not None and not tr.hidden[20, 5]
     assert tr.input_writes == [("k", "zero_")]
     assert technique.mutated("qk", (qg, kg), (q, k)) == ["k"]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..softmax import merge_softmax_states, safe_softmax
-from .checker import CheckResult, run_trials
+from . import technique as tq
+from .checker import CheckResult, check_seed, run_trials
 
 _TOL = {"atol": 1e-12, "rtol": 1e-10}
 
@@ -79,9 +80,30 @@ def _softmax_inputs(gen: torch.Generator):
 
 def check_online_softmax(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     """Check ``fn(x, block_size) -> softmax of each row of x`` (a 2-D float64 tensor, blocks of
-    ``block_size`` columns, the last one shorter) against ``flashtut.safe_softmax``."""
-    return run_trials(fn, lambda x, bs: safe_softmax(x), _softmax_inputs, trials=trials, seed=seed,
-                      name="softmax", **_TOL)
+    ``block_size`` columns, the last one shorter) against ``flashtut.safe_softmax``; then watch
+    one call (``technique.watch``) on rows of 101 columns in blocks of 8: no maximum, sum or
+    softmax may cover more than one block of a row's columns (``torch.softmax`` of the whole row
+    is right but is not the online softmax), and nothing may leave torch for NumPy."""
+    res = run_trials(fn, lambda x, bs: safe_softmax(x), _softmax_inputs, trials=trials, seed=seed,
+                     name="softmax", **_TOL)
+    if not res:
+        return res
+    gen = torch.Generator().manual_seed(check_seed(seed) + 1)
+    x, bs = _rows(gen, 5, 101), 8
+    (xg,), _ = tq.private_copies(x)
+    got, trace, err = tq.run_watched(lambda: fn(xg, bs), {"x": xg}, reduce_rows={"x": bs})
+    head = f"watched on x {tuple(x.shape)}, block_size {bs}"
+    if err is not None:
+        return CheckResult(False, tq.wrap(f"{res.message}\n✗ {head}: {err}"))
+    if trace.wide_reductions:
+        name, op, shape, n = trace.wide_reductions[0]
+        return CheckResult(False, tq.wrap(
+            f"{res.message}\n✗ {head}: the numbers are right, but a reduction (aten.{op} on a tensor of "
+            f"shape {shape}) covered {n} columns of a row at once. The online softmax reads a row one block "
+            f"of block_size columns at a time: take each block's max and sum of exp, fold them into the "
+            f"running state with the merge of exercise 4.1, then normalise"))
+    res.message += f"; {head}: every max and sum covers one block"
+    return res
 
 
 def solution_online_softmax(x, block_size):
@@ -115,12 +137,44 @@ def _combine_inputs(gen: torch.Generator):
     return m, d
 
 
+def _ops(fn, parts: int, rows: int, gen):
+    widths = [3] * parts
+    x = _rows(gen, rows, sum(widths))
+    states = [_state(chunk) for chunk in torch.split(x, widths, dim=-1)]
+    m, d = torch.stack([s[0] for s in states]), torch.stack([s[1] for s in states])
+    _, trace, err = tq.run_watched(lambda: fn(m, d), {"m": m, "d": d})
+    return (None, err) if err is not None else (trace.n_ops, None)
+
+
 def check_combine_states(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     """Check ``fn(m, d) -> (m_total, d_total)``: ``m`` and ``d`` have shape ``(P, rows)``, the
     states of ``P`` workers that each summarised a disjoint slice of every row; the answer is the
-    state of the whole row (folding ``merge_softmax_states`` over the ``P`` states)."""
-    return run_trials(fn, _combine_reference, _combine_inputs, trials=trials, seed=seed,
-                      name="(m_total, d_total)", **_TOL)
+    state of the whole row (folding ``merge_softmax_states`` over the ``P`` states). Then the
+    technique: the number of torch operators it runs must not grow with ``P`` or with the number
+    of rows (no Python loop: the combination is a max and a sum over dim 0), and nothing may leave
+    torch for NumPy."""
+    res = run_trials(fn, _combine_reference, _combine_inputs, trials=trials, seed=seed,
+                     name="(m_total, d_total)", **_TOL)
+    if not res:
+        return res
+    gen = torch.Generator().manual_seed(check_seed(seed) + 1)
+    counts = {}
+    for parts, rows in ((3, 4), (11, 4), (3, 13)):
+        n, err = _ops(fn, parts, rows, gen)
+        if err is not None:
+            return CheckResult(False, tq.wrap(f"{res.message}\n✗ watched with P = {parts}, {rows} rows: {err}"))
+        counts[parts, rows] = n
+    base = counts[3, 4]
+    for (parts, rows), n in counts.items():
+        if n > base:
+            what = "states P" if parts != 3 else "rows"
+            return CheckResult(False, tq.wrap(
+                f"{res.message}\n✗ the numbers are right, but your function ran {base} torch operators for "
+                f"P = 3 states of 4 rows and {n} for P = {parts} of {rows} rows: a Python loop over the "
+                f"{what}. Combine all states at once: the maximum over dim 0, then each sum rescaled to it "
+                f"and summed over dim 0"))
+    res.message += f"; no Python loop ({base} torch operators whatever P and the rows)"
+    return res
 
 
 def solution_combine_states(m, d):

@@ -9,6 +9,7 @@ each row's maximum score sits in the first key block and wrong as soon as a late
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -16,7 +17,8 @@ from ..costs import io_complexity as io
 from ..checks import accum_dtype, check_block, check_qkv, check_scale
 from ..reference import attention_lse, naive_attention
 from ..checks import check_count
-from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable,
+from . import technique as tq
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, call_scalar, check_callable, describe,
                       check_seed, compare, mutation_note)
 
 
@@ -82,15 +84,10 @@ def inputs_random(gen: torch.Generator, B=1, H=2, Nq=37, Nk=53, D=16, block_size
     return q, k, v
 
 
-def _wrong_rows(fn, q, k, v, block_size, tol):
-    """Run ``fn`` and return (its CheckResult against float64 naive attention, bool (B, H, Nq)
-    of rows with any entry out of tolerance), or a failed CheckResult and None if it raised."""
-    got, error, changed = call_candidate(fn, (q, k, v, block_size))   # on its own copy
-    if error is not None:
-        return error, None
-    want = naive_attention(q, k, v)
+def _wrong_rows(got, want, tol):
+    """Compare ``got`` with ``want``: (CheckResult, bool (B, H, Nq) of rows with any entry out of
+    tolerance, or None when the answer is right or not a comparable tensor)."""
     res = compare(got, want, name="o", **tol)
-    res.message += mutation_note(changed)
     if res.ok or res.n_total == 0:          # right, or not a comparable tensor at all
         return res, None
     diff = (got.detach().to("cpu", torch.float64) - want).abs()
@@ -101,30 +98,47 @@ def _wrong_rows(fn, q, k, v, block_size, tol):
 def check_tiled_attention(fn, block_size: int = 16, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, block_size) -> o`` (non-causal, scale ``1/sqrt(D)``) against float64
     naive attention on two kinds of input of odd sizes (``Nq != Nk``, neither a multiple of the
-    block): (A) every row's maximum score in the first key block, (B) plain random inputs, where
-    later blocks raise the maximum of most rows but not all. For a wrong answer it says which rows differ and whether they are the
-    rows whose maximum rose after the first block."""
+    block, D of 16 and 128): (A) every row's maximum score in the first key block, (B) plain
+    random inputs, where later blocks raise the maximum of most rows but not all. For a wrong
+    answer it says which rows differ and whether they are the rows whose maximum rose after the
+    first block. The loop is watched too (``technique.watch``): q, k and v read one block of
+    ``block_size`` rows at a time and scores made one tile at a time, so naive attention, right
+    as its numbers are, is not the tiled loop this exercise fixes."""
     check_callable("fn", fn)
     block_size = check_block("block_size", block_size)
     gen = torch.Generator().manual_seed(check_seed(seed))
     tol = {"atol": 1e-9, "rtol": 1e-9}
     lines, ok = [], True
-    sizes = [dict(B=1, H=2, Nq=37, Nk=53, D=16), dict(B=2, H=1, Nq=29, Nk=70, D=24)]
+    sizes = [dict(B=1, H=2, Nq=37, Nk=53, D=16), dict(B=2, H=1, Nq=29, Nk=70, D=128)]
     for case, make in (("A: each row's max in the first key block", inputs_max_in_first_block),
                        ("B: random, most rows' max rises in a later block", inputs_random)):
         for size in sizes:
             q, k, v = make(gen, block_size=block_size, **size)
             rise = max_rise_after_first_block(q, k, block_size)
-            res, bad_rows = _wrong_rows(fn, q, k, v, block_size, tol)
             n_rise = int((rise > 0).sum())
             head = (f"case {case}, q {tuple(q.shape)}, k {tuple(k.shape)}, block {block_size}; "
                     f"{n_rise} of {rise.numel()} rows have their max raised by a later block")
-            if res:
-                lines.append(f"✓ {head}: output matches")
+            (qg, kg, vg), kept = tq.private_copies(q, k, v)
+            limits = forward_limits(size["B"], size["H"], size["Nq"], size["Nk"], size["D"],
+                                    block_size, block_size)
+            got, trace, err = watch_case(lambda: fn(qg, kg, vg, block_size), dict(q=qg, k=kg, v=vg),
+                                         limits, False)
+            if err is not None:
+                ok = False
+                lines.append(f"✗ {head}: {err}")
+                continue
+            res, bad_rows = _wrong_rows(got, naive_attention(q, k, v), tol)
+            res.message += mutation_note(tq.mutated("qkv", (qg, kg, vg), kept))
+            problems = technique_report(trace, limits)
+            if res and not problems:
+                lines.append(f"✓ {head}: output matches, read block by block")
                 continue
             ok = False
             lines.append(f"✗ {head}:")
-            lines.append("  " + res.message.replace("\n", "\n  "))
+            if res:
+                lines.append("  the output matches, but this is not the tiled loop:")
+            else:
+                lines.append("  " + res.message.replace("\n", "\n  "))
             if bad_rows is not None:
                 rose = rise > 0
                 n_bad, inside = int(bad_rows.sum()), int((bad_rows & rose).sum())
@@ -133,7 +147,8 @@ def check_tiled_attention(fn, block_size: int = 16, seed: int = 0) -> CheckResul
                 if n_bad == inside == n_rise:
                     lines.append("  exactly the rows whose max rose: look at what happens to the running sum "
                                  "and the output accumulator when the max grows")
-    return CheckResult(ok, "\n".join(lines))
+            lines += ["  " + p for p in problems]
+    return CheckResult(ok, tq.wrap("\n".join(lines)))
 
 
 def solution_fixed_tiled_attention(q, k, v, block_size: int = 128):
@@ -236,16 +251,6 @@ def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
     return o, lse
 
 
-def _forward_limits(B, H, Nq, Nk, D, bm, bn):
-    """Allowed sizes, in elements: one block per read; no tensor larger than a score tile or a
-    whole output; tensors alive at once within the output, log-sum-exp and a handful of tiles."""
-    bh = B * H
-    block = {"q": bh * bm * D, "k": bh * bn * D, "v": bh * bn * D}
-    largest = bh * max(bm * bn, Nq * D, Nk * D)
-    live = bh * (Nq * D + Nq + 12 * bm * bn + 4 * (bm + bn) * D)
-    return block, largest, live
-
-
 def _call(fn, args):
     try:
         return fn(*args), None
@@ -253,35 +258,91 @@ def _call(fn, args):
         return None, f"your function raised {type(exc).__name__}: {exc}"
 
 
+@dataclass
+class Limits:
+    """What one watched case allows: ``rows[name]`` rows of an input per tensor, score tensors of
+    ``bm`` query by ``bn`` key rows, no tensor over ``largest`` elements, ``live`` elements alive
+    at once, and with causal masking only the pairs of ``allowed`` above the diagonal."""
+    rows: dict
+    bm: int
+    bn: int
+    largest: int
+    live: int
+    scores: int
+    allowed: torch.Tensor | None = None
+    what: str = "score tile"
+
+
+#: score tiles a tiled loop may keep alive at once (a tile, its masked copy, P, a temporary)
+SCORE_TILES = 5
+
+
+def forward_limits(B, H, Nq, Nk, D, bm, bn, causal=False):
+    """Limits of a tiled forward: one block of rows per read; no tensor larger than a score tile
+    or the output; alive at once: the output, its log-sum-exp and, per query block, a few tiles
+    and blocks, ``O(bm*bn + (bm + bn)*D)``, never a whole ``Nk x D`` copy of the keys."""
+    bh = B * H
+    return Limits(rows={"q": bm, "k": bn, "v": bn}, bm=bm, bn=bn,
+                  largest=bh * max(bm * bn, Nq * D),
+                  live=bh * (3 * Nq * D + 4 * Nq + 8 * bm * bn + 8 * (bm + bn) * D),
+                  scores=bh * SCORE_TILES * bm * bn,
+                  allowed=tq.causal_allowed(Nq, Nk, bm, bn) if causal else None)
+
+
 def _pair(got):
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        return None, f"expected (o, lse), got {type(got).__name__}"
+        return None, f"expected (o, lse), got {describe(got)}"
     return got, None
 
 
-def technique_report(trace, block, largest, live, what="score tile"):
+def _example(mask: torch.Tensor) -> tuple:
+    i, j = (int(x) for x in mask.nonzero()[0])
+    return i, j
+
+
+def technique_report(trace, limits: Limits):
     """Messages for what a ``technique.watch`` trace shows wrong (empty when nothing is)."""
     problems = []
     if trace.whole_reads:
-        name, op, shape = trace.whole_reads[0]
-        problems.append(f"read {name} {shape} at once (aten.{op}); load one block of rows at a "
-                        f"time ({block[name]:,} elements here), as a kernel loads a tile into SRAM")
-    if trace.largest[0] > largest:
+        name, op, shape, n = trace.whole_reads[0]
+        problems.append(f"read or held {n} rows of {name} at once, in one tensor of shape {shape} (aten.{op}); "
+                        f"load one block of at most {limits.rows[name]} rows at a time, as a kernel loads a "
+                        f"tile into SRAM (a copy, cat or clone of more rows counts as reading them all)")
+    if trace.wide_scores:
+        side, op, shape, n = trace.wide_scores[0]
+        if side == "k":
+            problems.append(f"made scores against {n} key rows in one tensor of shape {shape} (aten.{op}): "
+                            f"a whole row of the score matrix. Compute one {limits.bm} x {limits.bn} tile "
+                            f"at a time and fold it into the running max and sum (the online softmax)")
+        else:
+            problems.append(f"made scores of {n} query rows in one tensor of shape {shape} (aten.{op}): "
+                            f"a whole column of the score matrix. Compute one {limits.bm} x {limits.bn} "
+                            f"tile at a time")
+    if trace.largest[0] > limits.largest:
         n, op, shape = trace.largest
         problems.append(f"made a tensor of shape {shape} ({n:,} elements, aten.{op}); the largest "
-                        f"allowed is {largest:,}: one {what} or one whole output. An Nq x Nk "
+                        f"allowed is {limits.largest:,}: one {limits.what} or one whole output. An Nq x Nk "
                         f"matrix, or a whole row or column of tiles, is what tiling avoids")
-    elif trace.peak_live > live:
-        problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {live:,}): "
-                        f"do not keep every tile; fold each into running statistics and drop it")
+    elif trace.peak_scores > limits.scores:
+        tiles = trace.peak_scores / limits.bm / limits.bn
+        problems.append(f"kept {trace.peak_scores:,} scores alive at once ({tiles:.0f} "
+                        f"tiles of {limits.bm} x {limits.bn}); a tiled loop needs a few tiles at a time: fold "
+                        f"each tile into the running max, sum and output, then drop it")
+    elif trace.peak_live > limits.live:
+        problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {limits.live:,}: "
+                        f"the outputs and a few tiles): do not keep every tile or a copy of the inputs; "
+                        f"fold each tile into running statistics and drop it")
     if trace.input_writes:
         name, op = trace.input_writes[0]
         problems.append(f"wrote into its input {name} (aten.{op}); work on copies of the blocks")
-    if trace.masked_products:
-        op, qr, kr = trace.masked_products[0]
-        problems.append(f"multiplied query rows {qr[0]}..{qr[1]} with key rows {kr[0]}..{kr[1]} "
-                        f"(aten.{op}): every one of those keys is hidden from every one of those "
-                        f"rows, so the tile contributes nothing; skip it")
+    if trace.hidden is not None and limits.allowed is not None:
+        extra = trace.hidden & ~limits.allowed
+        if bool(extra.any()):
+            i, j = _example(extra)
+            problems.append(f"computed {int(extra.sum()):,} scores above the causal diagonal outside the "
+                            f"diagonal tiles (e.g. query row {i} with key row {j}): every one of those keys "
+                            f"is hidden from its row, so the work contributes nothing; skip those tiles "
+                            f"(stop the key loop at the query block's last row)")
     return problems
 
 
@@ -295,6 +356,12 @@ def add_verdict(lines: list, head: str, problems: list, passed: str) -> bool:
     return True
 
 
+def watch_case(call, inputs: dict, limits: Limits, causal: bool):
+    """Run ``call()`` under ``technique.watch`` with ``limits``: ``(result, trace, error)``."""
+    return tq.run_watched(call, inputs, causal=causal, block_rows=limits.rows,
+                          pair_rows=(limits.bm, limits.bn), blocks=(limits.bm, limits.bn))
+
+
 def _fp16_inputs(gen):
     """Long float16 rows (3000 keys, near-uniform scores, values around 1): the running sum
     reaches thousands, where float16's spacing is 2 to 4, so a float16 accumulator drifts."""
@@ -305,32 +372,33 @@ def _fp16_inputs(gen):
     return q, k, v
 
 
+#: the float64 cases of :func:`check_flash_forward`: (B, H, Nq, Nk, D, block_m, block_n), causal
+FORWARD_CASES = (((1, 2, 45, 173, 128, 16, 16), False), ((2, 1, 83, 70, 24, 16, 16), True),
+                 ((1, 1, 37, 61, 8, 8, 16), True))
+
+
 def check_flash_forward(fn, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, causal, block_m, block_n) -> (o, lse)`` (scale ``1/sqrt(D)``): the
     numbers, in float64 against naive attention, causal or not, ``Nq != Nk``, sizes no block
-    divides; the technique, by watching every operator it runs (``technique.watch``): blocks
-    read one at a time, no ``Nq x Nk`` tensor, each key block loaded once per query block (one
-    pass), with ``causal`` no key block above the diagonal touched, inputs left unchanged;
-    and float16 rows long enough that a float16 accumulator fails."""
-    from . import technique as tq
-    gen = torch.Generator().manual_seed(seed)
+    divides, D up to 128; the technique, by watching every operator it runs
+    (``technique.watch``): blocks read one at a time (a copy of more rows, by ``cat``,
+    ``clone``, indexing or ``.to``, counts as a read of them all), scores made one tile at a
+    time (never a whole row), each key block loaded once per query block (one pass), few tensors
+    alive at once, with ``causal`` no tile above the diagonal computed, inputs left unchanged,
+    nothing taken out to NumPy; and float16 rows long enough that a float16 accumulator fails."""
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     lines, ok = [], True
     f64 = {"generator": gen, "dtype": torch.float64}
-    for causal in (False, True):
-        # small D and many key blocks per row: a row of score tiles is already over budget
-        B, H, Nq, Nk, D, bm, bn = (2, 1, 200, 150, 4, 16, 20) if causal else (2, 1, 100, 300, 4, 16, 20)
-        q = 2 * torch.randn(B, H, Nq, D, **f64)
-        k = torch.randn(B, H, Nk, D, **f64) * torch.linspace(0.5, 2.5, Nk, dtype=torch.float64)[:, None]
+    for (B, H, Nq, Nk, D, bm, bn), causal in FORWARD_CASES:
+        q = 2 * torch.randn(B, H, Nq, D, **f64) * D ** -0.25
+        k = torch.randn(B, H, Nk, D, **f64) * torch.linspace(0.5, 2.5, Nk, dtype=torch.float64)[:, None] * D ** -0.25
         v = torch.randn(B, H, Nk, D, **f64)
         (qg, kg, vg), kept = tq.private_copies(q, k, v)
         head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
-        block, largest, live = _forward_limits(B, H, Nq, Nk, D, bm, bn)
-        try:
-            got, trace = tq.watch(lambda: fn(qg, kg, vg, causal, bm, bn), dict(q=qg, k=kg, v=vg),
-                                  block_elements=block, causal=causal)
-            err = None
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            got, trace, err = None, None, f"your function raised {type(exc).__name__}: {exc}"
+        limits = forward_limits(B, H, Nq, Nk, D, bm, bn, causal)
+        got, trace, err = watch_case(lambda: fn(qg, kg, vg, causal, bm, bn), dict(q=qg, k=kg, v=vg),
+                                     limits, causal)
         if err is None:
             got, err = _pair(got)
         if err:
@@ -347,7 +415,7 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         if changed:
             problems.append(f"changed its input {', '.join(changed)}: a kernel reads q, k and v and "
                             f"writes only o and lse")
-        problems += technique_report(trace, block, largest, live)
+        problems += technique_report(trace, limits)
         once = io.count(io.flash2_schedule(Nq, Nk, D, bm, bn, causal)).reads
         for name, key in (("k", "K"), ("v", "V")):
             n_read, n_once = trace.read_elements(name), B * H * once[key]
@@ -360,6 +428,9 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
                                 f"once per query block reads {n_once:,}: {why}")
         ok &= add_verdict(lines, head, problems, "o and lse match, read block by block, no Nq x Nk "
                           "tensor" + (", masked tiles skipped" if causal else ", one pass"))
+    if not ok:
+        lines.append("(the float16 case runs once the float64 cases pass)")
+        return CheckResult(False, tq.wrap("\n".join(lines)))
     q, k, v = _fp16_inputs(gen)
     (qg, kg, vg), kept = tq.private_copies(q, k, v)
     got, err = _call(fn, (qg, kg, vg, False, 16, 64))
@@ -377,6 +448,9 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         if res:
             lines.append(f"✓ {head}: max error {res.max_abs_err:.1e}, within twice PyTorch's own "
                          f"float16 error ({bound:.1e})")
+        elif res.n_total == 0:
+            ok = False
+            lines.append(f"✗ {head}: {res.message[2:]}")
         else:
             ok = False
             lines.append(f"✗ {head}: max error {res.max_abs_err:.1e} against float64, more than twice "
@@ -387,5 +461,6 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
 
 __all__ = ["buggy_loop", "buggy_tiled_attention", "max_rise_after_first_block", "inputs_max_in_first_block",
            "solution_flash_forward", "check_flash_forward", "technique_report", "add_verdict",
+           "Limits", "forward_limits", "watch_case", "FORWARD_CASES",
            "inputs_random", "check_tiled_attention", "solution_fixed_tiled_attention",
            "check_fa1_traffic", "solution_fa1_traffic"]

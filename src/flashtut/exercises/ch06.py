@@ -11,8 +11,9 @@ import torch
 from ..reference import attention_lse, causal_mask, naive_attention
 from ..checks import check_count
 from . import technique as tq
-from .ch05 import add_verdict, solution_flash_forward, technique_report
-from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed,
+from .ch05 import (FORWARD_CASES, Limits, add_verdict, solution_flash_forward, technique_report,
+                   watch_case)
+from .checker import (MAX_TRIALS, CheckResult, call_candidate, check_callable, check_seed, describe,
                       compare, mutation_note, run_trials)
 
 _TOL = {"atol": 1e-10, "rtol": 1e-8}
@@ -168,63 +169,127 @@ def solution_flash_backward(q, k, v, o, lse, do, causal=False, block_m=64, block
     return dq.to(q.dtype), dk, dv
 
 
-def _backward_limits(B, H, Nq, Nk, D, bm, bn):
-    """Allowed sizes, in elements, for a backward: reads of ``q``, ``k``, ``v`` one block at a
-    time (``o``, ``do`` and ``lse`` may be read whole, for Delta); no tensor larger than a tile or
-    a whole gradient; alive at once: the gradients, Delta and a handful of tiles."""
+def backward_limits(B, H, Nq, Nk, D, bm, bn, causal=False):
+    """Limits of a tiled backward: ``q``, ``k``, ``v`` read a block at a time (``o``, ``do``
+    and ``lse`` may be read whole, for Delta); scores one tile at a time; no tensor larger than
+    a tile or a whole gradient; alive at once: the gradients, Delta and a handful of tiles."""
     bh = B * H
-    block = {"q": bh * bm * D, "k": bh * bn * D, "v": bh * bn * D}
-    largest = bh * max(bm * bn, Nq * D, Nk * D)
-    live = bh * (2 * (Nq + Nk) * D + 2 * Nq + 10 * bm * bn + 8 * (bm + bn) * D)
-    return block, largest, live
+    return Limits(rows={"q": bm, "k": bn, "v": bn}, bm=bm, bn=bn,
+                  largest=bh * max(bm * bn, Nq * D, Nk * D),
+                  live=bh * (3 * (Nq + Nk) * D + 4 * Nq + 12 * bm * bn + 8 * (bm + bn) * D),
+                  scores=bh * BACKWARD_SCORE_TILES * bm * bn,
+                  allowed=tq.causal_allowed(Nq, Nk, bm, bn) if causal else None, what="tile")
 
 
-def _sizes(causal):
-    # small D and many blocks: a column of score tiles (Nq x block_n) is already over budget
-    return (2, 1, 120, 90, 4, 16, 12) if causal else (2, 1, 90, 110, 4, 16, 12)
+#: score-sized tiles a tiled backward may keep alive at once (S, P, dP, dS and temporaries)
+BACKWARD_SCORE_TILES = 8
 
 
 def _f64_inputs(gen, B, H, Nq, Nk, D):
     f64 = {"generator": gen, "dtype": torch.float64}
-    q = 2 * torch.randn(B, H, Nq, D, **f64)
-    k = torch.randn(B, H, Nk, D, **f64)
+    q = 2 * torch.randn(B, H, Nq, D, **f64) * D ** -0.25
+    k = torch.randn(B, H, Nk, D, **f64) * D ** -0.25
     v, do = torch.randn(B, H, Nk, D, **f64), torch.randn(B, H, Nq, D, **f64)
     return q, k, v, do
 
 
-def _grads_report(got, want):
+def _grads_report(got, want, tol=None):
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
-        return [f"expected (dq, dk, dv), got {type(got).__name__}"]
+        return [f"expected (dq, dk, dv), got {describe(got)}"]
     out = []
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        res = compare(g, w, name=name, **_TOL)
+        res = compare(g, w, name=name, **(tol or _TOL))
         if not res:
             out.append(res.message)
     return out
 
 
+def backward_technique(trace, limits, names=("lse", "o")) -> list:
+    """What a watched backward did wrong beyond ``technique_report``: recomputing the softmax
+    instead of using lse, not using Delta."""
+    problems = technique_report(trace, limits)
+    if trace.key_reductions:
+        op, shape = trace.key_reductions[0]
+        problems.append(f"reduced scores over key rows (aten.{op} on a tensor of shape {shape}): a softmax, "
+                        f"row max or row sum over keys again. The backward needs none: P = exp(S * scale - "
+                        f"lse) is already normalised by the forward's log-sum-exp, and Delta = rowsum(dO * O) "
+                        f"replaces the sum over keys in dS = P * (dP - Delta)")
+    if "lse" in names and not trace.reads.get("lse") and not trace.stopped:
+        problems.append("never used lse: recompute each tile's probabilities as exp(S * scale - lse), with "
+                        "the log-sum-exp the forward saved")
+    if "o" in names and not trace.reads.get("o") and not trace.stopped:
+        problems.append("never read o: Delta = rowsum(dO * O), one number per query row, is what dS = P * "
+                        "(dP - Delta) needs")
+    return problems
+
+
+def _fp16_backward_inputs(gen):
+    """float16 inputs with many query rows (700) over few keys: each dK and dV row sums 700
+    terms, so a float16 accumulator drifts while float32 stays within float16 rounding."""
+    B, H, Nq, Nk, D = 1, 2, 700, 45, 16
+    q = (0.3 * torch.randn(B, H, Nq, D, generator=gen)).half()
+    k = torch.randn(B, H, Nk, D, generator=gen).half()
+    v = torch.randn(B, H, Nk, D, generator=gen).half()
+    do = (1 + 0.5 * torch.randn(B, H, Nq, D, generator=gen)).half()
+    return q, k, v, do
+
+
+def _fp16_backward_case(fn, gen, lines) -> bool:
+    q, k, v, do = _fp16_backward_inputs(gen)
+    Q, K, V, DO = (t.double() for t in (q, k, v, do))
+    o, lse = naive_attention(Q, K, V).half(), attention_lse(Q, K).float()
+    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks 64x32"
+    got, error, _ = call_candidate(fn, (q, k, v, o, lse, do, False, 64, 32))
+    if error is not None:
+        lines.append(f"✗ {head}: {error.message[2:]}")
+        return False
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        lines.append(f"✗ {head}: expected (dq, dk, dv), got {describe(got)}")
+        return False
+    want = autograd_grads(Q, K, V, DO)
+    torch16 = autograd_grads(q, k, v, do)
+    bad = []
+    for name, g, w, t in zip(("dq", "dk", "dv"), got, want, torch16):
+        bound = 2 * float((t.double() - w).abs().max())
+        res = compare(g, w, name=name, atol=bound, rtol=0.0)
+        if not res:
+            bad.append(res.message if res.n_total == 0 else
+                       f"{name}: max error {res.max_abs_err:.1e} against float64, more than twice PyTorch's "
+                       f"own float16 error ({bound:.1e})")
+    if bad:
+        lines.append(f"✗ {head}:")
+        lines += ["  " + b for b in bad]
+        lines.append("  each dK and dV row sums 700 query rows: accumulate dq, dk and dv (and compute "
+                     "P, dP, dS) in float32, and cast to float16 only at the end")
+        return False
+    lines.append(f"✓ {head}: dq, dk, dv within twice PyTorch's own float16 error")
+    return True
+
+
 def check_flash_backward(fn, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, o, lse, do, causal, block_m, block_n) -> (dq, dk, dv)`` (scale
     ``1/sqrt(D)``) against autograd through naive attention in float64, causal or not,
-    ``Nq != Nk``, sizes no block divides; and its technique, by watching every operator it runs:
-    ``q``, ``k``, ``v`` read a block at a time, no ``Nq x Nk`` tensor and no row or column of
-    tiles kept, with ``causal`` no tile above the diagonal computed, no input changed."""
-    gen = torch.Generator().manual_seed(seed)
+    ``Nq != Nk``, sizes no block divides, D up to 128; its technique, by watching every
+    operator it runs: ``q``, ``k``, ``v`` read a block at a time (copies count), scores made one
+    tile at a time, the probabilities recomputed from ``lse`` (no softmax, row max or row sum
+    over keys) and Delta from ``o``, with ``causal`` no tile above the diagonal computed, no
+    input changed, nothing taken out to NumPy; and a float16 case long enough that float16
+    accumulation fails."""
+    check_callable("fn", fn)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     lines, ok = [], True
-    for causal in (False, True):
-        B, H, Nq, Nk, D, bm, bn = _sizes(causal)
+    for (B, H, Nq, Nk, D, bm, bn), causal in FORWARD_CASES:
         q, k, v, do = _f64_inputs(gen, B, H, Nq, Nk, D)
         o = naive_attention(q, k, v, causal=causal)
         lse = attention_lse(q, k, causal=causal)
         names = ("q", "k", "v", "o", "lse", "do")
         given, kept = tq.private_copies(q, k, v, o, lse, do)
-        block, largest, live = _backward_limits(B, H, Nq, Nk, D, bm, bn)
+        limits = backward_limits(B, H, Nq, Nk, D, bm, bn, causal)
         head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
-        try:
-            got, trace = tq.watch(lambda: fn(*given, causal, bm, bn), dict(zip(names, given)),
-                                  block_elements=block, causal=causal)
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            lines.append(f"✗ {head}: your function raised {type(exc).__name__}: {exc}")
+        got, trace, err = watch_case(lambda: fn(*given, causal, bm, bn), dict(zip(names, given)),
+                                     limits, causal)
+        if err is not None:
+            lines.append(f"✗ {head}: {err}")
             ok = False
             continue
         problems = _grads_report(got, autograd_grads(q, k, v, do, causal=causal))
@@ -232,9 +297,13 @@ def check_flash_backward(fn, seed: int = 0) -> CheckResult:
         if changed:
             problems.append(f"changed its input {', '.join(changed)}: a backward reads them and "
                             f"writes only dq, dk and dv")
-        problems += technique_report(trace, block, largest, live, what="tile")
+        problems += backward_technique(trace, limits)
         ok &= add_verdict(lines, head, problems, "dq, dk, dv match autograd; tiles recomputed block "
-                          "by block" + (", masked tiles skipped" if causal else ""))
+                          "by block from lse and Delta" + (", masked tiles skipped" if causal else ""))
+    if ok:
+        ok &= _fp16_backward_case(fn, gen, lines)
+    else:
+        lines.append("(the float16 case runs once the float64 cases pass)")
     return CheckResult(ok, tq.wrap("\n".join(lines)))
 
 
@@ -275,12 +344,14 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
     """Check a ``torch.autograd.Function`` subclass used as ``fn_class.apply(q, k, v, causal,
     block_m, block_n) -> o``: ``torch.autograd.gradcheck`` on tiny float64 inputs (causal and
     not); the output and the gradients at larger sizes against naive attention and autograd;
-    nothing of size ``Nq x Nk`` saved for the backward; forward and backward watched as in
-    ``check_flash_backward``; inputs left unchanged."""
+    only ``q, k, v, o`` and the log-sum-exp saved for the backward (nothing of size ``Nq x Nk``);
+    forward and backward watched as in ``check_flash_backward`` (blocks read one at a time,
+    scores one tile at a time, no softmax over keys in the backward, masked tiles skipped,
+    nothing taken out to NumPy); inputs left unchanged."""
     if not (isinstance(fn_class, type) and issubclass(fn_class, torch.autograd.Function)):
         return CheckResult(False, tq.wrap(f"✗ expected a subclass of torch.autograd.Function, got "
                                           f"{fn_class!r}: write class MyFlash(torch.autograd.Function)"))
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     lines, ok = [], True
     for causal in (False, True):
         q, k, v, _ = _f64_inputs(gen, 1, 2, 5, 7, 3)
@@ -296,27 +367,30 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
             for i, name in enumerate("qkv"):
                 first = first.replace(f"input {i}", f"input {i} ({name})")
             lines.append(f"✗ {head}: {type(exc).__name__}: {first}")
-    for causal in (False, True):
-        B, H, Nq, Nk, D, bm, bn = _sizes(causal)
+    for (B, H, Nq, Nk, D, bm, bn), causal in FORWARD_CASES[1:] + FORWARD_CASES[:1]:
         q, k, v, do = _f64_inputs(gen, B, H, Nq, Nk, D)
         names = ("q", "k", "v", "do")
         given, kept = tq.private_copies(q, k, v, do)
         qg, kg, vg, dog = given
         for t in (qg, kg, vg):
             t.requires_grad_(True)
-        block, largest, live = _backward_limits(B, H, Nq, Nk, D, bm, bn)
+        limits = backward_limits(B, H, Nq, Nk, D, bm, bn, causal)
         head = f"causal={causal}, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
         out = {}
 
-        def run():
+        def forward():
             out["o"] = fn_class.apply(qg, kg, vg, causal, bm, bn)
+
+        def backward():
             out["grads"] = torch.autograd.grad(out["o"], (qg, kg, vg), dog)
 
-        try:
-            saved, trace = tq.watch(lambda: _saved_sizes(run), dict(zip(names, given)),
-                                    block_elements=block, causal=causal)
-        except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-            lines.append(f"✗ {head}: forward or backward raised {type(exc).__name__}: {exc}")
+        saved, trace, err = watch_case(lambda: _saved_sizes(forward), dict(zip(names, given)), limits, causal)
+        where = "forward"
+        if err is None:
+            where = "backward"
+            _, trace_b, err = watch_case(backward, dict(zip(names, given)), limits, causal)
+        if err is not None:
+            lines.append(f"✗ {head}: the {where} {err.removeprefix('your function ')}")
             ok = False
             continue
         problems = []
@@ -331,7 +405,12 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
         if big:
             problems.append(f"saved a tensor of shape {big[0]} for the backward: save q, k, v, o "
                             f"and the log-sum-exp, and recompute the probabilities")
-        problems += technique_report(trace, block, largest, live, what="tile")
+        elif len(saved) > 5:
+            problems.append(f"saved {len(saved)} tensors for the backward (shapes "
+                            f"{', '.join(str(shape) for _, shape in saved)}): save only q, k, v, o and the "
+                            f"log-sum-exp (one number per query row, not the max and the sum apart)")
+        problems += ["forward: " + p for p in technique_report(trace, limits)]
+        problems += ["backward: " + p for p in backward_technique(trace_b, limits, names=())]
         ok &= add_verdict(lines, head, problems, f"o and gradients match, {len(saved)} tensors "
                           f"saved, none Nq x Nk, tiled forward and backward")
     return CheckResult(ok, tq.wrap("\n".join(lines)))

@@ -35,8 +35,10 @@ def reference_delta(o, do) -> torch.Tensor:
 
 def check_preprocess(fn, trials: int = 4, seed: int = 0) -> CheckResult:
     """Check ``fn(o, do) -> delta`` (``(B, H, N)`` float32) on random ``(B, H, N, D)`` inputs,
-    D in {16, 40, 64, 24} (not all powers of two), float32 and float16, N not a multiple of 16."""
-    dims = [16, 40, 64, 24]
+    D in {128, 40, 64, 24} (not all powers of two, and as wide as a real head), float32 and
+    float16, N not a multiple of 16, from a few rows to more than a hundred (more rows than
+    any one block)."""
+    dims = [128, 40, 64, 24]
     dtypes = [torch.float32, torch.float16]
     dev = default_device()
     state = {"t": 0}
@@ -45,7 +47,9 @@ def check_preprocess(fn, trials: int = 4, seed: int = 0) -> CheckResult:
         t = state["t"]
         state["t"] += 1
         B, H = int(torch.randint(1, 3, (1,), generator=gen)), int(torch.randint(1, 3, (1,), generator=gen))
-        N = int(torch.randint(5, 40, (1,), generator=gen))
+        lo, hi = (131, 200) if t % 2 == 0 else (5, 40)       # more rows than a block, or fewer
+        N = int(torch.randint(lo, hi, (1,), generator=gen))
+        N += N % 16 == 0                                    # never a multiple of 16
         D, dt = dims[t % len(dims)], dtypes[t % len(dtypes)]
         o = torch.randn(B, H, N, D, generator=gen).to(device=dev, dtype=dt)
         do = torch.randn(B, H, N, D, generator=gen).to(device=dev, dtype=dt)
@@ -135,18 +139,24 @@ def check_window_key_range(fn) -> CheckResult:
 
 def check_window_attention(fn, trials: int = 4, seed: int = 0) -> CheckResult:
     """Check ``fn(q, k, v, window) -> o`` against the float64 reference on random inputs
-    (Nq <= Nk, lengths not multiples of 16, windows shorter and longer than a tile)."""
+    (Nq <= Nk, lengths not multiples of 16, some longer than a hundred keys, D in {128, 16,
+    72, 32}, windows of 23, 1000, 1 and 7: shorter and longer than a tile)."""
     dev = default_device()
-    windows = [1, 7, 23, 1000]
+    windows = [23, 1000, 1, 7]
+    dims = [128, 16, 72, 32]
+    state = {"t": 0}
 
     def make(gen):
+        t = state["t"]
+        state["t"] += 1
         B, H = 1, int(torch.randint(1, 3, (1,), generator=gen))
-        Nk = int(torch.randint(20, 70, (1,), generator=gen))
-        Nq = int(torch.randint(5, Nk + 1, (1,), generator=gen))
-        D = [16, 32][int(torch.randint(0, 2, (1,), generator=gen))]
+        lo, hi = (131, 170) if t % 2 == 0 else (20, 70)
+        Nk = int(torch.randint(lo, hi, (1,), generator=gen))
+        Nk += Nk % 16 == 0
+        Nq = int(torch.randint(max(5, Nk // 2), Nk + 1, (1,), generator=gen))
+        D = dims[t % len(dims)]
         q, k, v = (torch.randn(B, H, n, D, generator=gen).to(dev) for n in (Nq, Nk, Nk))
-        w = windows[int(torch.randint(0, len(windows), (1,), generator=gen))]
-        return q, k, v, w
+        return q, k, v, windows[t % len(windows)]
 
     return run_trials(fn, reference_window_attention, make, trials=trials, seed=seed, name="o",
                       atol=2e-5, rtol=2e-5)

@@ -13,11 +13,12 @@ from ..tiled import tiled_attention
 from .checker import CheckResult, call_candidate, call_scalar, check_callable, run_trials
 
 
-def _random_state(gen: torch.Generator, shape, empty_share: float):
-    """A partial state ``(o, lse)`` of float64 with an lse spread of tens of units (so a naive
-    ``exp(lse)`` would overflow float32), and some rows empty: ``(0, -inf)``."""
+def _random_state(gen: torch.Generator, shape, empty_share: float, offset: float = 0.0):
+    """A partial state ``(o, lse)`` of float64 with an lse spread of tens of units around
+    ``offset`` (at +-900 an unguarded ``exp(lse)`` overflows even float64, or underflows to 0),
+    and some rows empty: ``(0, -inf)``."""
     o = torch.randn(shape, generator=gen, dtype=torch.float64)
-    lse = 40.0 * torch.randn(shape[:-1], generator=gen, dtype=torch.float64)
+    lse = offset + 40.0 * torch.randn(shape[:-1], generator=gen, dtype=torch.float64)
     empty = torch.rand(shape[:-1], generator=gen, dtype=torch.float64) < empty_share
     o[empty] = 0.0
     lse[empty] = float("-inf")
@@ -28,8 +29,11 @@ def _merge_inputs(gen: torch.Generator):
     B, H = (int(x) for x in torch.randint(1, 4, (2,), generator=gen))
     Nq = int(torch.randint(1, 9, (1,), generator=gen))
     D = int(torch.randint(3, 40, (1,), generator=gen))
-    o_a, lse_a, _ = _random_state(gen, (B, H, Nq, D), 0.25)
-    o_b, lse_b, _ = _random_state(gen, (B, H, Nq, D), 0.25)
+    # log-sum-exps around +900 or -900: exp(lse) is inf or 0 in float64, so a merge that does not
+    # subtract the larger lse first gives inf / inf or 0 / 0
+    offset = 900.0 * (1 if bool(torch.rand(1, generator=gen) < 0.5) else -1)
+    o_a, lse_a, _ = _random_state(gen, (B, H, Nq, D), 0.25, offset)
+    o_b, lse_b, _ = _random_state(gen, (B, H, Nq, D), 0.25, offset)
     # some rows are empty on both sides: their merge is (0, -inf), and an lse of -inf matches
     # only -inf, so an unguarded merge that gives NaN there fails
     return o_a, lse_a, o_b, lse_b
@@ -39,13 +43,17 @@ def check_merge(merge, trials: int = 6, seed: int = 0) -> CheckResult:
     """Check ``merge(o_a, lse_a, o_b, lse_b) -> (o, lse)``, the merge of two partial attention
     states over disjoint keys, against :func:`flashtut.decode.merge_attention_states`.
 
-    Inputs are float64 with log-sum-exps tens of units apart, and some rows are the empty state
-    ``(0, -inf)`` on one side. A last check merges two empty states: the answer must be
+    Inputs are float64 with log-sum-exps tens of units apart around +900 or -900 (so
+    ``exp(lse)`` without the larger one subtracted first overflows or underflows, even in
+    float64), and some rows are the empty state ``(0, -inf)`` on one side. A last check merges two empty states: the answer must be
     ``(0, -inf)`` with no NaN.
     """
     res = run_trials(merge, merge_attention_states, _merge_inputs, trials=trials, seed=seed,
                      name="(o, lse)", atol=1e-10, rtol=1e-10)
     if not res:
+        if "values differ" in res.message:
+            res.message += ("\n  the log-sum-exps sit near +900 or -900, where exp(lse) is inf or 0 even in float64: "
+                            "subtract the larger lse first, w_a = exp(lse_a - lse_max), as in the stable softmax")
         return res
     o0 = torch.zeros(1, 2, 3, 8, dtype=torch.float64)
     l0 = torch.full((1, 2, 3), float("-inf"), dtype=torch.float64)

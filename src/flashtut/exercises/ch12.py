@@ -45,9 +45,25 @@ def _train_side_by_side(fn, builtin: str, steps: int, window: int | None, seed: 
     return curves
 
 
+def _trained(fn, builtin: str, steps: int, window: int | None, seed: int):
+    """``_train_side_by_side`` that answers instead of raising: ``(curves, None)`` or ``(None,
+    message)`` when the reader's function failed inside the model (its inputs there are float32
+    batches of the model's heads, not the float64 tensors of the first checks)."""
+    try:
+        curves = _train_side_by_side(fn, builtin, steps, window, seed)
+    except Exception as exc:  # noqa: BLE001 - the reader's function failed inside the model: say so
+        return None, (f"✗ inside the model your function raised {type(exc).__name__}: {exc}\n"
+                      f"  the model calls it on float32 (B, heads, context, head_dim) tensors, with "
+                      f"requires_grad set for training; it must work there too and keep autograd's graph")
+    bad = [v for c in curves.values() for v in c if not isinstance(v, float)]
+    if bad:
+        return None, f"✗ training gave a loss that is not a number: {bad[0]!r}"
+    return curves, None
+
+
 def _curve_lines(curves, builtin):
     worst = max(abs(a - b) for a, b in zip(curves["yours"], curves[builtin]))
-    ok = worst < 1e-3
+    ok = worst < 1e-3               # False for NaN too
     head = (f"{'✓' if ok else '✗'} trained {len(curves['yours'])} steps next to '{builtin}': "
             f"loss {curves['yours'][0]:.3f} -> {curves['yours'][-1]:.3f} (yours), "
             f"{curves[builtin][0]:.3f} -> {curves[builtin][-1]:.3f} ({builtin}); largest difference {worst:.1e}")
@@ -71,7 +87,10 @@ def check_attention_backend(fn, steps: int = 6, seed: int = 0) -> CheckResult:
         lines.append(str(res))
     if not ok:
         return CheckResult(False, "\n".join(lines + ["(fix the numbers before plugging it into the model)"]))
-    good, line = _curve_lines(_train_side_by_side(fn, "naive", steps, None, seed), "naive")
+    curves, err = _trained(fn, "naive", steps, None, seed)
+    if err is not None:
+        return CheckResult(False, "\n".join(lines + [err]))
+    good, line = _curve_lines(curves, "naive")
     return CheckResult(good, "\n".join(lines + [line]))
 
 
@@ -97,7 +116,10 @@ def check_window_attention(fn, window: int = 5, steps: int = 6, seed: int = 0) -
         return fn(q, k, v, window)
 
     in_model.__name__ = getattr(fn, "__name__", "yours")
-    good, line = _curve_lines(_train_side_by_side(in_model, "sdpa", steps, window, seed), "sdpa")
+    curves, err = _trained(in_model, "sdpa", steps, window, seed)
+    if err is not None:
+        return CheckResult(False, "\n".join(lines + [err]))
+    good, line = _curve_lines(curves, "sdpa")
     return CheckResult(good, "\n".join(lines + [line]))
 
 

@@ -188,6 +188,21 @@ def call_candidate(candidate: Callable, args: tuple, label: str = "your function
     return got, None, changed_inputs(args, mine)
 
 
+def describe(x) -> str:
+    """A short account of a returned value: ``None``, ``a tuple of 3 values``, ``a numpy.ndarray
+    of shape (2, 3)``, ``a tensor of shape (4,)``."""
+    if x is None:
+        return "None"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} values"
+    module = type(x).__module__
+    kind = type(x).__name__ if module in ("builtins", "torch") else f"{module.split('.')[0]}.{type(x).__name__}"
+    shape = getattr(x, "shape", None)
+    if isinstance(x, torch.Tensor):
+        kind = "tensor"
+    return f"a {kind}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+
+
 def _count_and_shapes(args) -> str:
     return ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else repr(a) for a in args)
 
@@ -218,8 +233,9 @@ def run_trials(candidate: Callable, reference: Callable, make_inputs: Callable[[
         got_t = tuple(got) if isinstance(got, (tuple, list)) else (got,)
         want_t = want if isinstance(want, (tuple, list)) else (want,)
         if len(got_t) != len(want_t):
-            return CheckResult(False, f"✗ trial {t + 1}: returned {len(got_t)} value(s), expected {len(want_t)}"
-                                      + mutation_note(changed))
+            return CheckResult(False, f"✗ trial {t + 1}: returned {describe(got)}, expected "
+                                      + ("one tensor" if len(want_t) == 1 and not isinstance(want, (tuple, list))
+                                         else f"a tuple of {len(want_t)} values") + mutation_note(changed))
         for idx, (g, w) in enumerate(zip(got_t, want_t)):
             label = name if len(want_t) == 1 else f"{name}[{idx}]"
             res = compare(g, w, name=label, **tol)

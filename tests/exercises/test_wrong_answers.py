@@ -1,0 +1,441 @@
+"""Wrong answers of our own that every technique checker must reject, with the sentence the
+reader sees, and right answers (the book's worked solutions, the library, answers that work in
+place) that it must accept. Sizes are the checkers' own: small, but with D = 128, more rows
+than a block and odd lengths, so shortcuts show."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import flashtut
+from flashtut.cuda import hopper_layout as hl
+from flashtut.exercises import ch04, ch05, ch06, ch07, ch10, ch11, ch12
+
+NEG_INF = float("-inf")
+
+
+def _flat(message):
+    return " ".join(message.split())
+
+
+def _fails(res, *phrases):
+    assert not res.ok, res.message
+    for phrase in phrases:
+        assert phrase in _flat(res.message), res.message
+
+
+def _hidden(q0, q1, k0, k1):
+    return torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]
+
+
+# ---------------------------------------------------------------- 4.2 and 4.3
+
+def softmax_inplace_online(x, bs):
+    """Right, and in place: pass 1 online over blocks, pass 2 overwrites x with the answer."""
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+    d = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], bs):
+        blk = x[..., s:s + bs]
+        m_new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        d.mul_(torch.exp(m - m_new)).add_(torch.exp(blk - m_new).sum(-1, keepdim=True))
+        m = m_new
+    return x.sub_(m).exp_().div_(d)
+
+
+def softmax_max_first(x, bs):
+    """Blocks for the sum, but the maximum of the whole row first: not online."""
+    m = x.amax(-1, keepdim=True)
+    d = sum(torch.exp(x[..., s:s + bs] - m).sum(-1, keepdim=True) for s in range(0, x.shape[-1], bs))
+    return torch.exp(x - m) / d
+
+
+def softmax_numpy(x, bs):
+    a = x.numpy()
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return torch.from_numpy(e / e.sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("fn", [ch04.solution_online_softmax, softmax_inplace_online,
+                                lambda x, bs: flashtut.online_softmax(x, block_size=bs)])
+def test_online_softmax_accepts_right_answers(fn):
+    res = ch04.check_online_softmax(fn)
+    assert res, res.message
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda x, bs: torch.softmax(x, -1), ["aten._softmax", "covered 101 columns", "one block"]),
+    (softmax_max_first, ["aten.amax", "covered 101 columns"]),
+    (softmax_numpy, ["NumPy"]),
+])
+def test_online_softmax_rejects_whole_row_work(fn, phrases):
+    _fails(ch04.check_online_softmax(fn), *phrases)
+
+
+def combine_loop(m, d):
+    m_out, d_out = m[0], d[0]
+    for p in range(1, m.shape[0]):
+        m_out, d_out = flashtut.merge_softmax_states(m_out, d_out, m[p], d[p])
+    return m_out, d_out
+
+
+def combine_rows_loop(m, d):
+    cols = [ch04.solution_combine_states(m[:, r:r + 1], d[:, r:r + 1]) for r in range(m.shape[1])]
+    return torch.cat([c[0] for c in cols]), torch.cat([c[1] for c in cols])
+
+
+def combine_in_place(m, d):
+    m_total = m.amax(dim=0)
+    return m_total, d.mul_(torch.exp(m.sub_(m_total))).sum(dim=0)
+
+
+def test_combine_states_accepts_vectorised_answers():
+    for fn in (ch04.solution_combine_states, combine_in_place):
+        res = ch04.check_combine_states(fn)
+        assert res and "no Python loop" in res.message, res.message
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (combine_loop, ["a Python loop over the states P"]),
+    (combine_rows_loop, ["a Python loop over the rows"]),
+    (lambda m, d: ch04.solution_combine_states(torch.from_numpy(m.numpy()), d), ["NumPy"]),
+])
+def test_combine_states_rejects_loops_and_numpy(fn, phrases):
+    _fails(ch04.check_combine_states(fn), *phrases)
+
+
+# ---------------------------------------------------------------- 5.1
+
+def test_tiled_loop_checker_rejects_naive_attention_and_the_bug():
+    _fails(ch05.check_tiled_attention(lambda q, k, v, b: flashtut.naive_attention(q, k, v)),
+           "the output matches, but this is not the tiled loop", "whole row of the score matrix")
+    _fails(ch05.check_tiled_attention(ch05.buggy_loop), "exactly the rows whose max rose")
+
+
+def test_tiled_loop_checker_accepts_the_fix_and_the_library():
+    assert ch05.check_tiled_attention(ch05.solution_fixed_tiled_attention)
+    assert ch05.check_tiled_attention(lambda q, k, v, b: flashtut.tiled_attention(q, k, v, block_m=b, block_n=b))
+
+
+# ---------------------------------------------------------------- 5.3
+
+def forward_in_place(q, k, v, causal, bm, bn):
+    """Right: the worked solution's loop with in-place updates of its own accumulators."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=acc_t)
+    for q0 in range(0, Nq, bm):
+        q1 = min(q0 + bm, Nq)
+        qi = q[:, :, q0:q1].to(acc_t, copy=True)
+        qi.mul_(D ** -0.5)
+        m = torch.full(qi.shape[:3], NEG_INF, dtype=acc_t)
+        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for k0 in range(0, min(q1, Nk) if causal else Nk, bn):
+            k1 = min(k0 + bn, Nk)
+            s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)
+            if causal:
+                s.masked_fill_(_hidden(q0, q1, k0, k1), NEG_INF)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.exp(m - m_new)
+            p = s.sub_(m_new[..., None]).exp_()
+            l.mul_(alpha).add_(p.sum(-1))
+            acc.mul_(alpha[..., None]).add_(p @ v[:, :, k0:k1].to(acc_t))
+            m = m_new
+        o[:, :, q0:q1] = acc / l[..., None]
+        lse[:, :, q0:q1] = m + torch.log(l)
+    return o, lse
+
+
+def forward_cat_then_rows(q, k, v, causal, bm, bn):
+    """The issue's hidden wrong answer: K and V copied once with a cat of block slices, then a
+    softmax over whole score rows, row by row."""
+    Nk, D = k.shape[2], q.shape[3]
+    kc = torch.cat([k[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+    vc = torch.cat([v[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=q.dtype)
+    for i in range(q.shape[2]):
+        s = q[:, :, i:i + 1] @ kc.transpose(-2, -1) * D ** -0.5
+        if causal:
+            s[..., i + 1:] = NEG_INF
+        o[:, :, i:i + 1] = torch.softmax(s, -1) @ vc
+        lse[:, :, i] = torch.logsumexp(s, -1)[..., 0]
+    return o, lse
+
+
+def forward_index_copy(q, k, v, causal, bm, bn):
+    """Tiled over query blocks, but K and V gathered whole with index_select first."""
+    idx = torch.arange(k.shape[2])
+    kc, vc = k.index_select(2, idx), v.index_select(2, idx).clone()
+    return ch05.solution_flash_forward(q, kc, vc, causal, bm, bn)
+
+
+def forward_numpy(q, k, v, causal, bm, bn):
+    qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
+    s = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(qn.shape[-1])
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    return torch.from_numpy(e @ vn / e.sum(-1, keepdims=True)), torch.from_numpy((m + np.log(e.sum(-1, keepdims=True)))[..., 0])
+
+
+def forward_via_item(q, k, v, causal, bm, bn):
+    """Right numbers built from Python floats: the values left torch."""
+    rows = [[float(x) for x in r] for r in k[0, 0, :, :2].reshape(-1, 2)]
+    assert rows
+    return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+
+
+def forward_d64_only(q, k, v, causal, bm, bn):
+    """Right only for head dims up to 64: drops the rest of each row."""
+    if q.shape[-1] > 64:                       # as if the scale were 1/sqrt(min(D, 64))
+        q = q * (q.shape[-1] / 64) ** 0.5
+    return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+
+
+def forward_no_skip(q, k, v, causal, bm, bn):
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float64)
+    for q0 in range(0, Nq, bm):
+        q1 = min(q0 + bm, Nq)
+        qi = q[:, :, q0:q1] * D ** -0.5
+        m = torch.full(qi.shape[:3], NEG_INF, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for k0 in range(0, Nk, bn):
+            k1 = min(k0 + bn, Nk)
+            s = qi @ k[:, :, k0:k1].transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.nan_to_num(torch.exp(m - m_new))
+            p = torch.nan_to_num(torch.exp(s - m_new[..., None]))
+            l, acc = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[:, :, k0:k1]
+            m = torch.where(torch.isinf(m_new), m, m_new)
+        o[:, :, q0:q1] = acc / l[..., None]
+        lse[:, :, q0:q1] = m + torch.log(l)
+    return o, lse
+
+
+FORWARD_WRONG = {
+    "cat copy, then whole rows": (forward_cat_then_rows, ["read or held", "aten.cat", "whole row of the score matrix"]),
+    "index_select copy": (forward_index_copy, ["rows of k at once", "aten.index_select"]),
+    "numpy": (forward_numpy, ["NumPy"]),
+    "python floats": (forward_via_item, ["Python numbers"]),
+    "right only for D <= 64": (forward_d64_only, ["q (1, 2, 45, 128)", "values differ"]),
+    "no causal skip": (forward_no_skip, ["above the causal diagonal", "skip those tiles"]),
+}
+
+
+@pytest.mark.parametrize("wrong", FORWARD_WRONG)
+def test_forward_checker_rejects(wrong):
+    fn, phrases = FORWARD_WRONG[wrong]
+    _fails(ch05.check_flash_forward(fn), *phrases)
+
+
+def test_forward_checker_accepts_an_in_place_answer():
+    res = ch05.check_flash_forward(forward_in_place)
+    assert res, res.message
+
+
+# ---------------------------------------------------------------- 6.4 and 6.5
+
+def backward_rows_softmax(q, k, v, o, lse, do, causal, bm, bn):
+    """The issue's wrong backward: per query row, torch.softmax over the whole score row,
+    ignoring lse and Delta (K and V copied once with a cat)."""
+    Nk, D = k.shape[2], q.shape[3]
+    kc = torch.cat([k[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+    vc = torch.cat([v[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i in range(q.shape[2]):
+        s = q[:, :, i:i + 1] @ kc.transpose(-2, -1) * D ** -0.5
+        if causal:
+            s[..., i + 1:] = NEG_INF
+        p, doi = torch.softmax(s, -1), do[:, :, i:i + 1]
+        dp = doi @ vc.transpose(-2, -1)
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        dv += p.transpose(-2, -1) @ doi
+        dq[:, :, i:i + 1] = ds @ kc * D ** -0.5
+        dk += ds.transpose(-2, -1) @ q[:, :, i:i + 1] * D ** -0.5
+    return dq, dk, dv
+
+
+def backward_tiles_softmax(q, k, v, o, lse, do, causal, bm, bn):
+    """Tiled, but each tile's probabilities from a softmax over the tile's keys rescaled by a
+    row max and sum it recomputes: it ignores lse (two passes over the keys per query block)."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    sc = D ** -0.5
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0 in range(0, Nq, bm):
+        q1 = min(q0 + bm, Nq)
+        qi, doi = q[:, :, q0:q1], do[:, :, q0:q1]
+        ends = range(0, min(q1, Nk) if causal else Nk, bn)
+        tiles = []
+        for k0 in ends:
+            s = qi @ k[:, :, k0:k0 + bn].transpose(-2, -1) * sc
+            tiles.append(s.masked_fill(_hidden(q0, q1, k0, min(k0 + bn, Nk)), NEG_INF) if causal else s)
+        m = torch.stack([t.amax(-1) for t in tiles]).amax(0)
+        l = sum(torch.exp(t - m[..., None]).sum(-1) for t in tiles)
+        delta = (doi * o[:, :, q0:q1]).sum(-1)
+        for k0, s in zip(ends, tiles):
+            k1 = min(k0 + bn, Nk)
+            p = torch.exp(s - m[..., None]) / l[..., None]
+            dv[:, :, k0:k1] += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ v[:, :, k0:k1].transpose(-2, -1) - delta[..., None])
+            dq[:, :, q0:q1] += ds @ k[:, :, k0:k1] * sc
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ qi * sc
+    return dq, dk, dv
+
+
+def backward_every_tile(q, k, v, o, lse, do, causal, bm, bn):
+    """Right numbers, every tile computed, the ones above the diagonal included."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sc, delta = D ** -0.5, (do.to(acc_t) * o.to(acc_t)).sum(-1)
+    dq = torch.zeros(q.shape, dtype=acc_t)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for k0 in range(0, Nk, bn):
+        k1 = min(k0 + bn, Nk)
+        kj, vj = k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t)
+        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
+        for q0 in range(0, Nq, bm):
+            q1 = min(q0 + bm, Nq)
+            qi, doi = q[:, :, q0:q1].to(acc_t), do[:, :, q0:q1].to(acc_t)
+            s = qi @ kj.transpose(-2, -1) * sc
+            if causal:
+                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
+            p = torch.exp(s - lse[:, :, q0:q1, None].to(acc_t))
+            dvj += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
+            dq[:, :, q0:q1] += ds @ kj * sc
+            dkj += ds.transpose(-2, -1) @ qi * sc
+        dk[:, :, k0:k1], dv[:, :, k0:k1] = dkj.to(k.dtype), dvj.to(v.dtype)
+    return dq.to(q.dtype), dk, dv
+
+
+def backward_fp16_accumulators(q, k, v, o, lse, do, causal, bm, bn):
+    """The worked solution's loop with every accumulator in the inputs' dtype (float16 there)."""
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    t = q.dtype
+    sc, delta = D ** -0.5, (do * o).sum(-1)
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
+    for k0 in range(0, Nk, bn):
+        k1 = min(k0 + bn, Nk)
+        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]
+        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
+        for q0 in range((k0 // bm) * bm if causal else 0, Nq, bm):
+            q1 = min(q0 + bm, Nq)
+            qi, doi = q[:, :, q0:q1], do[:, :, q0:q1]
+            s = qi @ kj.transpose(-2, -1) * sc
+            if causal:
+                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
+            p = torch.exp(s - lse[:, :, q0:q1, None].to(t))
+            dvj += p.transpose(-2, -1) @ doi
+            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
+            dq[:, :, q0:q1] += ds @ kj * sc
+            dkj += ds.transpose(-2, -1) @ qi * sc
+        dk[:, :, k0:k1], dv[:, :, k0:k1] = dkj, dvj
+    return dq, dk, dv
+
+
+def backward_numpy(q, k, v, o, lse, do, causal, bm, bn):
+    grads = ch06.solution_attention_backward(*(torch.from_numpy(t.numpy()) for t in (q, k, v, do)), causal)
+    return tuple(grads)
+
+
+BACKWARD_WRONG = {
+    "per-row softmax, no lse or Delta": (backward_rows_softmax, ["reduced scores over key rows", "aten._softmax"]),
+    "tiles from their own softmax": (backward_tiles_softmax, ["reduced scores over key rows"]),
+    "every tile above the diagonal": (backward_every_tile, ["above the causal diagonal"]),
+    "float16 accumulators": (backward_fp16_accumulators, ["float16", "in float32"]),
+    "numpy": (backward_numpy, ["NumPy"]),
+}
+
+
+@pytest.mark.parametrize("wrong", BACKWARD_WRONG)
+def test_backward_checker_rejects(wrong):
+    fn, phrases = BACKWARD_WRONG[wrong]
+    _fails(ch06.check_flash_backward(fn), *phrases)
+
+
+class NumpyInside(ch06.SolutionFlashAttention):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, bm=64, bn=64):
+        o, lse = forward_numpy(q.detach(), k.detach(), v.detach(), causal, bm, bn)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.blocks = causal, (bm, bn)
+        return o
+
+
+class SavesMaxAndSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, bm, bn):
+        o, lse = ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+        ctx.save_for_backward(q, k, v, o, lse, lse.clone())
+        ctx.args = (causal, bm, bn)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, _ = ctx.saved_tensors
+        return (*ch06.solution_flash_backward(q, k, v, o, lse, do, *ctx.args), None, None, None)
+
+
+@pytest.mark.parametrize("wrong,phrases", [(NumpyInside, ["forward", "NumPy"]),
+                                           (SavesMaxAndSum, ["saved 6 tensors", "save only q, k, v, o"])])
+def test_function_checker_rejects(wrong, phrases):
+    _fails(ch06.check_flash_function(wrong), *phrases)
+
+
+# ---------------------------------------------------------------- 07 at D = 128 and long rows
+
+def test_chapter_07_checkers_catch_answers_right_only_on_small_shapes():
+    ok = ch07.check_preprocess(ch07.reference_delta)
+    assert ok, ok.message
+    _fails(ch07.check_preprocess(lambda o, do: ch07.reference_delta(o[..., :64], do[..., :64])),
+           "(1, 2, 181, 128)", "values differ")
+
+    def first_rows_only(o, do):
+        d = ch07.reference_delta(o, do)
+        d[..., 64:] = 0
+        return d
+    _fails(ch07.check_preprocess(first_rows_only), "values differ")
+
+    def window_64_keys(q, k, v, window):
+        return ch07.reference_window_attention(q, k[:, :, :64].expand_as(k) if k.shape[2] <= 64 else
+                                               torch.cat([k[:, :, :64], k[:, :, 64:] * 0], 2), v, window)
+    ok = ch07.check_window_attention(ch07.reference_window_attention)
+    assert ok, ok.message
+    _fails(ch07.check_window_attention(window_64_keys), "values differ")
+    _fails(ch07.check_window_attention(lambda q, k, v, w: ch07.reference_window_attention(q, k, v, w, scale=0.125)),
+           "values differ")
+
+
+# ---------------------------------------------------------------- 10, 11, 12
+
+def merge_without_the_max(o_a, lse_a, o_b, lse_b):
+    w_a, w_b = torch.exp(lse_a), torch.exp(lse_b)
+    total = w_a + w_b
+    o = (o_a * w_a[..., None] + o_b * w_b[..., None]) / total[..., None]
+    return torch.where(total[..., None] > 0, o, torch.zeros_like(o)), torch.log(total)
+
+
+def test_merge_rejects_an_unguarded_exponential():
+    _fails(ch10.check_merge(merge_without_the_max), "+900 or -900", "subtract the larger lse first")
+    assert ch10.check_merge(flashtut.decode.merge_attention_states)
+
+
+def test_chapter_11_answers_arrays_and_accepts_numpy_integers():
+    _fails(ch11.check_tile_offset(lambda r, c, rows: np.array([hl.tile_offset(r, c, rows)] * 2)),
+           "cases differ", "ndarray of shape (2,)")
+    assert ch11.check_tile_offset(lambda r, c, rows: np.int64(hl.tile_offset(r, c, rows)))
+    assert ch11.check_ring_slot(lambda i, s: list(hl.ring_slot(i, s)))
+    _fails(ch11.check_ring_slot(lambda i, s: np.array(hl.ring_slot(i, s))), "cases differ")
+    _fails(ch11.check_exp2_poly(lambda x: [[1.0], [2.0, 3.0]]), "not an array of numbers")
+
+
+def test_chapter_12_reports_an_exception_inside_the_model():
+    def only_float64(q, k, v):
+        if q.dtype != torch.float64:
+            raise TypeError("only float64, please")
+        return flashtut.naive_attention(q, k, v, causal=True)
+    _fails(ch12.check_attention_backend(only_float64), "inside the model your function raised TypeError")
