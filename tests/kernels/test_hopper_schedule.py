@@ -1,4 +1,4 @@
-"""Rungs W3 and W4: the barrier protocol (flashtut.cuda.hopper_schedule), simulated on the CPU.
+"""Rungs W3 and W4: the barrier protocol (flashtut.cuda.models.hopper_schedule), simulated on the CPU.
 
 Every block shape the kernel meets is a tile count n_tiles and the two consumers' own counts (fewer
 than n_tiles for a causal block's upper warpgroup, none for rows past Nq). For each, and for each ring
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashtut.cuda import hopper_schedule as hs
+from flashtut.cuda.models import hopper_schedule as hs
 
 SHAPES = hs.block_shapes(2, 5)
 SEEDS = range(12)
