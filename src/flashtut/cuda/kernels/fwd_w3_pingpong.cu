@@ -105,7 +105,6 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
 #endif
 }
 
-
 // The mbarriers, after the tiles: q_full, k_full[S], v_full[S], k_empty[S], v_empty[S] and, persistent
 // (W4), q_empty. Tile g of the block's K/V stream (g counts on across the query blocks of a persistent
 // block) sits in stage g % S and is the (g / S)-th fill of that stage, so the full barriers' phase for
@@ -127,6 +126,8 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
 #else
 #define W3_RELEASE_Q() do { } while (0)
 #endif
+
+// (defined after the consumer: the output through the Q tile and a TMA store)
 #if W3_TMA_STORE
 __device__ __forceinline__ void w3_store_tma(const unsigned char* tmaps, const float* acc, const float (&m)[2],
                                              const float (&l)[2], float* lse, unsigned q_s, int cw, int wg_row0,
