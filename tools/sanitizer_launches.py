@@ -15,29 +15,20 @@ is exercised; the Hopper launches also cover grouped heads and both causal align
 backward paths at D = 32 and 96, and from sm_80 at D = 256 (whose dK/dV kernel splits dK and dV
 over two blocks), with grouped heads and both causal alignments (experiments/compile_time/gpu_cuda_dims.sh).
 
-``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``), its
-static schedule (``static``), the counter handed over on named barriers (``named``) and the counter with the
-warpgroup index known uniform (``uniform``); names after it
-(``--w4 named``) keep only those.
-
-``--probes``: instead, the kernels of ``probe_racecheck.cu`` (sm_90), each a handover of one shared-memory
-word from warp 0 to warp 1 ordered another way, and whether it arrived; names after it
-(``--probes probe_arrive_sync``) keep only those. What racecheck reports for each says which orderings it
-follows (see the kernel file).
+``--w4``: instead, only rung W4: its scheduler's counter handed over with q_full (``counter``) and the
+same with the warpgroup index known uniform (``uniform``); names after it (``--w4 uniform``) keep only
+those.
 
 ``--defaults``: instead, only ``cuda_attention``'s Hopper forward (rung W3 with configs.HOPPER_CONSUMERS and
 configs.HOPPER_OPTIONS per head dim), both dtypes, D = 64 and 128.
 
 ``--w3-options``: instead, only Hopper rung W3 with each of its build options (configs.W3_OPTIONS: the
-output stored by TMA, W4's causal order, exponentials on the float32 pipe, row reductions as trees, the
-grid with heads first, the short query block first, at D = 64 the turns of three consumers (alone, with the
-TMA store and with the short block first), and on cuda_attention's build the two pins of the softmax, the
-stepped descriptors, the lazy rescale and the warpgroup index known uniform)
-at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option names
-after it (``--w3-options c3_turns``) keep only those options.
+output stored by TMA, the short query block first, at D = 64 the turns of three consumers (alone, with the
+TMA store and with the short block first), and on cuda_attention's build the warpgroup index known
+uniform) at cuda_attention's consumers per head dim (sm_90; run once their gpu tests have passed); option
+names after it (``--w3-options c3_turns``) keep only those options.
 """
 import os
-import re
 import sys
 
 import torch
@@ -74,12 +65,10 @@ def w3_options(only=()):
         for D in (64, 128):
             q = torch.randn(1, 4, 77, D, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 2, 131, D, device="cuda", dtype=dtype) for _ in range(2))
-            for options in ({"tma_store": True}, {"section_order": True}, {"exp2_poly": 2}, {"row_tree": True},
-                            {"heads_first": True}, {"tail_first": True},
+            for options in ({"tma_store": True}, {"tail_first": True},
                             *([{"c3_turns": True}, {"c3_turns": True, "tma_store": True},
                                {"c3_turns": True, "tail_first": True}] if HOPPER_CONSUMERS[D] == 3 else []),
-                            *({**HOPPER_OPTIONS[D], o: True}
-                              for o in ("pin_overlap", "pin_anchor", "desc_step", "lazy_rescale", "uniform_wg"))):
+                            {**HOPPER_OPTIONS[D], "uniform_wg": True}):
                 if only and not set(options) & set(only):
                     continue
                 w3_options_launches(q, k, v, variant="w3", consumers=HOPPER_CONSUMERS[D], **options)
@@ -111,40 +100,8 @@ def w4_launches(D, q, k, v, **options):
         forward_hopper(k[:, :, :131], k, v, causal=True, block_n=64, ctas=2, **run)
 
 
-def probe_kernels() -> tuple[tuple[str, ...], int]:
-    """The kernels of probe_racecheck.cu, each a handover of a shared-memory word, and its PROBE_ROUNDS:
-    the words a ring (a kernel named ``*_ring``) hands over in a row, warp 1 reporting their sum."""
-    from flashtut.cuda.compile import load_source
-
-    text = load_source("probe_racecheck.cu")
-    names = tuple(re.findall(r'extern "C" __global__ void (probe_\w+)\(', text))
-    return names, int(re.search(r"#define PROBE_ROUNDS (\d+)", text).group(1))
-
-
-def probe_launches(names):
-    """One launch of each probe of ``names`` (one block of 64 threads), and whether warp 1 got the word."""
-    from flashtut.cuda import compile as cc
-
-    probes, rounds = probe_kernels()
-    unknown = [n for n in names if n not in probes]
-    if unknown:
-        sys.exit(f"unknown probe {unknown[0]!r}; the probes are {', '.join(probes)}")
-    for name in names:
-        out = torch.zeros(1, dtype=torch.int32, device="cuda")
-        args = (out, 42) + ((torch.zeros(4, dtype=torch.int32, device="cuda"),) if name == "probe_mbar_tx" else ())
-        cc.launch(cc.get_function("probe_racecheck.cu", name, arch="90a"), (1,), (64,), args)
-        torch.cuda.synchronize()
-        expected = sum(42 + i for i in range(rounds if name.endswith("_ring") else 1))
-        print(name, "handed over", out.item(), "ok" if out.item() == expected else f"WRONG (expected {expected})")
-
-
-if "--probes" in sys.argv[1:]:
-    probe_launches(sys.argv[sys.argv.index("--probes") + 1:] or probe_kernels()[0])
-    sys.exit(0)
-
-#: W4's schedules and how the consumers learn their next query block, name -> build options
-W4_SCHEDULES = {"counter": {}, "static": {"static_schedule": True}, "named": {"named_handover": True},
-                "uniform": {"uniform_wg": True}}
+#: W4's builds, name -> build options: its counter as it is, and with the warpgroup index known uniform
+W4_SCHEDULES = {"counter": {}, "uniform": {"uniform_wg": True}}
 
 if "--w4" in sys.argv[1:]:
     picked = [name for name in W4_SCHEDULES if name in sys.argv[1:]] or list(W4_SCHEDULES)

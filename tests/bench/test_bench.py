@@ -277,7 +277,6 @@ def test_sdpa_adapters_run_through_their_backend_context():
     assert all(r["fa_criterion"] for r in rows if r["dtype"] == "bfloat16")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's CPU interpreter")
 def test_triton_is_registered_and_checked_through_the_interpreter():
     pytest.importorskip("triton")

@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from flashtut.cuda import hopper_layout as hl  # noqa: E402
-from flashtut.cuda import hopper_schedule as hs  # noqa: E402
+from flashtut.cuda.models import hopper_layout as hl  # noqa: E402
+from flashtut.cuda.models import hopper_schedule as hs  # noqa: E402
 from flashtut.exercises import ch11  # noqa: E402
 from flashtut.figures import hopper_plots, timelines  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_checkers_catch_wrong_answers_and_say_where():
 def test_exp2_checker_wants_the_kernels_bits():
     import numpy as np
 
-    from flashtut.cuda import exp2_poly as ep
+    from flashtut.cuda.models import exp2_poly as ep
 
     assert ch11.check_exp2_poly(ep.exp2_poly)
     # an accurate exponential is a different function: caught, with the first inputs that differ

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 import flashtut
-from flashtut.cuda import mma_layout as ml
+from flashtut.cuda.models import mma_layout as ml
 tdev = "cpu"
 """
 

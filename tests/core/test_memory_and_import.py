@@ -29,7 +29,6 @@ def peak_growth_mib(n: int, mode: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-@pytest.mark.slow
 def test_tiled_attention_memory_stays_small_at_16k():
     n = 16384
     score_matrix_mib = n * n * 4 / 2**20          # one fp32 score matrix: 1024 MiB
@@ -39,7 +38,6 @@ def test_tiled_attention_memory_stays_small_at_16k():
     assert grown < 64
 
 
-@pytest.mark.slow
 def test_naive_attention_memory_grows_with_n_squared():
     # the contrast that makes the test above meaningful: the same probe sees naive's N x N matrices
     n = 4096

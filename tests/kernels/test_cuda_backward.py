@@ -18,7 +18,7 @@ import flashtut
 from flashtut.bench.accuracy import yardstick
 from flashtut.cuda import attention as ca
 from flashtut.cuda import configs as cfgs
-from flashtut.cuda import warp_grid as wg
+from flashtut.cuda.models import warp_grid as wg
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -1,7 +1,10 @@
 """Every CUDA C kernel compiles for sm_75, sm_80 and sm_90, with nvcc and through NVRTC (CPU only).
 
 * nvcc -std=c++17: each .cu as-is (default macros), and each (source, defines) build the runtime
-  makes on a T4 (sm_75), an A100 (sm_80) and an H100/H200 (sm_90);
+  makes on a T4 (sm_75), an A100 (sm_80) and an H100/H200 (sm_90); the default run compiles what
+  ``cuda_attention`` runs (``configs.kernel_plan`` per dtype and head dim, both backward paths) and each
+  ladder step at its default, the rest of the matrix (every step at every built head dim and dtype, the
+  backward's measured alternatives) is marked ``slow`` (``make test-all``);
 * NVRTC, loaded from the ``nvidia-cuda-nvrtc`` wheel, with exactly ``nvrtc_options`` (what CuPy's
   RawModule hands NVRTC at run time) on the same builds;
 * ptxas' resource report (registers, shared memory, stack, spills) is printed (``pytest -rA``
@@ -21,6 +24,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from flashtut.cuda import compile as cc
 from flashtut.cuda import configs as cfgs
@@ -66,6 +70,43 @@ def runtime_builds(arch: int) -> list[tuple[str, dict]]:
     return builds
 
 
+def shipped_builds(arch: int) -> list[tuple[str, dict]]:
+    """What ``cuda_attention`` compiles on a GPU of ``arch``, for every dtype and head dim it takes
+    (``configs.kernel_plan``: the mma.sync forward where it runs, the backward with atomic and with
+    deterministic dQ) and each ladder step at float16 and D = 64 (the chapter's default); a subset of
+    :func:`runtime_builds`. (The Hopper rungs' files are built for sm_90a, as they ship, by
+    test_cuda_hopper.py; :func:`test_nvcc_defaults` builds every file at its defaults for every arch.)"""
+    out: list[tuple[str, dict]] = []
+
+    def add(source, defs):
+        if (source, dict(defs)) not in out:
+            out.append((source, dict(defs)))
+
+    limit = cfgs.SMEM_PER_BLOCK[arch]
+    for dtype in (cfgs.DTYPES if arch >= 80 else (torch.float16,)):
+        for d in cfgs.HEAD_DIMS + (cfgs.WIDE_DIMS if arch >= 80 else ()):
+            for det in (False, True):
+                plan = cfgs.kernel_plan((arch // 10, arch % 10), dtype, d, deterministic=det, forward_kernel="mma")
+                add(plan.forward.source, plan.forward.define_dict)
+                for source, _, defs in plan.backward_kernels.values():
+                    add(source, defs)
+    for variant in cfgs.VARIANTS:
+        c = cfgs.launch_config(variant, torch.float16, 64, arch, limit)
+        add(c.source, c.define_dict)
+    return out
+
+
+def test_the_shipped_builds_are_runtime_builds_and_cover_every_file():
+    sources = set()
+    for arch in ARCHS:
+        shipped, full = shipped_builds(arch), runtime_builds(arch)
+        assert all(b in full for b in shipped), [b for b in shipped if b not in full]
+        assert len(shipped) < len(full)
+        sources |= {s for s, _ in shipped}
+    # every file a configuration builds (not the Hopper rungs', not the microbenchmarks')
+    assert sources == {s for s in CU_FILES if not s.startswith(("fwd_w", "peak_"))}
+
+
 def test_the_warp_grid_is_compiled_on_sm80_and_sm90():
     for arch in (80, 90):
         grid = [d for s, d in runtime_builds(arch) if s == "bwd_dkdv.cu" and d.get("DKDV_WARP_GRID")]
@@ -86,9 +127,8 @@ def test_kernel_names_and_defaults():
         kernels = re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)', text)
         assert kernels, f"{name}: no extern \"C\" __global__ kernel"
         for k in kernels:
-            # attention kernels say fwd or bwd; the instruction microbenchmarks (peak_mma.cu) say peak, the
-            # sanitizer's probes (probe_racecheck.cu) probe
-            assert "fwd" in k or "bwd" in k or any(name.startswith(p) and k.startswith(p) for p in ("peak_", "probe_")), \
+            # attention kernels say fwd or bwd; the instruction microbenchmarks (peak_mma.cu) say peak
+            assert "fwd" in k or "bwd" in k or (name.startswith("peak_") and k.startswith("peak_")), \
                 f"{name}: kernel {k} should say fwd or bwd"
         assert "#include <" not in text, f"{name}: NVRTC has no system headers"
         # every macro the file tests with #ifndef gets a default right after it
@@ -157,12 +197,14 @@ WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 def _nvcc_groups():
-    """Runtime builds grouped by (source, defines), with the archs that use each."""
-    groups = defaultdict(set)
+    """Runtime builds grouped by (source, defines), with the archs that use each; those that no arch
+    ships (:func:`shipped_builds`) marked slow."""
+    groups, shipped = defaultdict(set), set()
     for arch in ARCHS:
         for source, defs in runtime_builds(arch):
             groups[(source, tuple(sorted(defs.items())))].add(arch)
-    return sorted(groups.items())
+        shipped |= {(source, tuple(sorted(defs.items()))) for source, defs in shipped_builds(arch)}
+    return [g if g[0] in shipped else pytest.param(g, marks=pytest.mark.slow) for g in sorted(groups.items())]
 
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
@@ -192,7 +234,8 @@ def nvcc_logs(request):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("group", _nvcc_groups(), ids=lambda g: f"{g[0][0]}[{_defs_label(dict(g[0][1]))}]")
+@pytest.mark.parametrize("group", _nvcc_groups(),
+                         ids=lambda g: f"{g[0][0]}[{_defs_label(dict(g[0][1]))}]")
 def test_nvcc_runtime_builds(group, record_property, nvcc_logs):
     (source, defs), archs = group
     rc, cmd, log = nvcc_logs[(source, defs)]
@@ -234,10 +277,11 @@ def nvrtc_compile(text: str, options: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.skipif(NVRTC is None, reason="no libnvrtc (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("shipped", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["shipped", "others"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_nvrtc_runtime_builds(arch, record_property):
+def test_nvrtc_runtime_builds(arch, shipped, record_property):
     failures, rows_all = [], []
-    builds = runtime_builds(arch)
+    builds = [b for b in runtime_builds(arch) if (b in shipped_builds(arch)) == shipped]
 
     def build(sd):
         opts = cc.nvrtc_options(str(arch), sd[1])

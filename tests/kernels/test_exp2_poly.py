@@ -1,5 +1,5 @@
 """The softmax's exponential on the float32 pipe (``ft_exp2_poly``, ft_common.cuh) and its numpy model
-(flashtut.cuda.exp2_poly), on the CPU: the CUDA function compiled for the host by nvcc gives the model's
+(flashtut.cuda.models.exp2_poly), on the CPU: the CUDA function compiled for the host by nvcc gives the model's
 bits on a million inputs; the error is the cubic's minimax error; masked scores give exactly 0."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flashtut.cuda import compile as cc
-from flashtut.cuda import exp2_poly as ep
+from flashtut.cuda.models import exp2_poly as ep
 
 NVCC = shutil.which("nvcc")
 

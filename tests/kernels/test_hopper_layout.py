@@ -1,4 +1,4 @@
-"""The Hopper layout model (flashtut.cuda.hopper_layout), checked by independent reasoning on the CPU.
+"""The Hopper layout model (flashtut.cuda.models.hopper_layout), checked by independent reasoning on the CPU.
 
 The central check stores random Q, K and V tiles byte by byte where rung W1's loader puts them
 (``tile_offset``), then reads every operand element back through the descriptors W1 builds, as
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from flashtut.cuda import hopper_layout as hl
+from flashtut.cuda.models import hopper_layout as hl
 
 
 def _store(matrix, rows, cols, offset=hl.tile_offset):

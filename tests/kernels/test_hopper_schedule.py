@@ -1,4 +1,4 @@
-"""Rungs W3 and W4: the barrier protocol (flashtut.cuda.hopper_schedule), simulated on the CPU.
+"""Rungs W3 and W4: the barrier protocol (flashtut.cuda.models.hopper_schedule), simulated on the CPU.
 
 Every block shape the kernel meets is a tile count n_tiles and the two consumers' own counts (fewer
 than n_tiles for a causal block's upper warpgroup, none for rows past Nq). For each, and for each ring
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashtut.cuda import hopper_schedule as hs
+from flashtut.cuda.models import hopper_schedule as hs
 
 SHAPES = hs.block_shapes(2, 5)
 SEEDS = range(12)
@@ -235,47 +235,3 @@ def test_persistent_argument_checks():
         hs.simulate_persistent([])
     with pytest.raises(ValueError, match="my_tiles"):
         hs.simulate_persistent([(1, (2, 0))])
-
-
-@pytest.mark.parametrize("consumers", [2, 3])
-def test_the_static_schedule_finishes_without_the_last_handover(consumers):
-    # W4_STATIC: every warpgroup knows its query blocks, so the producer gives no "none left" phase and
-    # the consumers wait for none; the rest of the protocol is W4's
-    for walk in _walks(consumers, 40, seed=7 + consumers):
-        for seed in range(3):
-            static = hs.simulate_persistent(walk, 2, seed, turns=consumers == 2, static=True)
-            dynamic = hs.simulate_persistent(walk, 2, seed, turns=consumers == 2)
-            assert static.issued == dynamic.issued and static.turns == dynamic.turns, walk
-
-
-def test_a_consumer_waiting_for_a_handover_the_static_producer_never_gives_deadlocks(monkeypatch):
-    real = hs.persistent_producer_ops
-    monkeypatch.setattr(hs, "persistent_producer_ops", lambda blocks, stages, *rest: real(blocks, stages, True))
-    with pytest.raises(hs.ScheduleError, match="deadlock"):
-        hs.simulate_persistent([(2, (2, 2)), (1, (1, 0))], 2, 0)
-
-
-@pytest.mark.parametrize("consumers,turns", [(2, True), (3, False), (3, True)])
-def test_the_named_handover_plays_the_same_blocks_and_turns(consumers, turns):
-    # W4_NAMED_HANDOVER: the number goes through slot_full / slot_empty instead of q_full's arrival; every
-    # consumer loads each block's number before the producer stores the next, and the products and turns
-    # are those of the handover on q_full
-    for walk in _walks(consumers, 40, seed=11 + consumers):
-        for seed in range(3):
-            named = hs.simulate_persistent(walk, 2, seed, turns=turns, handover="named")
-            plain = hs.simulate_persistent(walk, 2, seed, turns=turns)
-            assert named.issued == plain.issued and named.turns == plain.turns, walk
-
-
-@pytest.mark.parametrize("consumers", [2, 3])
-def test_a_producer_that_does_not_wait_on_slot_empty_overwrites_an_unread_number(consumers):
-    # the race racecheck looks for: without the wait, some schedule stores the next number (or "none
-    # left") before a consumer has loaded the last one
-    found = set()
-    for walk in _walks(consumers, 40, seed=5 + consumers):
-        for seed in range(3):
-            try:
-                hs.simulate_persistent(walk, 2, seed, turns=consumers == 2, handover="named", wait_empty=False)
-            except hs.ScheduleError as exc:
-                found.add(str(exc).split(": ", 1)[1])
-    assert any("the producer stores" in m and "have not loaded" in m for m in found), found

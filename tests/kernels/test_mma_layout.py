@@ -1,4 +1,4 @@
-"""The mma.sync / ldmatrix layout model (flashtut.cuda.mma_layout), checked on the CPU.
+"""The mma.sync / ldmatrix layout model (flashtut.cuda.models.mma_layout), checked on the CPU.
 
 The fragment tables are the PTX ISA's; the checks are independent of them: every element of
 each tile is held exactly once, the lane-by-lane product equals ``a @ b``, two accumulators
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtut.cuda import mma_layout as ml
+from flashtut.cuda.models import mma_layout as ml
 from flashtut.exercises import ch08
 
 

@@ -16,10 +16,8 @@ time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 ``hopper-w1[n64]`` (64-key tiles), rung W2 (TMA loads, mbarrier ring, producer warpgroup), ``hopper-w2``, and
 rung W3 (W2 with the softmax overlapped with the tensor cores: pipelined and ping-pong consumers),
 ``hopper-w3``, with three consumer warpgroups at D = 64 ``hopper-w3[c3]``, and rung W4 (W3 with
-persistent blocks) ``hopper-w4`` and ``hopper-w4[c3]``; W3 with k of every 8 exponentials computed
-on the float32 pipe, ``hopper-w3[c3,polyk]`` and ``hopper-w3[polyk]``, W3 with its rows reduced as
-trees (``[tree]``), with W4's causal order (``[order]``), with its output stored by TMA (``[store]``) and
-with its three consumers taking turns (``[c3,turns]``).
+persistent blocks) ``hopper-w4`` and ``hopper-w4[c3]``; the deeper rings and 64-key tiles of W3, and W3
+with the build options ``cuda_attention`` ships (:data:`HOPPER_IMPLS`).
 Groups: ``all``, ``sdpa``, ``cuda-ladder``, ``cuda-tiles`` (the shapes of :data:`TILE_CHOICES`),
 ``hopper``, ``hopper-options``.
 
@@ -241,78 +239,62 @@ def _ladder_fwd(variant: str):
     return fwd
 
 
-#: the Hopper rungs (chapter 11): name -> (variant, block_n, pv_split, stages, consumers[, build options])
-#: of flashtut.cuda.hopper.forward_hopper; the group ``hopper`` holds those with W2's and W3's ring of
-#: two stages, 128-key tiles and no further option; the deeper rings (``hopper-w3[s3]``) and W3's 64-key
-#: tiles (``hopper-w3[c3,n64]``) are named one by one (group ``hopper-ring``), and W3
-#: with one of its build options (flashtut.cuda.configs.W3_OPTIONS) is the group ``hopper-options``:
-#: exponentials on the float32 pipe (``hopper-w3[c3,poly2]``: 2 of every 8), row reductions as trees
-#: (``[tree]``), W4's causal order (``[order]``), the TMA store of the output (``[store]``), turns among
-#: three consumers (``[c3,turns]``), W4's static schedule (``hopper-w4[static]``) and its handover on named
-#: barriers (``hopper-w4[named]``), the softmax pinned under the
-#: P V in flight (``[pin]``, or ``[anchor]`` on a barrier of its own), the lazy rescale (``[lazy]``), the
-#: stepped descriptors (``[ds]``), the short query block first (``[tail]``) and the warpgroup index known
-#: to be uniform (``[uni]``)
-HOPPER_IMPLS = {"hopper-w1": ("w1", 128, True, 2, 2), "hopper-w1[pv128]": ("w1", 128, False, 2, 2),
-                "hopper-w1[n64]": ("w1", 64, True, 2, 2), "hopper-w2": ("w2", 128, True, 2, 2),
-                "hopper-w3": ("w3", 128, True, 2, 2), "hopper-w3[c3]": ("w3", 128, True, 2, 3),
-                "hopper-w3[s3]": ("w3", 128, True, 3, 2), "hopper-w3[s4]": ("w3", 128, True, 4, 2),
-                "hopper-w3[c3,s3]": ("w3", 128, True, 3, 3), "hopper-w3[c3,n64]": ("w3", 64, True, 2, 3),
-                "hopper-w4": ("w4", 128, True, 2, 2), "hopper-w4[c3]": ("w4", 128, True, 2, 3),
-                **{f"hopper-w3[c3,poly{k}]": ("w3", 128, True, 2, 3, {"exp2_poly": k}) for k in (1, 2, 3)},
-                **{f"hopper-w3[poly{k}]": ("w3", 128, True, 2, 2, {"exp2_poly": k}) for k in (1, 2)},
-                "hopper-w3[c3,tree]": ("w3", 128, True, 2, 3, {"row_tree": True}),
-                "hopper-w3[tree]": ("w3", 128, True, 2, 2, {"row_tree": True}),
-                "hopper-w3[c3,order]": ("w3", 128, True, 2, 3, {"section_order": True}),
-                "hopper-w3[order]": ("w3", 128, True, 2, 2, {"section_order": True}),
-                "hopper-w3[c3,store]": ("w3", 128, True, 2, 3, {"tma_store": True}),
-                "hopper-w3[store]": ("w3", 128, True, 2, 2, {"tma_store": True}),
-                "hopper-w3[c3,heads]": ("w3", 128, True, 2, 3, {"heads_first": True}),
-                "hopper-w3[heads,store]": ("w3", 128, True, 2, 2, {"heads_first": True, "tma_store": True}),
-                "hopper-w3[c3,turns]": ("w3", 128, True, 2, 3, {"c3_turns": True}),
-                # the losing options again, on top of the turns (which change how the pipes overlap)
-                "hopper-w3[c3,turns,store]": ("w3", 128, True, 2, 3, {"c3_turns": True, "tma_store": True}),
-                "hopper-w3[c3,turns,tree]": ("w3", 128, True, 2, 3, {"c3_turns": True, "row_tree": True}),
-                "hopper-w3[c3,turns,poly1]": ("w3", 128, True, 2, 3, {"c3_turns": True, "exp2_poly": 1}),
-                "hopper-w4[c3,turns]": ("w4", 128, True, 2, 3, {"c3_turns": True}),
-                "hopper-w4[static]": ("w4", 128, True, 2, 2, {"static_schedule": True}),
-                "hopper-w4[c3,static]": ("w4", 128, True, 2, 3, {"static_schedule": True}),
-                "hopper-w4[named]": ("w4", 128, True, 2, 2, {"named_handover": True}),
-                "hopper-w4[c3,named]": ("w4", 128, True, 2, 3, {"named_handover": True}),
-                "hopper-w4[c3,turns,named]": ("w4", 128, True, 2, 3, {"c3_turns": True, "named_handover": True}),
-                # the softmax pinned under the P V in flight, the lazy rescale, each on cuda_attention's builds
-                "hopper-w3[c3,turns,pin]": ("w3", 128, True, 2, 3, {"c3_turns": True, "pin_overlap": True}),
-                "hopper-w3[c3,turns,lazy]": ("w3", 128, True, 2, 3, {"c3_turns": True, "lazy_rescale": True}),
-                "hopper-w3[c3,turns,pin,lazy]": ("w3", 128, True, 2, 3,
-                                                 {"c3_turns": True, "pin_overlap": True, "lazy_rescale": True}),
-                "hopper-w3[store,pin]": ("w3", 128, True, 2, 2, {"tma_store": True, "pin_overlap": True}),
-                "hopper-w3[store,lazy]": ("w3", 128, True, 2, 2, {"tma_store": True, "lazy_rescale": True}),
-                "hopper-w3[c3,turns,anchor]": ("w3", 128, True, 2, 3, {"c3_turns": True, "pin_anchor": True}),
-                "hopper-w3[store,anchor]": ("w3", 128, True, 2, 2, {"tma_store": True, "pin_anchor": True}),
-                "hopper-w3[c3,turns,ds]": ("w3", 128, True, 2, 3, {"c3_turns": True, "desc_step": True}),
-                "hopper-w3[store,ds]": ("w3", 128, True, 2, 2, {"tma_store": True, "desc_step": True}),
-                "hopper-w3[store,pin,ds]": ("w3", 128, True, 2, 2,
-                                            {"tma_store": True, "pin_overlap": True, "desc_step": True}),
-                "hopper-w4[c3,turns,ds]": ("w4", 128, True, 2, 3, {"c3_turns": True, "desc_step": True}),
-                "hopper-w4[ds]": ("w4", 128, True, 2, 2, {"desc_step": True}),
-                "hopper-w3[store,pin,lazy]": ("w3", 128, True, 2, 2,
-                                              {"tma_store": True, "pin_overlap": True, "lazy_rescale": True}),
-                # the short query block first, on cuda_attention's D = 64 build and on ping-pong
-                "hopper-w3[c3,turns,tail]": ("w3", 128, True, 2, 3, {"c3_turns": True, "tail_first": True}),
-                "hopper-w3[tail]": ("w3", 128, True, 2, 2, {"tail_first": True}),
-                # the warpgroup index known uniform, on cuda_attention's builds and on W4's
-                "hopper-w3[c3,turns,uni]": ("w3", 128, True, 2, 3, {"c3_turns": True, "uniform_wg": True}),
-                "hopper-w3[c3,turns,tail,uni]": ("w3", 128, True, 2, 3,
-                                                 {"c3_turns": True, "tail_first": True, "uniform_wg": True}),
-                "hopper-w3[store,uni]": ("w3", 128, True, 2, 2, {"tma_store": True, "uniform_wg": True}),
-                "hopper-w4[uni]": ("w4", 128, True, 2, 2, {"uniform_wg": True}),
-                "hopper-w4[c3,turns,uni]": ("w4", 128, True, 2, 3, {"c3_turns": True, "uniform_wg": True})}
+@dataclass(frozen=True)
+class HopperBuild:
+    """One build of a Hopper rung (chapter 11), as ``flashtut.cuda.hopper.forward_hopper`` takes it: the rung,
+    keys per tile, W1's P V split, the TMA ring's stages, consumer warpgroups and the W3 family's build
+    ``options`` (``flashtut.cuda.configs.W3_OPTIONS`` names -> values)."""
+    variant: str
+    block_n: int = 128
+    pv_split: bool = True
+    stages: int = 2
+    consumers: int = 2
+    options: tuple = ()    # sorted (name, value) pairs
+
+    @property
+    def option_dict(self) -> dict:
+        return dict(self.options)
+
+
+def _build(variant: str, *, options: dict | None = None, **shape) -> HopperBuild:
+    return HopperBuild(variant, **shape, options=tuple(sorted((options or {}).items())))
+
+
+#: the Hopper builds the harness can time, by name: each rung at its defaults (group ``hopper``); the
+#: shapes chapter 11 measures against them, 128-column P V and 64-key tiles for W1, deeper rings and 64-key
+#: tiles for W3 (group ``hopper-ring``); and the build options ``cuda_attention`` ships
+#: (``configs.HOPPER_OPTIONS``) one step at a time: the TMA store at D = 128 (``[store]``), the three
+#: consumers' turns, the uniform warpgroup index and the short query block first at D = 64 (``[c3,turns]``,
+#: ``[c3,turns,uni]``, ``[c3,turns,tail,uni]``), and W4 with the turns (group ``hopper-options``)
+HOPPER_IMPLS = {
+    "hopper-w1": _build("w1"),
+    "hopper-w1[pv128]": _build("w1", pv_split=False),
+    "hopper-w1[n64]": _build("w1", block_n=64),
+    "hopper-w2": _build("w2"),
+    "hopper-w3": _build("w3"),
+    "hopper-w3[c3]": _build("w3", consumers=3),
+    "hopper-w3[s3]": _build("w3", stages=3),
+    "hopper-w3[s4]": _build("w3", stages=4),
+    "hopper-w3[c3,s3]": _build("w3", stages=3, consumers=3),
+    "hopper-w3[c3,n64]": _build("w3", block_n=64, consumers=3),
+    "hopper-w4": _build("w4"),
+    "hopper-w4[c3]": _build("w4", consumers=3),
+    "hopper-w3[store]": _build("w3", options={"tma_store": True}),
+    "hopper-w3[c3,turns]": _build("w3", consumers=3, options={"c3_turns": True}),
+    "hopper-w3[c3,turns,uni]": _build("w3", consumers=3, options={"c3_turns": True, "uniform_wg": True}),
+    "hopper-w3[c3,turns,tail,uni]": _build("w3", consumers=3,
+                                           options={"c3_turns": True, "tail_first": True, "uniform_wg": True}),
+    "hopper-w4[c3,turns]": _build("w4", consumers=3, options={"c3_turns": True}),
+}
+
+
 def hopper_name(variant: str, consumers: int, options: dict) -> str:
     """The registry name of Hopper rung ``variant`` with ``consumers`` consumer warpgroups and the build
     ``options`` (flashtut.cuda.configs.W3_OPTIONS), at 128-key tiles and two stages: ``hopper_name("w3",
     3, {"c3_turns": True})`` is ``"hopper-w3[c3,turns]"``. ValueError where the registry has none."""
-    for name, (v, block_n, pv_split, stages, c, *build) in HOPPER_IMPLS.items():
-        if (v, block_n, pv_split, stages, c) == (variant, 128, True, 2, consumers) and (build or [{}])[0] == options:
+    want = _build(variant, consumers=consumers, options=options)
+    for name, build in HOPPER_IMPLS.items():
+        if build == want:
             return name
     raise ValueError(f"no Hopper implementation of rung {variant!r} with {consumers} consumers and options "
                      f"{options}; named ones: {', '.join(HOPPER_IMPLS)}")
@@ -323,12 +305,13 @@ _HOPPER_ADDS = {"w1": "", "w2": ", TMA", "w3": ", TMA, softmax overlapped: pipel
                 "w4": ", TMA, softmax overlapped, persistent blocks"}
 
 
-def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: int, consumers: int,
-                 build: dict | None = None) -> Impl:
+def _hopper_impl(name: str, build: HopperBuild) -> Impl:
+    variant, block_n, pv_split, stages, consumers = (build.variant, build.block_n, build.pv_split, build.stages,
+                                                     build.consumers)
     options = {} if stages == 2 else {"stages": stages}
     if consumers != 2:
         options["consumers"] = consumers
-    options.update(build or {})
+    options.update(build.option_dict)
     from ..cuda.configs import W3_OPTIONS   # what each build option does, said once
 
     def fwd(q, k, v, causal, scale):
@@ -352,11 +335,11 @@ def _hopper_impl(name: str, variant: str, block_n: int, pv_split: bool, stages: 
                 + ("" if pv_split else ", one 128-column wgmma for P V")
                 + ("" if stages == 2 else f", a ring of {stages} K/V stages")
                 + ("" if consumers == 2 else ", 192-row blocks")
-                + "".join(f"; {name} = {value}: {W3_OPTIONS[name][3]}" for name, value in (build or {}).items())
+                + "".join(f"; {opt} = {value}: {W3_OPTIONS[opt][3]}" for opt, value in build.options)
                 + " (forward only, sm_90)",
                 fwd, None, available=available,
                 group=("hopper-ring" if stages != 2 or (variant != "w1" and block_n != 128)
-                       else "hopper-options" if build else "hopper"))
+                       else "hopper-options" if build.options else "hopper"))
 
 
 def _builtin() -> dict[str, Impl]:
@@ -379,7 +362,7 @@ def _builtin() -> dict[str, Impl]:
              "'cuda' runs the wgmma forward); backward through autograd", _cuda_mma_fwd, AUTOGRAD,
              available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
     ]
-    impls += [_hopper_impl(name, *spec) for name, spec in HOPPER_IMPLS.items()]
+    impls += [_hopper_impl(name, build) for name, build in HOPPER_IMPLS.items()]
     return {i.name: i for i in impls}
 
 
@@ -508,7 +491,7 @@ def expand(spec) -> list[Impl]:
         spec = [spec]
     out: list[str] = []
     for item in spec:
-        # commas inside brackets belong to a name (cuda-v3[w8,n64,mt1], hopper-w3[c3,poly2])
+        # commas inside brackets belong to a name (cuda-v3[w8,n64,mt1], hopper-w3[c3,turns])
         for name in (s.strip() for s in re.split(r",(?![^\[]*\])", str(item))):
             if not name:
                 continue

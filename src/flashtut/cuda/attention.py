@@ -50,8 +50,8 @@ from ..constants import LOG2E
 from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
                       set_max_dynamic_smem)
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, VARIANTS, WIDE_DIMS,
-                      BackwardConfig, ForwardChoice, check_backward_config, check_forward_kernel,
-                      choose_forward, kernel_builds, launch_config, padded_dim, pick_config)
+                      BackwardConfig, ForwardChoice, KernelPlan, check_backward_config, check_forward_kernel,
+                      kernel_builds, kernel_plan, launch_config, padded_dim, pick_config)
 from .hopper_launch import run_hopper
 from .hopper_backward_launch import run_hopper_backward
 from .hopper_backward_launch import takes as takes_hopper_backward
@@ -294,20 +294,26 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
 
 # -- autograd ---------------------------------------------------------------------------------
 
-def forward_kernel_for(q: torch.Tensor, forward_kernel: str = "auto") -> ForwardChoice:
-    """The forward ``cuda_attention(q, ..., forward_kernel=forward_kernel)`` runs on ``q``'s GPU,
-    dtype and (padded) head dim, with the reason (``configs.choose_forward``); raises what that call
-    would raise for ``forward_kernel="wgmma"`` where wgmma cannot run."""
+def plan_for(q: torch.Tensor, forward_kernel: str = "auto", deterministic: bool = False) -> KernelPlan:
+    """What ``cuda_attention(q, ..., forward_kernel=forward_kernel, deterministic=deterministic)`` runs on
+    ``q``'s GPU, dtype and head dim: ``configs.kernel_plan`` for this GPU's compute capability, shared
+    memory and NVRTC."""
     check_forward_kernel(forward_kernel)
     major, minor = capability(q.device)
-    arch = 10 * major + minor
     # the NVRTC version matters only where wgmma could run; elsewhere CuPy need not be asked
-    return choose_forward(forward_kernel, arch, q.dtype, padded_dim(q.shape[-1]),
-                          nvrtc_version() if arch == 90 else None)
+    return kernel_plan((major, minor), q.dtype, q.shape[-1], deterministic, forward_kernel,
+                       nvrtc_version() if (major, minor) == (9, 0) else None, max_smem_per_block(q.device))
+
+
+def forward_kernel_for(q: torch.Tensor, forward_kernel: str = "auto") -> ForwardChoice:
+    """The forward ``cuda_attention(q, ..., forward_kernel=forward_kernel)`` runs on ``q``'s GPU,
+    dtype and (padded) head dim, with the reason (``configs.choose_forward``, through :func:`plan_for`);
+    raises what that call would raise for ``forward_kernel="wgmma"`` where wgmma cannot run."""
+    return plan_for(q, forward_kernel).choice
 
 
 class CudaAttention(torch.autograd.Function):
-    """Autograd wrapper: ``forward`` runs the forward :func:`forward_kernel_for` picks (wgmma on
+    """Autograd wrapper: ``forward`` runs the forward :func:`plan_for` picks (wgmma on
     sm_90, mma.sync elsewhere), ``backward`` the CUDA backward. Head dims that are not built are
     zero-padded on the way in and cut on the way out; what is saved is the padded tensors."""
 
@@ -317,7 +323,7 @@ class CudaAttention(torch.autograd.Function):
         D = q.shape[-1]
         pd = padded_dim(D)
         q, k, v = (pad_head_dim(t, pd) for t in (q, k, v))
-        choice = forward_kernel_for(q, forward_kernel)
+        choice = plan_for(q, forward_kernel, deterministic).choice
         offset = diag_offset(alignment, q.shape[2], k.shape[2])
         if choice.kernel == "wgmma":
             o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset,

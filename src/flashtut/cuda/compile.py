@@ -14,8 +14,7 @@ Conventions the kernel files follow (forward and backward alike):
 * ``FT_BF16``: 0 for float16 (the default), 1 for bfloat16 (sm_80 and newer only);
 * ``HEAD_DIM``: the head dimension (32, 64, 96, 128, or 256 from sm_80, at run time; the default is 64);
 * kernels are ``extern "C"`` and their names contain ``fwd`` or ``bwd`` (``peak`` for the
-  instruction microbenchmarks of ``peak_mma.cu``, ``probe`` for the sanitizer probes of
-  ``probe_racecheck.cu``);
+  instruction microbenchmarks of ``peak_mma.cu``);
 * no system headers (NVRTC has none): half/bfloat16 are handled as raw 16-bit patterns with
   inline PTX conversions, see ``ft_common.cuh``.
 

@@ -73,9 +73,8 @@ def forward_hopper(q, k, v, causal=False, scale: float | None = None, variant: s
     (W3's and W4's consumer warpgroups: 2, or 3 at D = 64): see ``flashtut.cuda.configs.hopper_config``.
     ``ctas`` (W4 only): how many persistent blocks to launch, at most one per query block; default
     the GPU's SM count (fewer make each block walk more query blocks, which the tests use).
-    ``options``: the W3 family's build options, each off by default (``configs.W3_OPTIONS``):
-    ``exp2_poly`` (0 to 8: of every 8 exponentials, how many a cubic computes on the float32 pipe),
-    ``row_tree``, ``section_order``, ``heads_first`` and ``tma_store`` (bools).
+    ``options``: the W3 family's build options, bools, each off by default (``configs.W3_OPTIONS``):
+    ``tma_store``, ``c3_turns``, ``uniform_wg`` and ``tail_first``.
     Returns ``(o, lse)``: ``o`` like ``q``, ``lse`` the natural-log log-sum-exp, float32,
     ``(B, H, Nq)`` (``-inf`` for a row that sees no key, whose ``o`` is 0).
     """

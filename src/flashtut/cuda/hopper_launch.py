@@ -117,7 +117,7 @@ def run_hopper(q, k, v, causal: bool, scale: float, variant: str = "w1", diag_of
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
         blocks = math.ceil(Nq / cfg.block_m)
-        grid, extra = ((B * H, blocks, 1) if cfg.heads_first else (blocks, B * H, 1)), ()
+        grid, extra = (blocks, B * H, 1), ()
         if cfg.persistent:   # blocks take the query blocks of all B * H heads from a counter
             grid, extra = (min(blocks * B * H, ctas or _sm_count(q.device.index)), 1, 1), (B * H,)
         # the TMA rungs read q, k and v through their tensor maps; the buffer lives until the launch is

@@ -1,14 +1,14 @@
 """Chapter 11 exercises: the layout arithmetic of a Hopper kernel, checked on the CPU.
 
 Each ``check_*`` calls the reader's function on every case (or a large sample) and compares it
-with :mod:`flashtut.cuda.hopper_layout`; the :class:`~flashtut.exercises.checker.CheckResult`
+with :mod:`flashtut.cuda.models.hopper_layout`; the :class:`~flashtut.exercises.checker.CheckResult`
 names the first inputs where the two differ and what each gave.
 """
 from __future__ import annotations
 
 from ..bench.sass import exp2_between_waits
-from ..cuda import hopper_layout as hl
-from ..cuda import hopper_schedule as hs
+from ..cuda.models import hopper_layout as hl
+from ..cuda.models import hopper_schedule as hs
 from .checker import CheckResult
 
 
@@ -112,12 +112,12 @@ def check_register_budget(registers) -> CheckResult:
 def check_exp2_poly(exp2) -> CheckResult:
     """Check ``exp2(x) -> array``: 2^x for a float32 array ``x <= 0`` computed as ``ft_exp2_poly``
     (kernels/ft_common.cuh) does, bit for bit: clamp at -127, round by adding 1.5 * 2^23, the cubic
-    :func:`flashtut.cuda.exp2_poly.coefficients` for 2^f, 2^j through the exponent field. Bit for bit,
+    :func:`flashtut.cuda.models.exp2_poly.coefficients` for 2^f, 2^j through the exponent field. Bit for bit,
     so that ``np.exp2`` (or any other accurate exponential) does not pass: it is a different function,
     off by up to 7.5e-5 relative. The input must come back unchanged."""
     import numpy as np
 
-    from ..cuda import exp2_poly as ep
+    from ..cuda.models import exp2_poly as ep
 
     rng = np.random.default_rng(11)
     x = np.concatenate([np.array([0.0, -0.5, -1.5, -126.5, -127.0, -300.0, -np.inf], dtype=np.float32),
@@ -150,7 +150,7 @@ def check_exp2_poly(exp2) -> CheckResult:
 
 def check_turn_ring(first_turn, after_slot) -> CheckResult:
     """Check the turn rules of W3's consumers, two (ping-pong) or three (``c3_turns``), by playing the
-    kernel's barrier protocol with them (:mod:`flashtut.cuda.hopper_schedule`): ``first_turn(cw,
+    kernel's barrier protocol with them (:mod:`flashtut.cuda.models.hopper_schedule`): ``first_turn(cw,
     consumers)``, the named barrier consumer ``cw`` arrives on before its first slot (None: none), and
     ``after_slot(cw, slot, n_tiles, consumers)``, the one it arrives on after its turn in slot ``slot``
     of ``n_tiles + 1`` (None: it gives no turn). Consumer w waits on barrier 1 + w. Every block shape
@@ -243,7 +243,7 @@ def check_exp2_between_waits(count) -> CheckResult:
 def check_query_blocks(query_blocks) -> CheckResult:
     """Check ``query_blocks(n_q, block_m, tail_first) -> [(first row, one past the last row), ...]``, the
     rows of each query block of a W3 grid in the order of the block index, the short block last or (with
-    ``tail_first``) first, against :func:`flashtut.cuda.hopper_layout.query_blocks`: every ``n_q`` from 1
+    ``tail_first``) first, against :func:`flashtut.cuda.models.hopper_layout.query_blocks`: every ``n_q`` from 1
     to 400 and the protocol's lengths around 4096, blocks of 64, 128 and 192 rows, both orders."""
     cases = [(n, bm, tf) for n in (*range(1, 401), 4095, 4096, 4097) for bm in (64, 128, 192) for tf in (False, True)]
     return _check_cases("query_blocks", query_blocks, lambda *a: tuple(hl.query_blocks(*a)), cases)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ..cuda import mma_layout
+from ..cuda.models import mma_layout
 from .style import INK, PALETTE, subplots
 
 
@@ -29,7 +29,7 @@ def mma_fragment_layout():
     """Which lane holds which element of the A (16x16), B (16x8) and C (16x8) fragments of
     ``mma.sync.m16n8k16``; labels are lane (T) and register (a/b/c index)."""
     fig, axes = subplots(1, 3, figsize=(11, 4.4), gridspec_kw={"width_ratios": [16, 8, 8]})
-    # the fragment tables are flashtut.cuda.mma_layout's (the PTX ISA's)
+    # the fragment tables are flashtut.cuda.models.mma_layout's (the PTX ISA's)
     colors = [[None] * 16 for _ in range(16)]
     labels = [[""] * 16 for _ in range(16)]
     for lane in range(32):

@@ -1,6 +1,6 @@
 """Figures of chapter 11 (Hopper): how the wgmma accumulator becomes the A operand of the next
 wgmma, and the ring of shared-memory stages that TMA fills and mbarriers guard. Every function
-takes the numbers to draw (computed by ``flashtut.cuda.hopper_layout``) and returns a Figure."""
+takes the numbers to draw (computed by ``flashtut.cuda.models.hopper_layout``) and returns a Figure."""
 from __future__ import annotations
 
 from matplotlib.patches import Rectangle

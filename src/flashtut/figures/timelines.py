@@ -2,7 +2,7 @@
 tensor cores, and the pipeline inside one warpgroup.
 
 The order of the work is not drawn by hand: :func:`schedule` plays the operations that
-``flashtut.cuda.hopper_schedule`` lists for the kernel (``producer_ops`` and ``consumer_ops``, the
+``flashtut.cuda.models.hopper_schedule`` lists for the kernel (``producer_ops`` and ``consumer_ops``, the
 same generators its barrier checker runs) with a duration for each, so the figure and the model of
 the kernel cannot drift apart. The durations are a model of one 64 x 128 tile at head dim 128 on
 one SM, in cycles: each product 512 (2 * 64 * 128 * 128 FLOP at 4096 FLOP per cycle), the softmax
@@ -40,7 +40,7 @@ def schedule(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, durations
     per consumer warpgroup, played in time from ``hopper_schedule``'s operations: an event-driven
     run in which each operation starts as soon as what it waits for is done (an mbarrier phase, a
     named barrier's generation, the wgmma groups a ``wait_group`` names)."""
-    from ..cuda import hopper_schedule as hs
+    from ..cuda.models import hopper_schedule as hs
 
     if not isinstance(n_tiles, int) or n_tiles < 1:
         raise ValueError(f"n_tiles must be a positive integer, got {n_tiles!r}")

@@ -491,9 +491,8 @@ attn_bwd_dkdv(const ft_raw* __restrict__ q, const ft_raw* __restrict__ k,
             __syncthreads();   // the whole dS^T tile is in shared memory
             // dQ[q0 + 16 mt ...] += dS K: warp w takes query tiles w, w + WARPS, ...; A = dS, stored
             // key-major as dS^T, so it is read with the transposing ldmatrix; 64 columns at a time
-            // keep the extra accumulator at 32 registers (DKDV_DQ_COLS). This is the measured code
-            // (its SASS is the one book/perflog_cuda_bwd.md timed); dq_product and add_dq compute the
-            // same for the warp grid and replace it once a GPU run has re-measured the default.
+            // keep the extra accumulator at 32 registers (DKDV_DQ_COLS); dq_product and add_dq compute
+            // the same for the warp grid.
             const u32 s_ds = smem_addr(t_ds), s_kb = smem_addr(t_k);
             const u32 ds_lane = (u32)((((lane % 8) + 8 * (lane / 16)) * DKDV_LDS_DS + 8 * ((lane / 8) % 2)) * 2);
             for (int mt = warp; mt < DKDV_BLOCK_M / 16; mt += DKDV_WARPS) {

@@ -7,9 +7,8 @@
 // round trip through shared memory with an extra barrier, and a sum order (so the last bits of
 // dQ) that changes from run to run. This pass instead recomputes S and dP once more: 3 products
 // per tile here + 4 in bwd_dkdv.cu = 7, against 5 with atomics, i.e. 40% more tensor-core work,
-// in exchange for no atomics, no float32 buffer, no convert kernel, and bit-reproducible results.
-// Measured on an H200 (book/perflog_cuda_bwd.md): the atomic variant is 6-9% faster at D = 128,
-// far less than the 40% the product count suggests; this pass stays the default.
+// in exchange for no atomics, no float32 buffer, no convert kernel, and bit-reproducible results:
+// cuda_attention runs it with deterministic=True, and on GPUs before sm_80 (configs.pick_config).
 //
 // The structure is the forward kernel's: warp w owns query rows 16w..16w+15 of the block and
 // keeps their dQ (16 x HEAD_DIM, fp32) in registers; the block walks the key blocks

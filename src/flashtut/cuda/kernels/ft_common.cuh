@@ -79,9 +79,9 @@ __device__ __forceinline__ float ft_exp2(float x) {
     return y;
 }
 
-// 2^x on the float32 pipe instead of the special-function unit (MUFU), for a share of a softmax's
-// exponentials: at head dim 64 the SFU's exponentials take about as long as the tensor cores' products
-// (book/perflog_hopper.md), and the float32 pipe has 8 times its throughput. x = j + f with j = round(x)
+// 2^x on the float32 pipe instead of the special-function unit (MUFU), FlashAttention-4's way of moving a
+// share of a softmax's exponentials to the pipe with 8 times the throughput. Chapter 11 teaches it; no
+// kernel here calls it (the Hopper rungs lost time with it: the performance log). x = j + f with j = round(x)
 // and f in [-1/2, 1/2]: 2^f by a cubic (relative error under 1e-4, a fifth of a float16 rounding), 2^j
 // by writing j + 127 into a float's exponent field. Adding 1.5 * 2^23 rounds x to an integer held in
 // the low mantissa bits of t (no conversion instruction, which would run on the SFU's pipe again);
@@ -89,9 +89,9 @@ __device__ __forceinline__ float ft_exp2(float x) {
 // x is clamped at -127, where the exponent field is 0: 2^j is then exactly 0, so a masked score (-inf)
 // gives p = 0 as ex2 does. x <= 0 here (a score minus its row maximum), so j + 127 never overflows.
 // __host__ too: the CPU tests compile this very function with nvcc and check it bit for bit against
-// flashtut.cuda.exp2_poly, its model in numpy.
+// flashtut.cuda.models.exp2_poly, its model in numpy.
 // The cubic: the minimax fit of 2^f on [-1/2, 1/2] in relative error (7.5e-5), rounded to float32
-// (flashtut.cuda.exp2_poly.minimax_cubic computes it).
+// (flashtut.cuda.models.exp2_poly.minimax_cubic computes it).
 #define FT_EXP2_P0 0.999928057f
 #define FT_EXP2_P1 0.693260968f
 #define FT_EXP2_P2 0.242611125f

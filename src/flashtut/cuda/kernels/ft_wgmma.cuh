@@ -12,7 +12,7 @@
 // mma.m16n8 accumulator layout repeated along N, and the A-from-registers fragment of one k-step
 // (4 registers of two 16-bit values: rows g and g + 8, columns 2t.. and 2t + 8..) is the same
 // layout for 16 columns: so the probabilities P = exp2(S - m) leave the S accumulator and enter the
-// second product without a trip through shared memory (flashtut.cuda.hopper_layout proves it on the CPU).
+// second product without a trip through shared memory (flashtut.cuda.models.hopper_layout proves it on the CPU).
 //
 // Shared-memory operands are described by a 64-bit matrix descriptor, not a pointer:
 //   bits  0-13  start address >> 4          bits 32-45  stride-dimension byte offset (SBO) >> 4
@@ -48,21 +48,12 @@ __host__ __device__ __forceinline__ unsigned sw128_offset(int row, int col) {
 }
 
 // 128-byte-swizzle descriptor of the operand starting at shared address addr (host too: the CPU tests
-// compare both functions with flashtut.cuda.hopper_layout)
+// compare both functions with flashtut.cuda.models.hopper_layout)
 __host__ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4)
          | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16)
          | ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32)
          | (1ull << 62);
-}
-
-// The descriptor of the operand `bytes` further on in shared memory than desc's: its start-address field
-// (bits 0-13, the address >> 4) plus bytes >> 4, in the low word alone. Equal to wgmma_desc of the moved
-// address wherever that address stays below 2^18 (every shared address of a block: 228 KB at most), which
-// the field's mask and shift in wgmma_desc keep the compiler from knowing: the kernels built with
-// FT_DESC_STEP build each tile's descriptor once and step it, instead of masking and shifting every address.
-__host__ __device__ __forceinline__ unsigned long long wgmma_desc_step(unsigned long long desc, unsigned bytes) {
-    return (desc >> 32 << 32) | (unsigned)((unsigned)desc + (bytes >> 4));
 }
 
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma reads them.

@@ -1,54 +1,42 @@
-// fwd_w3_pingpong.cu: Hopper rung W3, W2 with the softmax overlapped with the tensor cores (sm_90a).
+// fwd_w3_pingpong.cu: Hopper rung W3, W2 with the softmax overlapped with the tensor cores (sm_90a),
+// kernel flash_fwd_w3; with W3_PERSISTENT (fwd_w4_persistent.cu) rung W4, flash_fwd_w4.
 //
-// W2's consumers run each tile as: S = Q K^T, wait, softmax, O += P V, wait. While a warpgroup does its
-// softmax (exp2, max, sum: the multi-function and FP32 units) its tensor-core work is stopped, and the
-// other consumer's wgmma run only when the two happen to fall out of step. W3 overlaps them on purpose,
-// in two ways (the overlap to which the FlashAttention-3 paper attributes its largest step):
-//  * intra-warpgroup pipelining: in one "slot" a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}
-//    (two wgmma groups), waits only for the first (wgmma.wait_group 1: all but the newest group done), and
-//    runs the softmax of S_j while its P V of the previous tile is still on the tensor cores; then it waits
-//    for that (wait_group 0) and rescales O. Slot 0 issues S_0 alone, slot T (T = its tiles) the last P V.
-//    That is the source's order. ptxas does not keep it: it places wait_group 0 above the softmax, which
-//    then runs after the P V (W3_PIN_OVERLAP below pins it back; measured, it does not pay).
-//  * inter-warpgroup ping-pong: the two consumers take turns to issue their slot, ordered by two named
-//    barriers (W3_BAR_TURN0 + w: "consumer w may issue"): warpgroup w waits on its own (bar.sync, 256
-//    threads: its 128 plus the other's 128 arrivals), issues, then lets the other go (bar.arrive on the
-//    other's barrier). The tensor cores then take the groups whole, one warpgroup's after the other's,
-//    so while consumer 0 computes the softmax of S_j, consumer 1's S_j and P V run, and vice versa.
-// The schedule and its barrier phases are simulated on the CPU, for every tile count and skip pattern
-// the kernel can meet, by flashtut.cuda.hopper_schedule (no waiter on a phase that never completes, no
-// two warpgroups issuing in one slot, no arrival on a named barrier counted in the wrong generation).
+// What it computes: o = softmax(q k^T * scale) v for one block of W3_BLOCK_M query rows of one head
+// (grid: query blocks x B * H), with the row's logsumexp in log2 units (lse), causal or not, for any
+// Nq and Nk, grouped heads (kv_group query heads per K/V head) and either causal alignment (diag_offset).
 //
-// Register budget per consumer thread (setmaxnreg gives the consumers 240; the 64 x N accumulators of a
-// warpgroup are spread over its 128 threads, N / 2 each), at D = 128 and 128-key tiles
-// (flashtut.cuda.hopper_layout.w3_register_budget):
-//   S_j accumulator, float32                                64   (BN / 2)
-//   P_{j-1} as A fragments, read by the P V still in flight   32   (BN / 4: two 16-bit values a register)
-//   O accumulator, float32                                  64   (D / 2)
-//   m, l, alpha, -m * scale for 2 rows                         8
-//   = 168, plus addresses, barrier parities, loop state and the exp2 temporaries (ptxas' share; the
-//   highest register in the SASS is R198 at D = 128, R162 at D = 64, both under 240, no spills).
-// The pipelining's "second S" is P_{j-1}, kept in 16 bits. P_j is computed in S_j's own registers
-// (exp2 in place, float32) and packed into pf only after the P V reading P_{j-1} is done, so it adds
-// nothing to the peak. At D = 64: 136. With three consumers (D = 64 only) setmaxnreg gives each 160
-// and the highest register in the SASS is R151, no spills (nvcc 13.0).
-// Shared memory: Q (128 rows) and W3_STAGES stages of K and V as in W2, but K and V are released
-// separately (K_j once S_j is done, V_j a slot later once its P V is done): with one release for both,
-// a two-stage ring could refill the stage of tile j - 1 only after slot j, exposing the TMA latency to
-// slot j + 1; with separate releases the producer reloads K one slot ahead of use.
+// Layout: a producer warpgroup (warpgroup 0; one thread issues the copies) and W3_CONSUMERS consumer
+// warpgroups of 64 query rows each. The producer loads Q once and K/V tiles of W3_BLOCK_N keys into a
+// ring of W3_STAGES stages in shared memory with TMA (128-byte swizzled, 64-column boxes, ft_tma.cuh);
+// each stage has a "full" mbarrier per K and per V (the copy's bytes complete it) and an "empty" one per
+// K and per V (every consumer warp arrives once it no longer reads the tile). setmaxnreg gives the
+// producer 24 registers a thread and the consumers the rest: 240 with two consumers, 160 with three.
+// A consumer thread holds its slice of S_j (W3_BLOCK_N / 2 floats), of P_{j-1} as 16-bit A fragments
+// (W3_BLOCK_N / 4 registers) and of O (HEAD_DIM / 2 floats), for its rows r0 and r0 + 8
+// (flashtut.cuda.models.hopper_layout models the slices and the register budget).
 //
-// Kept from W2: the producer warpgroup and its TMA tensor maps, setmaxnreg 24 / 240, the swizzled tiles,
-// causal block skipping with the heaviest query blocks first, grouped heads, either causal alignment,
-// masked tails for any Nq and Nk, o = 0 and lse = -inf for a row that sees no key, the launch interface.
+// Schedule (w3_consume, right below the configuration), in two overlaps, FlashAttention-3's:
+//  * within a warpgroup: in "slot" j it issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1} (two wgmma
+//    groups), waits only for the first (wgmma.wait_group 1), and runs the softmax of S_j while its P V
+//    is still on the tensor cores; then it waits for that (wait_group 0), rescales O and packs P_j.
+//    Slot 0 issues S_0 alone, slot T (T = its tiles) the last P V alone.
+//  * between warpgroups: the consumers take turns to issue their slot's wgmma, ordered by named barriers
+//    (W3_BAR_TURN0 + w: "consumer w may issue", 256 threads: its own 128 waiting with bar.sync and the
+//    previous consumer's 128 letting it go with bar.arrive). With two consumers this is ping-pong: while
+//    one computes its softmax, the other's products run. Three consumers (W3_CONSUMERS = 3, D = 64
+//    only, 192-row blocks, 512 threads) issue whenever ready, or with W3_C3_TURNS take turns in a ring
+//    0, 1, 2, 0 ... so that their softmaxes are staggered by the order of their products.
+// K and V are released separately (K_j once S_j is in registers, V_j a slot later once its P V is
+// done), so that a two-stage ring refills K one slot ahead of its use. Causal blocks skip the tiles
+// right of the diagonal; a warpgroup with fewer tiles than its block still takes every turn, idle.
+// flashtut.cuda.models.hopper_schedule plays this protocol on the CPU for every tile count and skip
+// pattern the kernel can meet (no wait on a phase that never completes, no two warpgroups issuing in one
+// slot, no arrival counted in the wrong generation of a named barrier).
 //
-// W3_CONSUMERS = 3 (the D = 64 variant, FlashAttention-3's choice at head dim 64): three consumer
-// warpgroups of 64 rows, 192-row blocks, 512 threads, setmaxnreg 24 / 160. Each keeps the
-// intra-warpgroup pipelining. By default they take no turns: with three warpgroups on the tensor cores
-// each one's softmax may already run under the others' products. W3_C3_TURNS = 1 makes them take turns in
-// a ring, 0, 1, 2, 0 ... (barrier W3_BAR_TURN0 + w, 256 threads: warpgroup w's bar.sync and its
-// predecessor's bar.arrive), so that the three softmaxes are staggered by the order of the products
-// rather than left to fall into step: at D = 64 a tile's exponentials take the special-function unit
-// as long as its two products take the tensor cores (book/perflog_hopper.md).
+// Build options (what cuda_attention ships, configs.HOPPER_OPTIONS): W3_TMA_STORE, the output through
+// the warpgroup's rows of the Q tile and a TMA store (w3_store_tma); FT_TAIL_FIRST (ft_tma.cuh), causal,
+// the query block short of rows first; FT_WG_UNIFORM, the warpgroup index broadcast from lane 0 so that
+// ptxas knows it is the same in every lane and keeps the wgmma descriptors in uniform registers.
 #ifndef W3_CONSUMERS
 #define W3_CONSUMERS 2  // consumer warpgroups: 2 (ping-pong) or 3 (no turns unless W3_C3_TURNS)
 #endif
@@ -61,12 +49,6 @@
 #ifndef W3_PERSISTENT
 #define W3_PERSISTENT 0  // 1: rung W4, one block per SM walking the query blocks (flash_fwd_w4)
 #endif
-#ifndef W3_SECTION_ORDER
-#define W3_SECTION_ORDER 0  // 1: causal blocks in W4's order (section_query_block), not head by head
-#endif
-#ifndef W3_HEADS_FIRST
-#define W3_HEADS_FIRST 0   // 1: grid (heads, query blocks), so that blocks start heaviest first across all heads
-#endif
 #ifndef W3_TMA_STORE
 #define W3_TMA_STORE 0   // 1: the output through shared memory and TMA stores (w3_store_tma), not from registers
 #endif
@@ -76,67 +58,15 @@
 #if W3_C3_TURNS && W3_CONSUMERS != 3
 #error "W3_C3_TURNS is the turn ring of three consumers; two always take turns (ping-pong)"
 #endif
-#ifndef W3_PIN_OVERLAP
-#define W3_PIN_OVERLAP 0   // 1: the softmax of S_j is pinned above wait_group 0, under the P V in flight
-#endif
-// W3_PIN_OVERLAP: ptxas schedules arithmetic freely across wgmma.wait_group (it has no register operands),
-// and without a pin it places the wait of a slot's P V right after S_j's wait, above the whole softmax of
-// S_j: the SASS runs the exponentials after the P V is done, not under it, and the intra-warpgroup
-// overlap described above is gone (0 of the slot's 66 MUFU.EX2 between the two WARPGROUP.DEPBAR). It
-// does keep memory operations in order with the wait, so the pin is one: the release of K_j's stage, an
-// mbarrier arrival, moves below the softmax and takes a predicate that reads the row sums, which every
-// exponential feeds (warp_release_after). Then all 66 stay between the two waits.
-#ifndef W3_PIN_ANCHOR
-#define W3_PIN_ANCHOR 0   // 1: the same pin on an mbarrier of its own, K_j's release left where it was
-#endif
-// W3_PIN_ANCHOR: the pin of W3_PIN_OVERLAP delays K_j's release by a softmax, which at D = 64, where a
-// slot is short, may leave the producer too little time to refill the stage. This pin arrives instead on
-// an mbarrier that no one waits for (W3_ANCHOR, after W4's slots; its phases complete and are never
-// looked at), so the release stays right after S_j's wait.
-#if W3_PIN_OVERLAP && W3_PIN_ANCHOR
-#error "W3_PIN_OVERLAP and W3_PIN_ANCHOR are two pins of the same softmax: choose one"
-#endif
 #ifndef FT_WG_UNIFORM
-#define FT_WG_UNIFORM 0   // 1: the warpgroup index taken from lane 0 with a warp shuffle, so that ptxas knows it uniform
+#define FT_WG_UNIFORM 0   // 1: the warpgroup index taken from lane 0 with a warp shuffle (see the kernel)
 #endif
-// FT_WG_UNIFORM: a consumer's warpgroup index, threadIdx.x / 128, is the same in the 32 lanes of a warp, but
-// ptxas does not know it: it treats everything derived from it as possibly different per lane, so the Q
-// address, the turns, the tile count and (W4) the ring position live in ordinary registers, and each wgmma
-// descriptor built from them is moved to the uniform registers wgmma reads (R2UR) inside the loop, a
-// fixed-latency dependency before every HGMMA. The result of __shfl_sync from a fixed lane is known to be
-// the same in every lane, and then the descriptors are built in uniform registers: W3's loop at D = 64
-// loses its 10 R2UR (716 -> 700 instructions), W4's its 32 (745 -> 708), nvcc 13.0.
-#ifndef W4_STATIC
-#define W4_STATIC 0    // W4: 1, block b takes query blocks b, b + gridDim.x, ... (no counter, no handover)
-#endif
-#if W4_STATIC && !W3_PERSISTENT
-#error "W4_STATIC is a schedule of the persistent rung W4"
-#endif
-#ifndef W4_NAMED_HANDOVER
-#define W4_NAMED_HANDOVER 0   // W4: 1, the query block number handed over on two named barriers, not on q_full
-#endif
-// W4_NAMED_HANDOVER: the counter's number reaches the consumers through the same shared-memory slot, but
-// ordered by two named barriers of the producer warp and every consumer thread (W4_SLOT_THREADS): the
-// producer stores the number and arrives on W4_SLOT_FULL, the consumers bar.sync on it, load the number
-// and arrive on W4_SLOT_EMPTY, on which the producer waits before it stores the next one (FlashAttention-
-// 3's handshake). An arrive releases and a bar.sync acquires, as q_full's arrival and wait did. Measured,
-// it is no faster, and racecheck reports its slot as it does q_full's: the tool follows either ordering
-// from writer to reader but reports a slot written again after the reader's arrival
-// (probe_racecheck.cu, book/perflog_hopper.md). A named barrier counts whole warps, so the whole
-// producer warp runs the loop, lane 0 alone loading and taking numbers.
-#if W4_NAMED_HANDOVER && (!W3_PERSISTENT || W4_STATIC)
-#error "W4_NAMED_HANDOVER is the handover of W4's counter (not W3's, not W4_STATIC's, which has none)"
-#endif
-#if W3_PERSISTENT && (W3_SECTION_ORDER || W3_TMA_STORE || W3_HEADS_FIRST)
-#error "W4 has its own order and grid, and refills the Q tile that W3_TMA_STORE writes the output into"
+#if W3_PERSISTENT && W3_TMA_STORE
+#error "W4 refills the Q tile that W3_TMA_STORE writes the output into"
 #endif
 #define W3_TURNS (W3_CONSUMERS == 2 || W3_C3_TURNS)   // the consumers take turns to issue their wgmma
 #define FT_TMA_BLOCK_M (64 * W3_CONSUMERS)
 #include "ft_tma.cuh"
-// FT_TAIL_FIRST (ft_tma.cuh): with a causal mask, the query block short of rows is the first, not the last.
-// The last block reads every key tile; short of rows, some of its consumers have no row and pass
-// their turns idle while the one with rows runs alone, its softmax under no one's products. At Nq = 4096
-// and 192-row blocks that block is a third full and the heaviest of its head. First, it reads one tile.
 #if FT_TAIL_FIRST && W3_TMA_STORE
 #error "FT_TAIL_FIRST's first block ends inside a consumer's 64 rows, which W3_TMA_STORE's box would write whole"
 #endif
@@ -161,13 +91,9 @@
 // completes only when both did.
 #define W3_BAR_TURN0 1
 #define W3_TURN_THREADS 256
-// W4_NAMED_HANDOVER's two, after the turns' (W4 has no TMA store and so no store barriers)
-#define W4_SLOT_FULL (W3_BAR_TURN0 + W3_CONSUMERS)
-#define W4_SLOT_EMPTY (W4_SLOT_FULL + 1)
-#define W4_SLOT_THREADS (32 + 128 * W3_CONSUMERS)
 
 // The id is a register (the warpgroup's own turn), so ptxas reserves all 16 hardware barriers ("used 16
-// barriers"); one block per SM fits anyway (384 threads x 168 registers, up to 224 KB of shared memory).
+// barriers"); one block per SM fits anyway.
 __device__ __forceinline__ void named_bar_sync(int id) {
 #if FT_SM90A && W3_TURNS
     asm volatile("bar.sync %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
@@ -178,23 +104,6 @@ __device__ __forceinline__ void named_bar_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "n"(W3_TURN_THREADS) : "memory");
 #endif
 }
-
-#if W4_NAMED_HANDOVER
-template <int ID> __device__ __forceinline__ void slot_bar_sync() {
-    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(W4_SLOT_THREADS) : "memory");
-}
-template <int ID> __device__ __forceinline__ void slot_bar_arrive() {
-    asm volatile("bar.arrive %0, %1;" :: "n"(ID), "n"(W4_SLOT_THREADS) : "memory");
-}
-
-// The grid size read where it is used: kept across the producer's loop in one of its 24 registers, it is
-// the one value ptxas spills in this build at D = 128.
-__device__ __forceinline__ int grid_blocks_here() {
-    unsigned g;
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(g));
-    return (int)g;
-}
-#endif
 
 // The mbarriers, after the tiles: q_full, k_full[S], v_full[S], k_empty[S], v_empty[S] and, persistent
 // (W4), q_empty. Tile g of the block's K/V stream (g counts on across the query blocks of a persistent
@@ -207,35 +116,8 @@ __device__ __forceinline__ int grid_blocks_here() {
 #define W3_K_EMPTY(s) (bars + 8u * (1 + 2 * W3_STAGES + (s)))
 #define W3_V_EMPTY(s) (bars + 8u * (1 + 3 * W3_STAGES + (s)))
 #define W3_Q_EMPTY (bars + 8u * (1 + 4 * W3_STAGES))
-#define W3_ANCHOR (bars + 8u * (3 + 4 * W3_STAGES))   // W3_PIN_ANCHOR's, past W4's q_empty and two slots
 #define W3_STAGE(j) ((kv0 + (j)) % W3_STAGES)
 #define W3_PARITY(j) ((unsigned)((kv0 + (j)) / W3_STAGES) & 1u)
-
-// The producer's share of one query block (thread 0 of warpgroup 0): Q, then in the order the consumers
-// need them K_j (slot j) and V_j (slot j + 1); each waits for the release of the tile S earlier in its
-// stage, which every consumer gives in slot j - S (K) and j - S + 1 (V), so with S = 2 K_j is requested
-// a whole slot before slot j needs it. kv0: K/V tiles this block loaded before this query block; it:
-// query blocks before it (W4's Q buffer is refilled once every consumer has issued its last Q K^T).
-__device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned q_s, unsigned k_s, unsigned v_s,
-                                           unsigned bars, int m0, int bh, int kv_head, int n_tiles, int kv0, int it) {
-    const void* tq = tmaps;
-    const void* tk = tmaps + 128;
-    const void* tv = tmaps + 256;
-#if W3_PERSISTENT
-    if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);
-#endif
-    mbar_arrive_expect_tx(W3_Q_FULL(bars), W3_Q_BYTES);
-    tma_tile<W3_BLOCK_M>(q_s, tq, m0, bh, W3_Q_FULL(bars));
-    for (int j = 0; j < n_tiles; ++j) {
-        const int s = W3_STAGE(j);
-        if (kv0 + j >= W3_STAGES) mbar_wait(W3_K_EMPTY(s), W3_PARITY(j) ^ 1u);
-        mbar_arrive_expect_tx(W3_K_FULL(s), W3_KV_BYTES);
-        tma_tile<W3_BLOCK_N>(k_s + s * W3_KV_BYTES, tk, j * W3_BLOCK_N, kv_head, W3_K_FULL(s));
-        if (kv0 + j >= W3_STAGES) mbar_wait(W3_V_EMPTY(s), W3_PARITY(j) ^ 1u);
-        mbar_arrive_expect_tx(W3_V_FULL(s), W3_KV_BYTES);
-        tma_tile<W3_BLOCK_N>(v_s + s * W3_KV_BYTES, tv, j * W3_BLOCK_N, kv_head, W3_V_FULL(s));
-    }
-}
 
 // W4 releases Q once the warpgroup's last Q K^T is complete (its softmax, last P V and store then run
 // while the producer loads the next block's Q); W3 loads Q once and never releases it.
@@ -245,47 +127,11 @@ __device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned 
 #define W3_RELEASE_Q() do { } while (0)
 #endif
 
+// (defined after the consumer: the output through the Q tile and a TMA store)
 #if W3_TMA_STORE
-// W3_TMA_STORE: one consumer warpgroup's output tile through shared memory. O / l, packed to 16 bits, goes
-// into the warpgroup's own 64 rows of the Q tile, in the swizzled layout TMA reads there (those rows are
-// free: the warpgroup's last Q K^T is complete, and no other warpgroup reads them), then one thread copies
-// the 64 x HEAD_DIM box out with cp.async.bulk.tensor (a 64-column box per copy), 128-byte transactions
-// instead of the 4-byte stores of wg_store, whose lanes write 8 rows apart. Rows past Nq are not written:
-// the tensor map's bounds clip them. Ordering: each thread's shared-memory writes are made visible to the
-// TMA unit (the async proxy) by fence.proxy.async before the warpgroup's named barrier, and the thread that
-// issued the copies waits until they have read shared memory (wait_group.read) before the block may end.
-#define W3_STORE_BAR0 (W3_BAR_TURN0 + W3_CONSUMERS)   // one per consumer warpgroup, 128 threads, after the turns'
 __device__ __forceinline__ void w3_store_tma(const unsigned char* tmaps, const float* acc, const float (&m)[2],
                                              const float (&l)[2], float* lse, unsigned q_s, int cw, int wg_row0,
-                                             int bh, int Nq, int r0, int t, float scale_log2) {
-    const int lane_row = r0 - (wg_row0 - cw * 64);   // r0's row within the block's Q tile
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float lsum = quad_sum(l[r]);
-        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-        for (int c8 = 0; c8 < HEAD_DIM / 8; ++c8) {
-            const unsigned addr = q_s + sw128_offset<W3_BLOCK_M>(lane_row + 8 * r, 8 * c8 + 2 * t);
-            const ft_raw2 v = ft_pack2(acc[4 * c8 + 2 * r] * inv, acc[4 * c8 + 2 * r + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
-        }
-        if (t == 0 && r0 + 8 * r < Nq) wg_store_lse(lse, bh, Nq, r0 + 8 * r, m[r], lsum, scale_log2);
-    }
-#if FT_SM90A
-    fence_proxy_async_smem();
-    asm volatile("bar.sync %0, 128;" :: "r"(W3_STORE_BAR0 + cw) : "memory");
-    if (threadIdx.x % 128 == 0 && wg_row0 < Nq) {
-        const void* tmap = tmaps + 3 * 128;
-#pragma unroll
-        for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
-            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
-                         :: "l"(tmap), "r"(cb * 64), "r"(wg_row0), "r"(bh),
-                            "r"(q_s + cb * W3_BLOCK_M * 128 + cw * 64 * 128) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    }
-#endif
-}
+                                             int bh, int Nq, int r0, int t, float scale_log2);
 #endif
 
 // One consumer warpgroup's share of one query block: its slots, its idle turns and the store.
@@ -296,9 +142,8 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
     const ft_consumer me = tma_consumer(wg, m0, q_s);
     const int cw = me.cw, lane = me.lane, t = me.t, wg_row0 = me.wg_row0, warp_row0 = me.warp_row0, r0 = me.r0;
     const unsigned q_addr = me.q_addr;
-    // The ring's successor is (cw == last ? 0 : cw + 1) for two consumers as for three, but written that
-    // way ptxas compiles ping-pong to another prologue than the one every two-consumer measurement ran
-    // (book/perflog_hopper.md), so two consumers keep ping-pong's own form, 1 - cw.
+    // The ring's successor is (cw == last ? 0 : cw + 1) for two consumers as for three; two keep
+    // ping-pong's own form, 1 - cw, which ptxas compiles to a shorter prologue.
 #if W3_CONSUMERS == 2
     const int my_turn = W3_BAR_TURN0 + cw, other_turn = W3_BAR_TURN0 + 1 - cw;
 #elif W3_TURNS
@@ -382,28 +227,21 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
             // wait_group 1: every group but the newest (the P V) is complete, so S_j is in registers
             wgmma_wait<1>();
             wgmma_fence_operands<W3_BLOCK_N / 2>(sc);
-#if !W3_PIN_OVERLAP
-            warp_release(W3_K_EMPTY(s), lane);   // (W3_PIN_ANCHOR keeps it here)
-#endif
+            warp_release(W3_K_EMPTY(s), lane);
             if (j == my_tiles - 1) W3_RELEASE_Q();
             wg_mask<W3_BLOCK_N>(sc, j * W3_BLOCK_N, Nk, causal, diag_offset, warp_row0, r0, t);
             // P_j = exp2(...) in float32 over S_j itself: pf still holds P_{j-1}, which the P V in flight
             // is reading. (A second array for P_j, copied into pf at the end of the slot, makes ptxas
             // serialise every wgmma, C7513: it merges the copy's registers with the operands in flight.)
-            const bool moved = wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
+            wg_softmax_max<W3_BLOCK_N>(sc, m, l, scale_log2, alpha, neg_mscaled);
             wg_softmax_exp_inplace<W3_BLOCK_N>(sc, l, neg_mscaled, scale_log2);
-#if W3_PIN_OVERLAP
-            warp_release_after(W3_K_EMPTY(s), lane, l);   // keeps the softmax above the wait (W3_PIN_OVERLAP)
-#elif W3_PIN_ANCHOR
-            warp_release_after(W3_ANCHOR, lane, l);       // the same, on a barrier nobody waits for
-#endif
             // O holds tiles 0 .. j - 1 at the old maxima once the P V is done; only then may it be
             // rescaled, and pf overwritten with P_j
             wgmma_wait<0>();
             wgmma_fence_operands<HEAD_DIM / 2>(acc);
             wgmma_fence_operands<W3_BLOCK_N / 4>(pf);   // P_{j-1} stays in its registers until here
             warp_release(W3_V_EMPTY(ps), lane);
-            if (moved) wg_rescale(acc, alpha);
+            wg_rescale(acc, alpha);
             wg_pack_p<W3_BLOCK_N>(sc, pf);
         }
 
@@ -450,8 +288,77 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
 #undef W3_END_TURN
 }
 
-// W3: grid (ceil(Nq / W3_BLOCK_M), B * H), one query block per block ((B * H, ceil(Nq / W3_BLOCK_M)) with
-// W3_HEADS_FIRST; with W3_TMA_STORE the tensor map of o follows V's). W4 (W3_PERSISTENT): grid (at most
+#if W3_TMA_STORE
+// W3_TMA_STORE: one consumer warpgroup's output tile through shared memory. O / l, packed to 16 bits, goes
+// into the warpgroup's own 64 rows of the Q tile, in the swizzled layout TMA reads there (those rows are
+// free: the warpgroup's last Q K^T is complete, and no other warpgroup reads them), then one thread copies
+// the 64 x HEAD_DIM box out with cp.async.bulk.tensor (a 64-column box per copy), 128-byte transactions
+// instead of the 4-byte stores of wg_store, whose lanes write 8 rows apart. Rows past Nq are not written:
+// the tensor map's bounds clip them. Ordering: each thread's shared-memory writes are made visible to the
+// TMA unit (the async proxy) by fence.proxy.async before the warpgroup's named barrier, and the thread that
+// issued the copies waits until they have read shared memory (wait_group.read) before the block may end.
+#define W3_STORE_BAR0 (W3_BAR_TURN0 + W3_CONSUMERS)   // one per consumer warpgroup, 128 threads, after the turns'
+__device__ __forceinline__ void w3_store_tma(const unsigned char* tmaps, const float* acc, const float (&m)[2],
+                                             const float (&l)[2], float* lse, unsigned q_s, int cw, int wg_row0,
+                                             int bh, int Nq, int r0, int t, float scale_log2) {
+    const int lane_row = r0 - (wg_row0 - cw * 64);   // r0's row within the block's Q tile
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float lsum = quad_sum(l[r]);
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+        for (int c8 = 0; c8 < HEAD_DIM / 8; ++c8) {
+            const unsigned addr = q_s + sw128_offset<W3_BLOCK_M>(lane_row + 8 * r, 8 * c8 + 2 * t);
+            const ft_raw2 v = ft_pack2(acc[4 * c8 + 2 * r] * inv, acc[4 * c8 + 2 * r + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+        }
+        if (t == 0 && r0 + 8 * r < Nq) wg_store_lse(lse, bh, Nq, r0 + 8 * r, m[r], lsum, scale_log2);
+    }
+#if FT_SM90A
+    fence_proxy_async_smem();
+    asm volatile("bar.sync %0, 128;" :: "r"(W3_STORE_BAR0 + cw) : "memory");
+    if (threadIdx.x % 128 == 0 && wg_row0 < Nq) {
+        const void* tmap = tmaps + 3 * 128;
+#pragma unroll
+        for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
+                         :: "l"(tmap), "r"(cb * 64), "r"(wg_row0), "r"(bh),
+                            "r"(q_s + cb * W3_BLOCK_M * 128 + cw * 64 * 128) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+#endif
+}
+#endif
+
+// The producer's share of one query block (thread 0 of warpgroup 0): Q, then in the order the consumers
+// need them K_j (slot j) and V_j (slot j + 1); each waits for the release of the tile S earlier in its
+// stage, which every consumer gives in slot j - S (K) and j - S + 1 (V), so with S = 2 K_j is requested
+// a whole slot before slot j needs it. kv0: K/V tiles this block loaded before this query block; it:
+// query blocks before it (W4's Q buffer is refilled once every consumer has issued its last Q K^T).
+__device__ __forceinline__ void w3_produce(const unsigned char* tmaps, unsigned q_s, unsigned k_s, unsigned v_s,
+                                           unsigned bars, int m0, int bh, int kv_head, int n_tiles, int kv0, int it) {
+    const void* tq = tmaps;
+    const void* tk = tmaps + 128;
+    const void* tv = tmaps + 256;
+#if W3_PERSISTENT
+    if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);
+#endif
+    mbar_arrive_expect_tx(W3_Q_FULL(bars), W3_Q_BYTES);
+    tma_tile<W3_BLOCK_M>(q_s, tq, m0, bh, W3_Q_FULL(bars));
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = W3_STAGE(j);
+        if (kv0 + j >= W3_STAGES) mbar_wait(W3_K_EMPTY(s), W3_PARITY(j) ^ 1u);
+        mbar_arrive_expect_tx(W3_K_FULL(s), W3_KV_BYTES);
+        tma_tile<W3_BLOCK_N>(k_s + s * W3_KV_BYTES, tk, j * W3_BLOCK_N, kv_head, W3_K_FULL(s));
+        if (kv0 + j >= W3_STAGES) mbar_wait(W3_V_EMPTY(s), W3_PARITY(j) ^ 1u);
+        mbar_arrive_expect_tx(W3_V_FULL(s), W3_KV_BYTES);
+        tma_tile<W3_BLOCK_N>(v_s + s * W3_KV_BYTES, tv, j * W3_BLOCK_N, kv_head, W3_V_FULL(s));
+    }
+}
+
+// W3: grid (ceil(Nq / W3_BLOCK_M), B * H), one query block per block (with W3_TMA_STORE the tensor map
+// of o follows V's). W4 (W3_PERSISTENT): grid (at most
 // the SM count) of blocks that each take query blocks until none is left (B * H heads: n_bh).
 // Block W3_THREADS threads (384, or 512 with three consumers), dynamic shared memory
 // W3_Q_BYTES + 2 * W3_STAGES * W3_KV_BYTES + 1024 (alignment) + 8 * (1 + 4 * W3_STAGES) (mbarriers)
@@ -461,7 +368,7 @@ __device__ __forceinline__ void w3_consume(const unsigned char* tmaps, int wg, u
 #define W3_HEAD_SECTION 8   // causal: heads whose query blocks are taken together, heaviest first
 #endif
 // Query block number t (0, 1, ... in the order blocks take them) -> (query block mb, head bh): W4's
-// order, and W3's with W3_SECTION_ORDER (the hardware starts a grid's blocks about in index order).
+// order (the hardware starts a grid's blocks about in index order).
 // Causal: sections of W3_HEAD_SECTION heads, and within a section the heaviest (last) query block of
 // each head first, then the next heaviest: a block that finishes early takes the heaviest work left,
 // so the last to start are the shortest. A section rather than all heads at once, so that the blocks
@@ -506,23 +413,15 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     const unsigned v_s = k_s + W3_STAGES * W3_KV_BYTES;
     const unsigned bars = v_s + W3_STAGES * W3_KV_BYTES;
 #if FT_WG_UNIFORM
-    // lane 0's warpgroup index, broadcast: every lane's is the same, but ptxas knows it only of a shuffle's
-    // result (FT_WG_UNIFORM above)
+    // lane 0's warpgroup index, broadcast: every lane's is the same, but ptxas knows that only of a
+    // shuffle's result; then everything derived from it (the Q address, the turns, the ring position)
+    // stays in uniform registers, which wgmma reads its descriptors from, instead of being moved there
+    // (R2UR) before every wgmma
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 #else
     const int wg = threadIdx.x / 128;
 #endif
-#if !W3_PERSISTENT && W3_SECTION_ORDER
-    int mb = blockIdx.x, bh = blockIdx.y;
-    if (causal) section_query_block(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, 1, mb, bh);
-    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(mb, gridDim.x, Nq, Nk, causal, diag_offset);
-#elif !W3_PERSISTENT && W3_HEADS_FIRST
-    // the hardware starts blocks about in index order, x fastest: every head's heaviest query block, then
-    // every head's next heaviest ... (causal), the longest work first across the whole grid
-    const int bh = blockIdx.x;
-    const ft_tma_block blk = tma_block_at<W3_BLOCK_N>(causal ? (int)(gridDim.y - 1 - blockIdx.y) : (int)blockIdx.y,
-                                                      gridDim.y, Nq, Nk, causal, diag_offset);
-#elif !W3_PERSISTENT
+#if !W3_PERSISTENT
     const int bh = blockIdx.y;
     const ft_tma_block blk = tma_block<W3_BLOCK_N>(Nq, Nk, causal, diag_offset);
 #endif
@@ -538,9 +437,6 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #if W3_PERSISTENT
         mbar_init(W3_Q_EMPTY, W3_CONSUMER_WARPS);
 #endif
-#if W3_PIN_ANCHOR
-        mbar_init(W3_ANCHOR, 1);
-#endif
         mbar_init_fence();
     }
     __syncthreads();  // the barriers are initialised before anyone waits on them; none is needed later
@@ -552,45 +448,14 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     // the number to the consumers in shared memory (two slots: query block it uses slot it % 2), written
     // before the arrival on q_full that the consumers wait for (a release; their wait acquires), and
     // -1 when none is left: then q_full is completed with no copy, and everyone leaves.
-    // W4_STATIC: block b takes t = b, b + gridDim.x, ... and every warpgroup computes the same sequence,
-    // so nothing is handed over (the causal order still puts the heaviest query blocks first).
     const int n_mb = (Nq + W3_BLOCK_M - 1) / W3_BLOCK_M, n_work = n_mb * n_bh;
-#if !W4_STATIC
     int* const counter = reinterpret_cast<int*>(tmaps + 3 * 128);
     volatile int* const slot = (volatile int*)(smem + (bars - q_s) + 8 * (2 + 4 * W3_STAGES));
-#endif
     if (wg == 0) {
         setmaxnreg_dec<W3_PRODUCER_REGS>();
-#if W4_NAMED_HANDOVER
-        if (threadIdx.x < 32) {
-            const bool lead = threadIdx.x == 0;
-            int t = blockIdx.x, kv0 = 0;
-            for (int it = 0;; ++it) {
-                if (it > 0) slot_bar_sync<W4_SLOT_EMPTY>();   // every consumer has loaded the last number
-                if (lead) *slot = t < n_work ? t : -1;
-                slot_bar_arrive<W4_SLOT_FULL>();
-                if (t >= n_work) break;
-                int next = 0;
-                if (lead) {   // the next number taken before the loads, so that the atomic's round trip runs under them
-                    next = atomicAdd(counter, 1) + grid_blocks_here();
-                    int bh;
-                    const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
-                    w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
-                    kv0 += blk.n_tiles;
-                }
-                t = __shfl_sync(0xffffffffu, next, 0);   // lane 0's: whether to go on is the warp's
-            }
-        }
-        return;
-#endif
         if (threadIdx.x == 0) {
             int t = blockIdx.x, kv0 = 0;
             for (int it = 0;; ++it) {
-#if W4_STATIC
-                if (t >= n_work) break;
-                if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q is free
-                const int next = t + (int)gridDim.x;
-#else
                 if (it > 0) mbar_wait(W3_Q_EMPTY, (unsigned)(it - 1) & 1u);   // Q and slot it % 2 are free
                 slot[it & 1] = t < n_work ? t : -1;
                 if (t >= n_work) {
@@ -598,7 +463,6 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
                     break;
                 }
                 const int next = atomicAdd(counter, 1) + (int)gridDim.x;
-#endif
                 int bh;
                 const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
                 w3_produce(tmaps, q_s, k_s, v_s, bars, blk.m0, bh, bh / kv_group, blk.n_tiles, kv0, it);
@@ -610,21 +474,9 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
     }
     setmaxnreg_inc<W3_CONSUMER_REGS>();
     for (int it = 0, kv0 = 0;; ++it) {
-#if W4_STATIC
-        const int t = (int)blockIdx.x + it * (int)gridDim.x;
-        if (t >= n_work) break;
-        mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
-#elif W4_NAMED_HANDOVER
-        slot_bar_sync<W4_SLOT_FULL>();
-        const int t = *slot;
-        if (t < 0) break;               // the producer has left: no arrival on W4_SLOT_EMPTY
-        slot_bar_arrive<W4_SLOT_EMPTY>();
-        mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
-#else
         mbar_wait(W3_Q_FULL(bars), (unsigned)it & 1u);
         const int t = slot[it & 1];
         if (t < 0) break;
-#endif
         int bh;
         const ft_tma_block blk = w4_query_block(t, n_mb, n_bh, Nq, Nk, causal, diag_offset, bh);
         w3_consume(tmaps, wg, q_s, k_s, v_s, bars, o, lse, blk.m0, bh, blk.n_tiles, kv0, it, Nq, Nk, scale_log2,
@@ -654,4 +506,3 @@ flash_fwd_w3(const unsigned char* __restrict__ tmaps, ft_raw* __restrict__ o, fl
 #undef W3_K_EMPTY
 #undef W3_V_EMPTY
 #undef W3_Q_EMPTY
-#undef W3_ANCHOR

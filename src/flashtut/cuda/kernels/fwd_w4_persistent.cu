@@ -15,10 +15,12 @@
 // the turns continue in the same order (the last consumer gives consumer 0 the first turn of every query
 // block, and none after its last slot): ping-pong with two consumers, the ring with three and W3_C3_TURNS.
 //
-// The order of the query blocks is static: causal, the heaviest (last) query block of every head first,
-// then the next heaviest, so that the last blocks to start are the shortest; otherwise a head's blocks in
-// a row, so that the blocks running at once share K and V in L2.
-// flashtut.cuda.hopper_schedule.simulate_persistent plays the barrier protocol for sequences of query
+// Block b takes query block number t = b first, then the next number of a global counter (the producer
+// takes it one query block ahead and hands it to the consumers through shared memory). Numbers map to
+// query blocks in a fixed order (section_query_block): causal, the heaviest (last) query block of every
+// head of a section of 8 heads first, then the next heaviest, so that the last blocks to start are the
+// shortest; otherwise a head's blocks in a row, so that the blocks running at once share K and V in L2.
+// flashtut.cuda.models.hopper_schedule.simulate_persistent plays the barrier protocol for sequences of query
 // blocks on the CPU.
 #define W3_PERSISTENT 1
 #include "fwd_w3_pingpong.cu"

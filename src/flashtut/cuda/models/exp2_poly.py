@@ -1,11 +1,9 @@
 """The softmax's exponential on the float32 pipe: ``ft_exp2_poly`` of ``kernels/ft_common.cuh`` in numpy.
 
 At head dim 64 the Hopper forward's special-function unit (one ``MUFU.EX2`` per score) is about as
-busy as its tensor cores (chapter 11; ``book/perflog_hopper.md``), while the float32 pipe, with 8
-times the throughput, has room. So a share of the exponentials (``exp2_poly``, of every 8) is
-computed there instead, the way FlashAttention-4 does on Blackwell: ``x = j + f`` with ``j`` the
-nearest integer and ``f`` in [-1/2, 1/2], ``2^f`` by a cubic, ``2^j`` written into a float's
-exponent field.
+busy as its tensor cores (chapter 11), while the float32 pipe, with 8 times the throughput, has room.
+FlashAttention-4 computes a share of the exponentials there: ``x = j + f`` with ``j`` the nearest
+integer and ``f`` in [-1/2, 1/2], ``2^f`` by a cubic, ``2^j`` written into a float's exponent field.
 
 :func:`exp2_poly` repeats the kernel's float32 operations one by one (the tests compile the CUDA
 function for the CPU with nvcc and compare every bit); :func:`minimax_cubic` computes the cubic's
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-HEADER = Path(__file__).resolve().parent / "kernels" / "ft_common.cuh"
+HEADER = Path(__file__).resolve().parents[1] / "kernels" / "ft_common.cuh"
 #: 1.5 * 2^23: adding it to a float in [-2^22, 2^22] rounds it to an integer held in the low mantissa bits
 MAGIC = np.float32(12582912.0)
 #: the interval of the fraction f the cubic approximates 2^f on

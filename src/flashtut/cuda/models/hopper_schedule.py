@@ -35,10 +35,8 @@ Rung W4 (``kernels/fwd_w4_persistent.cu``) runs W3's operations for a sequence o
 block: :func:`simulate_persistent`. The ring's tile count carries on across query blocks (tile g in
 stage g % S, phase g / S), the turns go on alternating, and the Q buffer is refilled for the next query
 block once every consumer warp has released it (one more mbarrier, ``q_empty``) after its last Q K^T.
-The number of each query block reaches the consumers through a shared-memory slot: with ``q_full``'s
-arrival, or (``handover="named"``, ``W4_NAMED_HANDOVER``) on two named barriers of the producer and
-every consumer, ``slot_full`` and ``slot_empty``. The slot is simulated too: a store over a number some
-consumer has not loaded yet, or a load that finds another block's number, stops the run.
+The number of each query block reaches the consumers through a shared-memory slot written before
+``q_full``'s arrival; after the last block, ``q_full`` completes with no copy and the consumers leave.
 """
 from __future__ import annotations
 
@@ -74,9 +72,6 @@ def parity(j: int, stages: int) -> int:
 # ("arrive", bar, count)         plain arrivals (a warpgroup's warps releasing a stage)
 # ("load", bar, buf, tile)       the producer's arrive.expect_tx and the TMA copy into buffer buf
 # ("sync", id) / ("bar_arrive", id) / ("end_turn",)   named barriers; end_turn: a turn given to nobody
-# ("hsync", id) / ("harrive", id)  W4_NAMED_HANDOVER's named barriers, of the producer and every consumer
-# ("slot_store", it) / ("slot_load", it)   the producer writes query block it's number into the slot (it = None:
-#                                          "none left", -1), a consumer reads it
 # ("issue", name, reads)         a wgmma group: name "S3" / "PV2", reads [(buf, tile)]
 # ("wgmma_wait", n)              all but the n newest groups of this warpgroup are complete
 # ("regs", what)                 ordinary instructions on the registers: "softmax S3", "rescale+pack"
@@ -104,38 +99,18 @@ def producer_ops(n_tiles: int, stages: int):
     yield from _producer_block(n_tiles, stages, 0, 0, False)
 
 
-def persistent_producer_ops(blocks, stages: int, static: bool = False, handover: str = "q_full",
-                            wait_empty: bool = True):
+def persistent_producer_ops(blocks, stages: int):
     """The producer thread of ``flash_fwd_w4``: W3's loads for each query block of ``blocks`` (``(n_tiles,
     my_tiles)`` pairs) in turn, the ring's tile count carried on, each Q after the consumers' release;
-    then q_full completed with no copy, which tells the consumers that no query block is left
-    (``static``, ``W4_STATIC``: nothing, every warpgroup knows its sequence of query blocks).
-    ``handover="named"`` (``W4_NAMED_HANDOVER``, the producer warp): before each block and once more for
-    "none left", the wait on ``slot_empty`` (``wait_empty=False`` breaks that rule, for the tests), the
-    number stored, the arrival on ``slot_full``; q_full then only ever carries Q."""
-    named = handover == "named"
+    then q_full completed with no copy, which tells the consumers that no query block is left."""
     kv0 = 0
     for it, (n_tiles, _) in enumerate(blocks):
-        if named:
-            yield from _hand_over(it, it, wait_empty)
         yield from _producer_block(n_tiles, stages, kv0, it, True)
         kv0 += n_tiles
-    if named:
-        yield from _hand_over(len(blocks), None, wait_empty)
-        return
-    if static:
-        return
     # no query block left: once Q is released, q_full completes with no copy (the slot says -1)
     it = len(blocks)
     yield ("wait", "q_empty", (it - 1) & 1, it - 1)
     yield ("arrive", "q_full", 1)
-
-
-def _hand_over(it: int, number, wait_empty: bool):
-    if it > 0 and wait_empty:
-        yield ("hsync", "slot_empty")
-    yield ("slot_store", number)
-    yield ("harrive", "slot_full")
 
 
 def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, consumers: int = 2, **knobs):
@@ -155,26 +130,16 @@ def consumer_ops(cw: int, n_tiles: int, my_tiles: int, stages: int, consumers: i
     yield from _consumer_block(cw, n_tiles, my_tiles, stages, 0, 0, False, consumers, **knobs)
 
 
-def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", static: bool = False,
-                            handover: str = "q_full", **knobs):
+def persistent_consumer_ops(cw: int, blocks, stages: int, q_release: str = "after_last_s", **knobs):
     """Consumer warpgroup ``cw`` of ``flash_fwd_w4``: W3's operations for each query block of ``blocks``
     in turn (its own tile count ``my_tiles[cw]`` of each), releasing Q once its last Q K^T is complete.
-    ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait).
-    ``static``: the W4_STATIC build, which leaves after its last query block without waiting on q_full.
-    ``handover="named"``: before each block the sync on ``slot_full``, the number loaded and the arrival
-    on ``slot_empty``; after the last, the sync and the load of "none left" alone."""
-    named = handover == "named"
+    ``q_release`` breaks that rule for the tests: ``"never"``, or ``"at_issue"`` (before the wait)."""
     kv0 = 0
     for it, (n_tiles, my_tiles) in enumerate(blocks):
-        if named:
-            yield from (("hsync", "slot_full"), ("slot_load", it), ("harrive", "slot_empty"))
         yield from _consumer_block(cw, n_tiles, my_tiles[cw], stages, kv0, it, True, len(my_tiles),
                                    q_release=q_release, **knobs)
         kv0 += n_tiles
-    if named:
-        yield from (("hsync", "slot_full"), ("slot_load", None))
-    elif not static:
-        yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
+    yield ("wait", "q_full", len(blocks) & 1, len(blocks))   # the phase that says no block is left
 
 
 def _consumer_block(cw: int, n_tiles: int, my_tiles: int, stages: int, kv0: int, it: int, persistent: bool,
@@ -315,9 +280,7 @@ def simulate(n_tiles: int, my_tiles: tuple[int, ...], stages: int = 2, seed: int
 def simulate_persistent(blocks, stages: int = 2, seed: int = 0, **knobs) -> Trace:
     """One run of a ``flash_fwd_w4`` block that walks the query blocks ``blocks``, each ``(n_tiles,
     my_tiles)`` as in :func:`simulate` (the same number of consumers in each); ``knobs`` go to
-    :func:`persistent_consumer_ops` (``static=True``: the W4_STATIC build, for the producer too;
-    ``handover="named"``: W4_NAMED_HANDOVER, for both; ``wait_empty``: the producer's, see
-    :func:`persistent_producer_ops`). Raises :class:`ScheduleError`."""
+    :func:`persistent_consumer_ops`. Raises :class:`ScheduleError`."""
     blocks = [(n, tuple(mine)) for n, mine in blocks]
     if not blocks or len({len(mine) for _, mine in blocks}) != 1:
         raise ValueError(f"need at least one query block, each with the same number of consumers, got {blocks}")
@@ -346,13 +309,8 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
     if persistent:
         bars["q_empty"] = _MBarrier(len(my_tiles) * WARPS, len(my_tiles) * WARPS)
     named = {i: _Named() for i in TURN}
-    hand = {"slot_full": _Named(), "slot_empty": _Named()}   # W4_NAMED_HANDOVER's: producer + consumers
-    slot = {"number": "unset", "unread": set()}             # the number in the slot, who has not loaded it
     if persistent:
-        knobs = dict(knobs)
-        wait_empty = knobs.pop("wait_empty", True)
-        procs = {"producer": persistent_producer_ops(blocks, stages, knobs.get("static", False),
-                                                     knobs.get("handover", "q_full"), wait_empty)}
+        procs = {"producer": persistent_producer_ops(blocks, stages)}
         for cw in consumers:
             procs[cw] = persistent_consumer_ops(cw, blocks, stages, **knobs)
     else:
@@ -394,9 +352,6 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         if bid not in named or bid not in TURN[:len(consumers)]:
             fail(f"consumer {cw} arrives on named barrier {bid!r}, on which no consumer waits")
         arrive_on(named, bid, cw, waits, 2, take_turn)   # 256 threads: two warpgroups
-
-    def hand_arrive(name, bid, waits):   # the producer warp and every consumer thread
-        arrive_on(hand, bid, name, waits, 1 + len(consumers), lambda _: None)
 
     def take_turn(cw):
         for other in consumers:
@@ -442,20 +397,6 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         elif kind == "bar_arrive":
             in_turn[name] = False
             named_arrive(name, op[1], False)
-        elif kind == "hsync":
-            blocked_sync.add(name)
-            hand_arrive(name, op[1], True)
-        elif kind == "harrive":
-            hand_arrive(name, op[1], False)
-        elif kind == "slot_store":
-            if slot["unread"]:
-                fail(f"the producer stores query block {op[1]}'s number over {slot['number']}, which consumers "
-                     f"{sorted(slot['unread'])} have not loaded")
-            slot["number"], slot["unread"] = op[1], set(consumers)
-        elif kind == "slot_load":
-            if slot["number"] != op[1] or name not in slot["unread"]:
-                fail(f"consumer {name} loads {slot['number']!r} from the slot, expecting query block {op[1]}'s number")
-            slot["unread"].discard(name)
         elif kind == "end_turn":
             in_turn[name] = False
         elif kind == "issue":
@@ -493,7 +434,7 @@ def _simulate(blocks, stages: int, seed: int, persistent: bool, knobs: dict) -> 
         run(pick, nxt[pick])
         nxt[pick] = next(procs[pick], None)
 
-    for bid, gen in [*named.items(), *hand.items()]:
+    for bid, gen in named.items():
         if gen.arrived:
             fail(f"named barrier {bid} is left with arrivals {gen.arrived} at exit")
     for cw in consumers:

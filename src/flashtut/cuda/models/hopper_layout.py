@@ -8,7 +8,7 @@
 * the register fragments of a warpgroup: which thread and register hold each element of the
   m64nNk16 accumulator and of the A operand taken from registers;
 * shared-memory bank groups of 16-byte accesses, mbarrier phase parity in a ring of stages, and the
-  register budgets of rungs W1 and W3 (W3's barrier schedule: ``flashtut.cuda.hopper_schedule``);
+  register budgets of rungs W1 and W3 (W3's barrier schedule: ``flashtut.cuda.models.hopper_schedule``);
 * the rows of W3's query blocks, with the short one last or first, and the key tiles each consumer
   warpgroup of a causal block reads.
 

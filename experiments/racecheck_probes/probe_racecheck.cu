@@ -1,6 +1,6 @@
 // probe_racecheck.cu: a word handed from warp 0 to warp 1 through shared memory, ordered in several ways,
-// for compute-sanitizer's racecheck (sm_90a; tools/sanitizer_launches.py --probes launches them, one
-// block of 64 threads).
+// for compute-sanitizer's racecheck (sm_90a; probe_launches.py beside it launches them, one block of 64
+// threads; it includes flashtut's ft_tma.cuh, as the kernels do).
 //
 // W4 hands its consumers the number of their next query block through a shared-memory word, and racecheck
 // reports that word, ordered by an mbarrier and again by named barriers (book/perflog_hopper.md). Each
