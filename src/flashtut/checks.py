@@ -76,6 +76,19 @@ def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) 
     return int(value)
 
 
+def check_number(name: str, value, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite real number above ``minimum`` (at least it, when ``inclusive``): a learning rate,
+    a clipping norm. Bools and strings are a TypeError, NaN, infinities and values out of range a
+    ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        bound = f"at least {minimum:g}" if inclusive else f"above {minimum:g}"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return value
+
+
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 
 
@@ -97,28 +110,37 @@ def check_causal(causal) -> str | None:
                     f" ({causal!r})")
 
 
-def check_window(window, alignment: str | None) -> int | None:
-    """``window``: ``None`` or a positive int, only together with a causal alignment."""
+def check_window(window, alignment: str | None, n_q: int | None = None, n_k: int | None = None) -> int | None:
+    """``window``: ``None`` or a positive int, only together with a causal alignment.
+
+    A window wider than the sequence lets every query see all the keys it may see, so, given the
+    lengths ``n_q`` and ``n_k``, it is clamped to ``max(n_q, n_k)`` (the same mask): a window of
+    ``10**20`` then works like any wide one instead of overflowing the index arithmetic."""
     if window is None:
         return None
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral):
-        raise TypeError(f"window must be None or a positive int, got {type(window).__name__}")
+    if isinstance(window, (bool, np.bool_)) or not isinstance(window, numbers.Integral):
+        raise TypeError(f"window must be None or a positive int, got {type(window).__name__} {window!r}")
     if window < 1:
         raise ValueError(f"window must be None or a positive int, got {window}")
     if alignment is None:
         raise ValueError(f"window={window} needs a causal alignment (causal=True, 'top-left' or "
                          "'bottom-right'); got causal=False")
+    if n_q is not None and n_k is not None:
+        # diag(i) - window < 0 <= j for every row once window >= max(n_q, n_k): no key hidden
+        window = min(window, max(n_q, n_k, 1))
     return int(window)
 
 
-def check_mask(causal, window=None) -> tuple[str | None, int | None]:
+def check_mask(causal, window=None, n_q: int | None = None,
+               n_k: int | None = None) -> tuple[str | None, int | None]:
     """The one normaliser of the masking options: returns ``(alignment, window)``.
 
     ``alignment`` is ``None``, ``"top-left"`` or ``"bottom-right"``; ``window`` is ``None`` or a
-    positive int. Every attention function calls this, so all of them accept the same values.
+    positive int, clamped to ``max(n_q, n_k)`` when the lengths are given. Every attention
+    function calls this, so all of them accept the same values.
     """
     alignment = check_causal(causal)
-    return alignment, check_window(window, alignment)
+    return alignment, check_window(window, alignment, n_q, n_k)
 
 
 def diag_offset(alignment: str | None, n_q: int, n_k: int) -> int:
@@ -232,7 +254,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
     if len(cq) != len(ck):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
                          f"got {len(cq) - 1} and {len(ck) - 1}")
-    mask = check_mask(causal, window)
+    mask = check_mask(causal, window, q.shape[0], k.shape[0])
     scale = check_scale(scale, D)
     return cq, ck, mask, scale
 # --- overflow of the scaled scores ------------------------------------------------------------------

@@ -171,7 +171,7 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False,
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     num_splits = min(check_block("num_splits", num_splits), Nk)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     return_lse = check_bool("return_lse", return_lse)
     off = diag_offset(alignment, Nq, Nk)

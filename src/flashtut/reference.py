@@ -5,9 +5,12 @@ implementation is checked against (call it on float64 inputs for a float64 refer
 """
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
-from .checks import (accum_dtype, check_count, check_mask, check_qkv, check_scale,
+from .checks import (accum_dtype, check_count, check_mask, check_window, check_qkv, check_scale,
                      diag_offset as _diag_offset, raise_if_overflowed)
 
 
@@ -22,6 +25,12 @@ def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int 
     """
     n_q, n_k = check_count("n_q", n_q, 0), check_count("n_k", n_k, 0)
     q_start, k_start = check_count("q_start", q_start, 0), check_count("k_start", k_start, 0)
+    if isinstance(diag_offset, (bool, np.bool_)) or not isinstance(diag_offset, numbers.Integral):
+        raise TypeError(f"diag_offset must be an int, got {type(diag_offset).__name__} {diag_offset!r}")
+    # clamp both to what these rows and columns can tell apart, so that huge values cannot overflow
+    reach = q_start + n_q + k_start + n_k + 1
+    diag_offset = max(-reach, min(int(diag_offset), reach))
+    window = check_window(window, "top-left", 2 * reach, 2 * reach)
     rows = torch.arange(q_start, q_start + n_q, device=device)[:, None] + diag_offset
     cols = torch.arange(k_start, k_start + n_k, device=device)[None, :]
     hidden = cols > rows
@@ -53,7 +62,7 @@ def _masked_scores(q, k, causal, scale, window):
     """Scores ``(B, Hkv, G, Nq, Nk)`` with hidden keys at ``-inf``, and the ``(Nq, 1)`` rows that
     see no key at all (``None`` when every row sees one)."""
     _, _, Nq, Nk, D = check_qkv(q, k, k, gqa=True)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     s = _grouped_scores(q, k, accum_dtype(q.dtype), scale)
     empty = None

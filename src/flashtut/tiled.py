@@ -104,7 +104,7 @@ def tiled_attention(q, k, v, causal=False, scale: float | None = None,
     whose output is 0. ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (grouped-query).
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
@@ -132,7 +132,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     check_like("o", o, q)
     check_like("do", do, q)
     check_lse(lse, B, H, Nq, q.device)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)

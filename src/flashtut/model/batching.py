@@ -2,8 +2,11 @@
 either padded to the longest or packed end to end (``cu_seqlens``), with the FLOPs each costs."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
+from ..checks import check_block, check_tensor
 from ..costs.flops import BWD_OVER_FWD, attention_flops
 from .gpt import IGNORE_INDEX, GPTConfig
 
@@ -12,6 +15,14 @@ def random_windows(tokens: torch.Tensor, batch: int, context: int, steps: int, s
     """``steps`` batches ``(x, y)`` of ``batch`` windows of ``context`` tokens drawn at random
     offsets of ``tokens`` (``y`` is ``x`` shifted by one). Drawn once from a seeded generator,
     so every backend trains on exactly the same batches."""
+    check_tensor("tokens", tokens)
+    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be a 1-D tensor of integer token ids, got shape {tuple(tokens.shape)} "
+                         f"and dtype {str(tokens.dtype).replace('torch.', '')}")
+    batch, context = check_block("batch", batch), check_block("context", context)
+    steps = check_block("steps", steps)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
     if tokens.numel() < context + 2:
         raise ValueError(f"tokens has {tokens.numel()} ids, too few for windows of context={context}")
     gen = torch.Generator().manual_seed(seed)

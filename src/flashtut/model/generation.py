@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_block
-from .gpt import GPT, KVCache
+from .gpt import GPT, KVCache, check_token_ids
 from .training import autocast
 
 
@@ -22,11 +22,7 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool 
     and keeps only the last position. Both choose the same tokens (to rounding of
     near-ties)."""
     new_tokens = check_block("new_tokens", new_tokens)
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[1] < 1:
-        got = (tuple(prompt.shape) if isinstance(prompt, torch.Tensor)
-               else type(prompt).__name__)
-        raise ValueError(
-            f"prompt must be a (B, T0) tensor of token ids with T0 >= 1, got {got}")
+    check_token_ids("prompt", prompt, model.config.vocab_size)
     device = next(model.parameters()).device
     model.eval()
     seq = prompt.to(device)

@@ -90,7 +90,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None
     """Argument errors first (ValueError/TypeError), then whether the kernels can run here.
     Returns ``(B, H, Nq, Nk, D, mask, scale)`` with ``mask = (alignment, window)``."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    mask = check_mask(causal, window)
+    mask = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     if q.dtype not in KERNEL_DTYPES:
         raise ValueError(
@@ -540,6 +540,9 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
                          "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
+    # the kernels index cu_seqlens as a dense int32 array: a strided view (offsets[::2]) would be
+    # read at the wrong addresses
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     max_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
     max_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
     return TritonVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_q, 1), max(max_k, 1),
