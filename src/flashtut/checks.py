@@ -273,18 +273,73 @@ def scores_can_overflow(dtype: torch.dtype, scale: float, head_dim: int) -> bool
     return math.log(scale) + 2 * math.log(big) + math.log(head_dim) >= math.log(limit) - 1.0
 
 
-def raise_if_overflowed(result: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
-                        what: str = "output", neg_inf_ok: bool = False) -> None:
-    """Raise the documented ValueError when ``result`` (computed from finite inputs) holds a NaN or
-    an infinity because the scaled scores overflowed. Reads ``result`` only when the input dtype
-    allows overflow at all (see :func:`scores_can_overflow`)."""
-    if result.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+def rows_that_see_keys(alignment: str | None, window: int | None, n_q: int, n_k: int) -> tuple[int, int]:
+    """``[r0, r1)``: the query rows that see at least one key (every other row has output 0 and
+    lse ``-inf``). Row ``i`` sees a key when ``i + off >= 0`` (bottom-right with ``Nq > Nk``
+    leaves the first rows empty) and, with a window, when ``i + off - window < Nk - 1`` (top-left
+    with ``Nq > Nk + window`` leaves the last rows empty)."""
+    if alignment is None:
+        return 0, n_q
+    off = diag_offset(alignment, n_q, n_k)
+    r0 = min(max(0, -off), n_q)
+    r1 = n_q if window is None else min(n_q, n_k - 1 - off + window)
+    return r0, max(r0, r1)
+
+
+def output_health(o: torch.Tensor) -> torch.Tensor:
+    """``0`` for each row of ``o`` whose values are all finite, NaN for a row with a NaN or an
+    infinity: ``sum(o * 0)`` (a plain ``sum(o)`` could overflow on finite values). Added to a row's
+    log-sum-exp, it leaves a finite lse unchanged and makes the lse of a broken row NaN, so that
+    the overflow guard reads the lse alone (``D`` times smaller than ``o``)."""
+    return (o * 0).sum(dim=-1, dtype=torch.float32 if o.dtype != torch.float64 else torch.float64)
+
+
+def _overflow_error(dtype: torch.dtype, scale: float, what: str, inputs=()) -> ValueError:
+    """The documented ValueError; on this (rare) path the inputs are read to say which one is to
+    blame when an input itself holds a NaN or an infinity."""
+    for name, t in inputs:
+        if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all()):
+            return ValueError(f"{name} holds NaN or Inf values, so the {what} would be NaN or Inf; "
+                              f"accepted: finite inputs")
+    acc = str(accum_dtype(dtype)).replace("torch.", "")
+    return ValueError(
+        f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "
+        f"{str(dtype).replace('torch.', '')} inputs; largest finite value "
+        f"{torch.finfo(accum_dtype(dtype)).max:.3g}), or a value computed from them does, so the "
+        f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")
+
+
+def raise_if_flagged(flag: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
+                     what: str = "gradients", inputs=()) -> None:
+    """Raise the overflow ValueError when ``flag`` (a one-element tensor that a kernel or a check
+    set: nonzero means a non-finite value was produced) is set: the one host sync of the guard,
+    skipped for dtypes whose scores cannot overflow (:func:`scores_can_overflow`)."""
+    if flag.is_meta or not scores_can_overflow(dtype, scale, head_dim):
         return
-    bad = torch.isnan(result) | torch.isposinf(result) if neg_inf_ok else ~torch.isfinite(result)
-    if bool(bad.any()):
-        acc = str(accum_dtype(dtype)).replace("torch.", "")
-        raise ValueError(
-            f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "
-            f"{str(dtype).replace('torch.', '')} inputs; largest finite value "
-            f"{torch.finfo(accum_dtype(dtype)).max:.3g}), or a value computed from them does, so the "
-            f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")
+    if bool(flag):
+        raise _overflow_error(dtype, scale, what, inputs)
+
+
+def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
+                        what: str = "output", seen: tuple[int, int] | None = None, inputs=()) -> None:
+    """The overflow guard of every attention path (reference, tiled, Triton): raise the documented
+    ValueError when the scaled scores (or a value computed from them) overflowed.
+
+    Reads ``lse`` only, ``(..., N)``: the log-sum-exp of each row, into which the path has folded
+    :func:`output_health` of its output row, so a NaN or an infinity anywhere in a row's output
+    shows as a NaN there. The rows ``seen = (r0, r1)`` (:func:`rows_that_see_keys`) must have a
+    finite lse, the others ``-inf``; with ``seen=None`` (a packed batch, whose empty rows are
+    scattered) only NaN and ``+inf`` are flagged. One reduction over ``N`` floats per row and one
+    small host sync, and nothing at all for dtypes whose scores cannot overflow
+    (:func:`scores_can_overflow`). ``inputs``: ``(name, tensor)`` pairs read only once an overflow
+    was found, to blame an input that was not finite to begin with."""
+    if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+        return
+    if seen is None:
+        bad = (torch.isnan(lse) | torch.isposinf(lse)).any()
+    else:
+        r0, r1 = seen
+        bad = ~torch.isfinite(lse[..., r0:r1]).all()
+        if r0 > 0 or r1 < lse.shape[-1]:           # rows that see no key: exactly -inf
+            bad = bad | (lse[..., :r0] != float("-inf")).any() | (lse[..., r1:] != float("-inf")).any()
+    raise_if_flagged(bad, dtype, scale, head_dim, what, inputs)

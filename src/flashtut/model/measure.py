@@ -377,15 +377,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def parse_args(argv=None):
+    """The options, every one checked before anything is measured: a bad one exits with status 2
+    and one line naming it. Returns ``(args, device, preset, sections)``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
-    sections = tuple(args.sections.split(","))
     asked = (args.backends or PRESETS[preset]["backends"]).split(",")
     if all(unavailable_reason(b, device) for b in asked):
         why = "; ".join(f"{b}: {unavailable_reason(b, device)}" for b in asked)
-        build_parser().error(f"argument --backends: none of them can run on {device} ({why})")
+        parser.error(f"argument --backends: none of them can run on {device} ({why})")
+    return args, device, preset, tuple(args.sections.split(","))
+
+
+def main(argv=None) -> int:
+    try:
+        args, device, preset, sections = parse_args(argv)
+    except SystemExit as done:          # --help (0) or a bad option (2, its line already printed)
+        return done.code if isinstance(done.code, int) else 2
     argv = sys.argv[1:] if argv is None else list(argv)
     prov = collect(device, call="python -m flashtut.model.measure " + " ".join(argv))
 
