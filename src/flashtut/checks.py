@@ -168,6 +168,9 @@ def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa
         raise ValueError(
             f"q, k and v must be on one device, got q: {q.device}, k: {k.device}, v: {v.device}")
     B, H, Nq, D = q.shape
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have at least one batch entry and one head, got B = {B}, H = {H} "
+                         f"(shape {tuple(q.shape)})")
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch and head dims must match: q has batch B = {B}, k has {k.shape[0]}, v has {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
@@ -247,6 +250,9 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
             raise ValueError(f"{name} must be a 3-D packed tensor ({rows}, heads, D), got shape {tuple(t.shape)}")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have the same number of rows total_k, got k: {k.shape[0]}, v: {v.shape[0]}")
+    if q.shape[0] < 1 or k.shape[0] < 1:
+        raise ValueError(f"q and k must hold at least one packed row, got total_q = {q.shape[0]}, "
+                         f"total_k = {k.shape[0]}")
     # the head, dtype, device and D checks of the dense layout, on a (1, heads, rows, D) view
     _, _, _, _, D = check_qkv(*(t.permute(1, 0, 2)[None] for t in (q, k, v)), gqa=True)
     cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
@@ -298,9 +304,13 @@ def _overflow_error(dtype: torch.dtype, scale: float, what: str, inputs=()) -> V
     """The documented ValueError; on this (rare) path the inputs are read to say which one is to
     blame when an input itself holds a NaN or an infinity."""
     for name, t in inputs:
-        if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all()):
+        if not isinstance(t, torch.Tensor):
+            continue
+        # an lse of -inf is a row that sees no key: only NaN and +inf are wrong there
+        bad = (torch.isnan(t) | torch.isposinf(t)) if name == "lse" else ~torch.isfinite(t)
+        if bool(bad.any()):
             return ValueError(f"{name} holds NaN or Inf values, so the {what} would be NaN or Inf; "
-                              f"accepted: finite inputs")
+                              f"accepted: finite {name}")
     acc = str(accum_dtype(dtype)).replace("torch.", "")
     return ValueError(
         f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "

@@ -146,7 +146,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     group = H // Hkv
     off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
-    lse = lse.to(acc_t)
+    lse_in, lse = lse, lse.to(acc_t)
     # a row that saw no key has lse = -inf; +inf there makes its recomputed P
     # exp(s - inf) = 0
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
@@ -188,5 +188,5 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     dq = dq.to(q.dtype)
     health += output_health(dq).sum()
     raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients",
-                     (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
+                     (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse_in), ("do", do)))
     return dq, dk, dv

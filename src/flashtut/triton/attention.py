@@ -401,7 +401,7 @@ def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = 
     # the kernels flag non-finite gradients themselves: the guard reads one int (one small sync),
     # and only for dtypes whose scores can overflow; the gradients are not read again
     raise_if_flagged(plan.flag, q.dtype, scale, q.shape[-1], "gradients",
-                     (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
+                     (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
     return dq, dk, dv
 
 
