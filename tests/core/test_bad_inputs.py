@@ -408,3 +408,21 @@ def test_triton_guard_reads_the_lse_not_the_output(monkeypatch):
     ft.triton_attention(q, k, v, causal=True).sum().backward()
     assert seen == [(2, 2, 5), (1,)]
     assert math.isfinite(float(q.grad.abs().max()))
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_varlen_guard_asks_every_row_for_a_finite_lse_when_none_is_empty():
+    """A packed batch whose scores all overflow to -inf: with no sequence that has empty rows the
+    -inf rows are overflow, not empty rows, and the guard says so."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(9, 2, 16, generator=g).abs().to(DEV) for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="overflow"):
+        ft.varlen_attention(-1e20 * q, 1e20 * k, v, cu, cu, causal=True)
+    out = ft.varlen_attention(q, k, v, cu, cu, causal=True)
+    assert torch.isfinite(out).all()
+    cu_k = torch.tensor([0, 2, 9], dtype=torch.int32, device=DEV)     # bottom-right: rows 0-1 see no key
+    out = ft.varlen_attention(q, k, v, cu, cu_k, causal="bottom-right")
+    torch.testing.assert_close(out, ft.varlen_attention(q, k, v, cu, cu_k, causal="bottom-right", backend="naive"))
+    assert (out[:2] == 0).all()

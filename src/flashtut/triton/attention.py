@@ -246,8 +246,9 @@ class _Layout:
     """Shapes and row bookkeeping of one call: dense ``(B, H, N, D)`` or packed ``(total, H, D)``
     with ``cu_seqlens`` (then B is the number of sequences and N the longest one)."""
 
-    def __init__(self, q, k, cu_q=None, cu_k=None, max_q=None, max_k=None):
+    def __init__(self, q, k, cu_q=None, cu_k=None, max_q=None, max_k=None, seen=None):
         self.varlen = cu_q is not None
+        self.seen = seen          # packed: (0, total_q) when every row sees a key, else None
         if self.varlen:
             self.B, self.H, self.Hkv, self.D = cu_q.numel() - 1, q.shape[1], k.shape[1], q.shape[2]
             self.Nq, self.Nk = max_q, max_k
@@ -279,8 +280,8 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
     _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype,
             q.device)
     # the overflow guard reads lse (the kernel folds each output row's health into it), for
-    # dtypes whose scores can overflow; a packed batch's empty rows are scattered: seen=None
-    seen = None if L.varlen else rows_that_see_keys(*mask, L.Nq, L.Nk)
+    # dtypes whose scores can overflow
+    seen = L.seen if L.varlen else rows_that_see_keys(*mask, L.Nq, L.Nk)
     raise_if_overflowed(lse, q.dtype, scale, L.D, seen=seen, inputs=(("q", q), ("k", k), ("v", v)))
     return o, lse
 
@@ -505,8 +506,8 @@ class TritonVarlenAttention(torch.autograd.Function):
     """Packed-batch attention: one launch for all sequences; saves ``q, k, v, o, lse`` only."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, mask, scale):
-        layout = _Layout(q, k, cu_q, cu_k, max_q, max_k)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, seen=None):
+        layout = _Layout(q, k, cu_q, cu_k, max_q, max_k, seen)
         o, lse = _forward(q, k, v, mask, scale, layout)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.args = (layout, mask, scale)
@@ -517,7 +518,7 @@ class TritonVarlenAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         layout, mask, scale = ctx.args
         dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), mask, scale, layout)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 VARLEN_BACKENDS = ("naive", "triton")
@@ -553,8 +554,12 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     max_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
     max_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+    # the guard can ask every row for a finite lse when no sequence has rows that see no key
+    # (otherwise those rows, scattered through the batch, may be -inf and only NaN/+inf is flagged)
+    every = all(rows_that_see_keys(*mask, q1 - q0, k1 - k0) == (0, q1 - q0) and (k1 > k0 or q1 == q0)
+                for q0, q1, k0, k1 in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:]))
     return TritonVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_q, 1), max(max_k, 1),
-                                       mask, scale)
+                                       mask, scale, (0, q.shape[0]) if every else None)
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
