@@ -125,6 +125,22 @@ def test_random_windows_and_evaluate_refuse_nothing_to_do(tokens):
     assert math.isfinite(m.evaluate(model, batches))
 
 
+def test_model_level_arguments_and_huge_window(gen):
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        m.GPT({"n_layer": 2})
+    model = m.GPT(TINY, "sdpa", seed=0)
+    with pytest.raises(TypeError, match="use_cache must be True or False"):
+        m.generate(model, _tokens_like(gen, 1, 4), 2, use_cache="no")
+    with pytest.raises(TypeError, match="seqs must hold integer token ids"):
+        m.padded_batch([torch.rand(5)])
+    x = _tokens_like(gen, 2, 12)
+    huge = m.GPT(m.GPTConfig(n_layer=2, d_model=48, n_head=6, n_kv_head=2, window=10**20), "sdpa", seed=0)
+    for backend in ("sdpa", "naive", "tiled"):
+        huge.attention_backend = model.attention_backend = backend
+        torch.testing.assert_close(huge(x)[0], model(x)[0])
+    assert torch.equal(m.generate(huge, x[:1, :5], 3), m.generate(model, x[:1, :5], 3))
+
+
 def test_decode_takes_what_generate_returns(gen):
     tok = m.ByteTokenizer()
     model = m.GPT(TINY, "naive", seed=0)

@@ -38,6 +38,9 @@ def _check_sequences(seqs) -> list:
     seqs = list(seqs)
     if not seqs or any(not isinstance(s, torch.Tensor) or s.dim() != 1 or s.numel() < 2 for s in seqs):
         raise ValueError("seqs must be a non-empty list of 1-D token tensors of at least 2 tokens each")
+    wrong = [s.dtype for s in seqs if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool]
+    if wrong:
+        raise TypeError(f"seqs must hold integer token ids, got dtype {str(wrong[0]).replace('torch.', '')}")
     return seqs
 
 

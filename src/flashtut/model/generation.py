@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_block
+from ..checks import check_block, check_bool
 from .gpt import GPT, KVCache, check_token_ids
 from .training import autocast
 
@@ -22,6 +22,7 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool 
     and keeps only the last position. Both choose the same tokens (to rounding of
     near-ties)."""
     new_tokens = check_block("new_tokens", new_tokens)
+    use_cache = check_bool("use_cache", use_cache)
     check_token_ids("prompt", prompt, model.config.vocab_size)
     device = next(model.parameters()).device
     model.eval()

@@ -221,6 +221,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig, attention_backend="sdpa", seed: int | None = 0):
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.attention_backend = check_backend(attention_backend)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
