@@ -186,7 +186,7 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False,
                                          k0, alignment, off, window, scale))
     o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
     o = o.to(q.dtype)
-    # the guard of every path, once for the merged result (a NaN in any split reaches lse)
+    # the guard every path shares, once, on the merged result (a split's NaN reaches it)
     raise_if_overflowed(lse + output_health(o), q.dtype, scale, D,
                         seen=rows_that_see_keys(alignment, window, Nq, Nk),
                         inputs=(("q", q), ("k", k), ("v", v)))

@@ -152,7 +152,8 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)      # (B, H, Nq): rowsum(dO * O)
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
-    health = torch.zeros((), dtype=acc_t, device=q.device)   # NaN once a gradient is not finite
+    # NaN once a gradient is not finite
+    health = torch.zeros((), dtype=acc_t, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
@@ -184,9 +185,10 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
         dk[:, :, k0:k1] = dk_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(k.dtype)
         dv[:, :, k0:k1] = dv_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(v.dtype)
         # each key block flags its own dK, dV tiles (as each kernel program does)
-        health += (output_health(dk[:, :, k0:k1]) + output_health(dv[:, :, k0:k1])).sum()
+        health += (output_health(dk[:, :, k0:k1]).sum()
+                   + output_health(dv[:, :, k0:k1]).sum())
     dq = dq.to(q.dtype)
     health += output_health(dq).sum()
-    raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients",
-                     (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse_in), ("do", do)))
+    named = (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse_in), ("do", do))
+    raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients", named)
     return dq, dk, dv

@@ -6,19 +6,18 @@ import numbers
 
 import torch
 
-from ..checks import check_block, check_tensor
+from ..checks import check_block
 from ..costs.flops import BWD_OVER_FWD, attention_flops
 from .gpt import IGNORE_INDEX, GPTConfig
+from .ids import check_integer_dtype
 
 
 def random_windows(tokens: torch.Tensor, batch: int, context: int, steps: int, seed: int = 0) -> list:
     """``steps`` batches ``(x, y)`` of ``batch`` windows of ``context`` tokens drawn at random
     offsets of ``tokens`` (``y`` is ``x`` shifted by one). Drawn once from a seeded generator,
     so every backend trains on exactly the same batches."""
-    check_tensor("tokens", tokens)
-    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise ValueError(f"tokens must be a 1-D tensor of integer token ids, got shape {tuple(tokens.shape)} "
-                         f"and dtype {str(tokens.dtype).replace('torch.', '')}")
+    if check_integer_dtype("tokens", tokens).dim() != 1:
+        raise ValueError(f"tokens must be a 1-D tensor of integer token ids, got shape {tuple(tokens.shape)}")
     batch, context = check_block("batch", batch), check_block("context", context)
     steps = check_block("steps", steps)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
@@ -38,9 +37,8 @@ def _check_sequences(seqs) -> list:
     seqs = list(seqs)
     if not seqs or any(not isinstance(s, torch.Tensor) or s.dim() != 1 or s.numel() < 2 for s in seqs):
         raise ValueError("seqs must be a non-empty list of 1-D token tensors of at least 2 tokens each")
-    wrong = [s.dtype for s in seqs if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool]
-    if wrong:
-        raise TypeError(f"seqs must hold integer token ids, got dtype {str(wrong[0]).replace('torch.', '')}")
+    for s in seqs:
+        check_integer_dtype("seqs", s)
     return seqs
 
 

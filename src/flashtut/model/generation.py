@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_block, check_bool
-from .gpt import GPT, KVCache, check_token_ids
+from .gpt import GPT, KVCache
+from .ids import check_token_ids
 from .training import autocast
 
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checks import check_block, check_tensor
+from ..checks import check_block
 from .attention import attend, attend_packed, attend_split_kv, check_backend
+from .ids import check_token_ids
 
 #: the label of a target position that has no next token (padding): the loss skips it
 IGNORE_INDEX = -100
@@ -60,26 +61,6 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
-
-
-def _out_of_vocab(ids: torch.Tensor, vocab_size: int) -> list[int]:
-    bad = ids[(ids < 0) | (ids >= vocab_size)]
-    return bad.flatten()[:5].tolist()
-
-
-def check_token_ids(name: str, ids, vocab_size: int | None = None) -> torch.Tensor:
-    """``ids``: a ``(B, T)`` integer tensor with ``T >= 1`` (and, given ``vocab_size``, every id in
-    ``[0, vocab_size)``; that check reads the ids on the host)."""
-    check_tensor(name, ids)
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {str(ids.dtype).replace('torch.', '')}")
-    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
-        raise ValueError(f"{name} must be a (B, T) tensor of token ids with B, T >= 1, got shape {tuple(ids.shape)}")
-    if vocab_size is not None:
-        bad = _out_of_vocab(ids, vocab_size)
-        if bad:
-            raise ValueError(f"{name} holds token ids outside the vocabulary, 0 to {vocab_size - 1}: {bad}")
-    return ids
 
 
 class RMSNorm(nn.Module):
@@ -248,24 +229,16 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cu_seqlens=None, positions=None,
                 cache: KVCache | None = None):
         self.attention_backend = check_backend(self.attention_backend)
-        B, T = check_token_ids("idx", idx).shape
-        if targets is not None:
-            check_tensor("targets", targets)
-            if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
-                raise TypeError(f"targets must hold integer token ids, got dtype "
-                                f"{str(targets.dtype).replace('torch.', '')}")
-            if targets.numel() != idx.numel():
-                raise ValueError(f"targets must have the shape of idx, {tuple(idx.shape)}, "
-                                 f"got {tuple(targets.shape)}")
+        B, T = check_token_ids("idx", idx, targets=targets).shape
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + T, device=idx.device)
         cos, sin = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
         try:
             x = self.embed(idx)
-        except IndexError:       # on the CPU; free to catch, where a check would cost a sync
-            raise ValueError(f"idx holds token ids outside the vocabulary, 0 to "
-                             f"{self.config.vocab_size - 1}: {_out_of_vocab(idx, self.config.vocab_size)}") from None
+        except IndexError:  # (CPU) free to catch, where a check would cost a sync
+            check_token_ids("idx", idx, self.config.vocab_size)
+            raise
         for block in self.blocks:
             x = block(x, cos, sin, self.attention_backend, cu_seqlens, cache)
         if cache is not None:
@@ -284,5 +257,5 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "check_token_ids", "RMSNorm", "Attention", "MLP", "Block", "IGNORE_INDEX",
+__all__ = ["GPT", "GPTConfig", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "IGNORE_INDEX",
            "rotary_angles", "apply_rotary"]

@@ -279,10 +279,11 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
                 PAD_D=block_d != L.D, DOT_PREC=_dot_precision(q.dtype))
     _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype,
             q.device)
-    # the overflow guard reads lse (the kernel folds each output row's health into it), for
-    # dtypes whose scores can overflow
+    # the overflow guard reads lse (the kernel folds each output row's health into it),
+    # for dtypes whose scores can overflow
     seen = L.seen if L.varlen else rows_that_see_keys(*mask, L.Nq, L.Nk)
-    raise_if_overflowed(lse, q.dtype, scale, L.D, seen=seen, inputs=(("q", q), ("k", k), ("v", v)))
+    raise_if_overflowed(lse, q.dtype, scale, L.D, seen=seen,
+                        inputs=(("q", q), ("k", k), ("v", v)))
     return o, lse
 
 

@@ -209,8 +209,9 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     (zeroed by the caller) with atomics, and no ``bwd_dq_kernel`` is needed.
     ``GROUPED=False`` (one query head per key/value head) drops the loop over the group,
     whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
-    in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed by
-    the caller) is set to 1 by a program whose dK or dV is not finite: the overflow guard."""
+    in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed
+    by the caller) is set to 1 by a program whose dK or dV is not finite: the overflow
+    guard."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
