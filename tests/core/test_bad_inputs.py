@@ -23,6 +23,8 @@ INTERP = tk.interpreting()
 needs_triton = pytest.mark.skipif(not (INTERP or torch.cuda.is_available()),
                                   reason="needs a GPU or the Triton interpreter")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+#: the Triton interpreter computes with NumPy, which warns as the planted overflows happen
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 def qkv(B=1, H=2, Hkv=None, Nq=5, Nk=7, D=16, dtype=torch.float32, device="cpu", seed=0, mag=1.0):
