@@ -76,6 +76,19 @@ def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) 
     return int(value)
 
 
+def check_number(name: str, value, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite real number above ``minimum`` (at least it, when ``inclusive``): a learning rate,
+    a clipping norm. Bools and strings are a TypeError, NaN, infinities and values out of range a
+    ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        bound = f"at least {minimum:g}" if inclusive else f"above {minimum:g}"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return value
+
+
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 
 
@@ -97,28 +110,37 @@ def check_causal(causal) -> str | None:
                     f" ({causal!r})")
 
 
-def check_window(window, alignment: str | None) -> int | None:
-    """``window``: ``None`` or a positive int, only together with a causal alignment."""
+def check_window(window, alignment: str | None, n_q: int | None = None, n_k: int | None = None) -> int | None:
+    """``window``: ``None`` or a positive int, only together with a causal alignment.
+
+    A window wider than the sequence lets every query see all the keys it may see, so, given the
+    lengths ``n_q`` and ``n_k``, it is clamped to ``max(n_q, n_k)`` (the same mask): a window of
+    ``10**20`` then works like any wide one instead of overflowing the index arithmetic."""
     if window is None:
         return None
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral):
-        raise TypeError(f"window must be None or a positive int, got {type(window).__name__}")
+    if isinstance(window, (bool, np.bool_)) or not isinstance(window, numbers.Integral):
+        raise TypeError(f"window must be None or a positive int, got {type(window).__name__} {window!r}")
     if window < 1:
         raise ValueError(f"window must be None or a positive int, got {window}")
     if alignment is None:
         raise ValueError(f"window={window} needs a causal alignment (causal=True, 'top-left' or "
                          "'bottom-right'); got causal=False")
+    if n_q is not None and n_k is not None:
+        # diag(i) - window < 0 <= j for every row once window >= max(n_q, n_k): no key hidden
+        window = min(window, max(n_q, n_k, 1))
     return int(window)
 
 
-def check_mask(causal, window=None) -> tuple[str | None, int | None]:
+def check_mask(causal, window=None, n_q: int | None = None,
+               n_k: int | None = None) -> tuple[str | None, int | None]:
     """The one normaliser of the masking options: returns ``(alignment, window)``.
 
     ``alignment`` is ``None``, ``"top-left"`` or ``"bottom-right"``; ``window`` is ``None`` or a
-    positive int. Every attention function calls this, so all of them accept the same values.
+    positive int, clamped to ``max(n_q, n_k)`` when the lengths are given. Every attention
+    function calls this, so all of them accept the same values.
     """
     alignment = check_causal(causal)
-    return alignment, check_window(window, alignment)
+    return alignment, check_window(window, alignment, n_q, n_k)
 
 
 def diag_offset(alignment: str | None, n_q: int, n_k: int) -> int:
@@ -146,6 +168,9 @@ def check_qkv(q, k, v, dtypes=FLOAT_DTYPES, dtype_names: str = _DTYPE_NAMES, gqa
         raise ValueError(
             f"q, k and v must be on one device, got q: {q.device}, k: {k.device}, v: {v.device}")
     B, H, Nq, D = q.shape
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have at least one batch entry and one head, got B = {B}, H = {H} "
+                         f"(shape {tuple(q.shape)})")
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch and head dims must match: q has batch B = {B}, k has {k.shape[0]}, v has {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
@@ -225,6 +250,9 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
             raise ValueError(f"{name} must be a 3-D packed tensor ({rows}, heads, D), got shape {tuple(t.shape)}")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have the same number of rows total_k, got k: {k.shape[0]}, v: {v.shape[0]}")
+    if q.shape[0] < 1 or k.shape[0] < 1:
+        raise ValueError(f"q and k must hold at least one packed row, got total_q = {q.shape[0]}, "
+                         f"total_k = {k.shape[0]}")
     # the head, dtype, device and D checks of the dense layout, on a (1, heads, rows, D) view
     _, _, _, _, D = check_qkv(*(t.permute(1, 0, 2)[None] for t in (q, k, v)), gqa=True)
     cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
@@ -232,7 +260,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window):
     if len(cq) != len(ck):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
                          f"got {len(cq) - 1} and {len(ck) - 1}")
-    mask = check_mask(causal, window)
+    mask = check_mask(causal, window, q.shape[0], k.shape[0])
     scale = check_scale(scale, D)
     return cq, ck, mask, scale
 # --- overflow of the scaled scores ------------------------------------------------------------------
@@ -251,18 +279,77 @@ def scores_can_overflow(dtype: torch.dtype, scale: float, head_dim: int) -> bool
     return math.log(scale) + 2 * math.log(big) + math.log(head_dim) >= math.log(limit) - 1.0
 
 
-def raise_if_overflowed(result: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
-                        what: str = "output", neg_inf_ok: bool = False) -> None:
-    """Raise the documented ValueError when ``result`` (computed from finite inputs) holds a NaN or
-    an infinity because the scaled scores overflowed. Reads ``result`` only when the input dtype
-    allows overflow at all (see :func:`scores_can_overflow`)."""
-    if result.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+def rows_that_see_keys(alignment: str | None, window: int | None, n_q: int, n_k: int) -> tuple[int, int]:
+    """``[r0, r1)``: the query rows that see at least one key (every other row has output 0 and
+    lse ``-inf``). Row ``i`` sees a key when ``i + off >= 0`` (bottom-right with ``Nq > Nk``
+    leaves the first rows empty) and, with a window, when ``i + off - window < Nk - 1`` (top-left
+    with ``Nq > Nk + window`` leaves the last rows empty)."""
+    if alignment is None:
+        return 0, n_q
+    off = diag_offset(alignment, n_q, n_k)
+    r0 = min(max(0, -off), n_q)
+    r1 = n_q if window is None else min(n_q, n_k - 1 - off + window)
+    return r0, max(r0, r1)
+
+
+def output_health(o: torch.Tensor) -> torch.Tensor:
+    """``0`` for each row of ``o`` whose values are all finite, NaN for a row with a NaN or an
+    infinity: ``sum(o * 0)`` (a plain ``sum(o)`` could overflow on finite values). Added to a row's
+    log-sum-exp, it leaves a finite lse unchanged and makes the lse of a broken row NaN, so that
+    the overflow guard reads the lse alone (``D`` times smaller than ``o``)."""
+    return (o * 0).sum(dim=-1, dtype=torch.float32 if o.dtype != torch.float64 else torch.float64)
+
+
+def _overflow_error(dtype: torch.dtype, scale: float, what: str, inputs=()) -> ValueError:
+    """The documented ValueError; on this (rare) path the inputs are read to say which one is to
+    blame when an input itself holds a NaN or an infinity."""
+    for name, t in inputs:
+        if not isinstance(t, torch.Tensor):
+            continue
+        # an lse of -inf is a row that sees no key: only NaN and +inf are wrong there
+        bad = (torch.isnan(t) | torch.isposinf(t)) if name == "lse" else ~torch.isfinite(t)
+        if bool(bad.any()):
+            return ValueError(f"{name} holds NaN or Inf values, so the {what} would be NaN or Inf; "
+                              f"accepted: finite {name}")
+    acc = str(accum_dtype(dtype)).replace("torch.", "")
+    return ValueError(
+        f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "
+        f"{str(dtype).replace('torch.', '')} inputs; largest finite value "
+        f"{torch.finfo(accum_dtype(dtype)).max:.3g}), or a value computed from them does, so the "
+        f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")
+
+
+def raise_if_flagged(flag: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
+                     what: str = "gradients", inputs=()) -> None:
+    """Raise the overflow ValueError when ``flag`` (a one-element tensor that a kernel or a check
+    set: nonzero means a non-finite value was produced) is set: the one host sync of the guard,
+    skipped for dtypes whose scores cannot overflow (:func:`scores_can_overflow`)."""
+    if flag.is_meta or not scores_can_overflow(dtype, scale, head_dim):
         return
-    bad = torch.isnan(result) | torch.isposinf(result) if neg_inf_ok else ~torch.isfinite(result)
-    if bool(bad.any()):
-        acc = str(accum_dtype(dtype)).replace("torch.", "")
-        raise ValueError(
-            f"the scaled scores scale * q @ k^T overflow {acc} (the accumulation dtype of "
-            f"{str(dtype).replace('torch.', '')} inputs; largest finite value "
-            f"{torch.finfo(accum_dtype(dtype)).max:.3g}), or a value computed from them does, so the "
-            f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")
+    if bool(flag):
+        raise _overflow_error(dtype, scale, what, inputs)
+
+
+def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
+                        what: str = "output", seen: tuple[int, int] | None = None, inputs=()) -> None:
+    """The overflow guard of every attention path (reference, tiled, Triton): raise the documented
+    ValueError when the scaled scores (or a value computed from them) overflowed.
+
+    Reads ``lse`` only, ``(..., N)``: the log-sum-exp of each row, into which the path has folded
+    :func:`output_health` of its output row, so a NaN or an infinity anywhere in a row's output
+    shows as a NaN there. The rows ``seen = (r0, r1)`` (:func:`rows_that_see_keys`) must have a
+    finite lse, the others ``-inf``; with ``seen=None`` (a packed batch, whose empty rows are
+    scattered) only NaN and ``+inf`` are flagged. One reduction over ``N`` floats per row and one
+    small host sync, and nothing at all for dtypes whose scores cannot overflow
+    (:func:`scores_can_overflow`). ``inputs``: ``(name, tensor)`` pairs read only once an overflow
+    was found, to blame an input that was not finite to begin with."""
+    if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+        return
+    if seen is None:
+        bad = (torch.isnan(lse) | torch.isposinf(lse)).any()
+    else:
+        r0, r1 = seen
+        bad = ~torch.isfinite(lse[..., r0:r1]).all()
+        if r0 > 0 or r1 < lse.shape[-1]:           # rows that see no key: exactly -inf
+            bad = bad | (lse[..., :r0] != float("-inf")).any() | (lse[..., r1:] != float("-inf")).any()
+    raise_if_flagged(bad, dtype, scale, head_dim, what, inputs)

@@ -30,9 +30,10 @@ import math
 import torch
 
 from .checks import (accum_dtype, check_block, check_bool, check_float_dtype, check_mask, check_qkv,
-                     check_scale, check_tensor, diag_offset)
+                     check_scale, check_tensor, diag_offset, output_health, raise_if_overflowed,
+                     rows_that_see_keys)
 from .softmax import merge_softmax_states
-from .tiled import attention_loops, tiled_attention
+from .tiled import attention_loops
 
 _LSE_DTYPES = (torch.float32, torch.float64)
 
@@ -129,8 +130,6 @@ def _split_state(q, k_chunk, v_chunk, k_start: int, alignment, off: int, window,
     ``j - k_start <= i + off - k_start``: the chunk runs the tiled loops with its
     diagonal shifted by ``-k_start``.
     """
-    if alignment is None:
-        return tiled_attention(q, k_chunk, v_chunk, scale=scale, return_lse=True)
     return attention_loops(q, k_chunk, v_chunk, alignment, off - k_start, window, scale,
                            64, 64)
 
@@ -171,7 +170,7 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False,
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     num_splits = min(check_block("num_splits", num_splits), Nk)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     return_lse = check_bool("return_lse", return_lse)
     off = diag_offset(alignment, Nq, Nk)
@@ -187,6 +186,10 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False,
                                          k0, alignment, off, window, scale))
     o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
     o = o.to(q.dtype)
+    # the guard every path shares, once, on the merged result (a split's NaN reaches it)
+    raise_if_overflowed(lse + output_health(o), q.dtype, scale, D,
+                        seen=rows_that_see_keys(alignment, window, Nq, Nk),
+                        inputs=(("q", q), ("k", k), ("v", v)))
     return (o, lse) if return_lse else o
 
 

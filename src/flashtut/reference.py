@@ -5,10 +5,14 @@ implementation is checked against (call it on float64 inputs for a float64 refer
 """
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
-from .checks import (accum_dtype, check_count, check_mask, check_qkv, check_scale,
-                     diag_offset as _diag_offset, raise_if_overflowed)
+from .checks import (accum_dtype, check_count, check_mask, check_window, check_qkv, check_scale,
+                     diag_offset as _diag_offset, output_health, raise_if_overflowed,
+                     rows_that_see_keys, scores_can_overflow)
 
 
 def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int = 0,
@@ -22,6 +26,12 @@ def causal_mask(n_q: int, n_k: int, device=None, q_start: int = 0, k_start: int 
     """
     n_q, n_k = check_count("n_q", n_q, 0), check_count("n_k", n_k, 0)
     q_start, k_start = check_count("q_start", q_start, 0), check_count("k_start", k_start, 0)
+    if isinstance(diag_offset, (bool, np.bool_)) or not isinstance(diag_offset, numbers.Integral):
+        raise TypeError(f"diag_offset must be an int, got {type(diag_offset).__name__} {diag_offset!r}")
+    # clamp both to what these rows and columns can tell apart, so that huge values cannot overflow
+    reach = q_start + n_q + k_start + n_k + 1
+    diag_offset = max(-reach, min(int(diag_offset), reach))
+    window = check_window(window, "top-left", 2 * reach, 2 * reach)
     rows = torch.arange(q_start, q_start + n_q, device=device)[:, None] + diag_offset
     cols = torch.arange(k_start, k_start + n_k, device=device)[None, :]
     hidden = cols > rows
@@ -50,10 +60,10 @@ def visible_keys(i, n_k: int, diag_offset: int, window: int | None):
 
 
 def _masked_scores(q, k, causal, scale, window):
-    """Scores ``(B, Hkv, G, Nq, Nk)`` with hidden keys at ``-inf``, and the ``(Nq, 1)`` rows that
-    see no key at all (``None`` when every row sees one)."""
+    """Scores ``(B, Hkv, G, Nq, Nk)`` with hidden keys at ``-inf``, the ``(Nq, 1)`` rows that
+    see no key at all (``None`` when every row sees one) and the range of rows that see one."""
     _, _, Nq, Nk, D = check_qkv(q, k, k, gqa=True)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     s = _grouped_scores(q, k, accum_dtype(q.dtype), scale)
     empty = None
@@ -64,7 +74,7 @@ def _masked_scores(q, k, causal, scale, window):
         lo, hi = visible_keys(torch.arange(Nq), Nk, off, window)
         if bool((hi <= lo).any()):
             empty = (hi <= lo)[:, None].to(q.device)
-    return s, empty
+    return s, empty, rows_that_see_keys(alignment, window, Nq, Nk)
 
 
 def naive_attention(q, k, v, causal=False, scale: float | None = None,
@@ -78,14 +88,19 @@ def naive_attention(q, k, v, causal=False, scale: float | None = None,
     A query row that sees no key gets output 0.
     """
     check_qkv(q, k, v, gqa=True)
-    s, empty = _masked_scores(q, k, causal, scale, window)              # (B, Hkv, G, Nq, Nk)
+    s, empty, _ = _masked_scores(q, k, causal, scale, window)           # (B, Hkv, G, Nq, Nk)
     p = torch.softmax(s, dim=-1)
     if empty is not None:                # the softmax of a row of -inf is NaN; such a row sees nothing
         p = p.masked_fill(empty, 0.0)
     B, H, Nq, D = q.shape
-    o = torch.matmul(p.flatten(2, 3), v.to(p.dtype))                    # (B, Hkv, G*Nq, D)
-    raise_if_overflowed(o, q.dtype, check_scale(scale, D), D)
-    return o.reshape(B, H, Nq, D).to(q.dtype)
+    o = torch.matmul(p.flatten(2, 3), v.to(p.dtype)).reshape(B, H, Nq, D)
+    scale = check_scale(scale, D)
+    if scores_can_overflow(q.dtype, scale, D):
+        # the guard every path shares, on each output row's health (0, or NaN: here an overflow
+        # always reaches o through the softmax, and no second N x N pass is needed for an lse)
+        raise_if_overflowed(output_health(o), q.dtype, scale, D,
+                            inputs=(("q", q), ("k", k), ("v", v)))
+    return o.to(q.dtype)
 
 
 def attention_lse(q, k, causal=False, scale: float | None = None,
@@ -95,10 +110,11 @@ def attention_lse(q, k, causal=False, scale: float | None = None,
     A reference for the ``lse`` that the tiled and fused kernels return; ``-inf`` for a row
     that sees no key.
     """
-    s, _ = _masked_scores(q, k, causal, scale, window)
+    s, _, seen = _masked_scores(q, k, causal, scale, window)
     lse = torch.logsumexp(s, dim=-1).flatten(1, 2)
     D = q.shape[-1]
-    raise_if_overflowed(lse, q.dtype, check_scale(scale, D), D, "log-sum-exp", neg_inf_ok=True)
+    raise_if_overflowed(lse, q.dtype, check_scale(scale, D), D, "log-sum-exp", seen=seen,
+                        inputs=(("q", q), ("k", k)))
     return lse
 
 

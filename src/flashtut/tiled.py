@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from .checks import (accum_dtype, check_block, check_bool, check_like, check_lse, check_mask,
-                     check_qkv, check_scale, diag_offset, raise_if_overflowed)
+                     check_qkv, check_scale, diag_offset, output_health, raise_if_flagged,
+                     raise_if_overflowed, rows_that_see_keys)
 from .reference import causal_mask, visible_keys
 
 
@@ -89,8 +90,11 @@ def attention_loops(q, k, v, alignment, off: int, window, scale: float, block_m:
             acc = alpha[..., None] * acc + torch.matmul(p, _expand_heads(v[:, :, k0:k1], group).to(acc_t))
             m = m_new
         seen = l > 0                                       # rows that saw no key: o = 0, lse = -inf
-        o[:, :, q0:q1] = (acc / torch.where(seen, l, torch.ones_like(l))[..., None]).to(q.dtype)
-        lse[:, :, q0:q1] = torch.where(seen, m + torch.log(l), torch.full_like(l, float("-inf")))
+        o_blk = (acc / torch.where(seen, l, torch.ones_like(l))[..., None]).to(q.dtype)
+        o[:, :, q0:q1] = o_blk
+        # + 0, or NaN for a row whose output is not finite: the overflow guard reads lse alone
+        lse[:, :, q0:q1] = (torch.where(seen, m + torch.log(l), torch.full_like(l, float("-inf")))
+                            + output_health(o_blk))
     return o, lse
 
 
@@ -104,14 +108,16 @@ def tiled_attention(q, k, v, causal=False, scale: float | None = None,
     whose output is 0. ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (grouped-query).
     """
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
     return_lse = check_bool("return_lse", return_lse)
     o, lse = attention_loops(q, k, v, alignment, diag_offset(alignment, Nq, Nk), window, scale,
                              block_m, block_n)
-    raise_if_overflowed(o, q.dtype, scale, D)               # one check at the end, not per tile
+    # one check at the end, of the lse (it carries each output row's health)
+    raise_if_overflowed(lse, q.dtype, scale, D, seen=rows_that_see_keys(alignment, window, Nq, Nk),
+                        inputs=(("q", q), ("k", k), ("v", v)))
     return (o, lse) if return_lse else o
 
 
@@ -132,7 +138,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     check_like("o", o, q)
     check_like("do", do, q)
     check_lse(lse, B, H, Nq, q.device)
-    alignment, window = check_mask(causal, window)
+    alignment, window = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
@@ -140,12 +146,14 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     group = H // Hkv
     off = diag_offset(alignment, Nq, Nk)
     acc_t = accum_dtype(q.dtype)
-    lse = lse.to(acc_t)
+    lse_in, lse = lse, lse.to(acc_t)
     # a row that saw no key has lse = -inf; +inf there makes its recomputed P
     # exp(s - inf) = 0
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
     delta = (do.to(acc_t) * o.to(acc_t)).sum(dim=-1)      # (B, H, Nq): rowsum(dO * O)
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    # NaN once a gradient is not finite
+    health = torch.zeros((), dtype=acc_t, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
@@ -176,7 +184,11 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
         # each key/value head gets the sum over the query heads of its group
         dk[:, :, k0:k1] = dk_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(k.dtype)
         dv[:, :, k0:k1] = dv_acc.reshape(B, Hkv, group, k1 - k0, D).sum(2).to(v.dtype)
-    # one sync for the three: amax propagates NaN and Inf
-    raise_if_overflowed(torch.stack([g.abs().amax().to(acc_t) for g in (dq, dk, dv)]),
-                        q.dtype, scale, D, "gradients")
-    return dq.to(q.dtype), dk, dv
+        # each key block flags its own dK, dV tiles (as each kernel program does)
+        health += (output_health(dk[:, :, k0:k1]).sum()
+                   + output_health(dv[:, :, k0:k1]).sum())
+    dq = dq.to(q.dtype)
+    health += output_health(dq).sum()
+    named = (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse_in), ("do", do))
+    raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients", named)
+    return dq, dk, dv

@@ -2,6 +2,7 @@
 batches change nothing but the cost, the measurement command writes a results file."""
 import importlib.util
 import json
+import math
 import os
 
 import pytest
@@ -62,6 +63,99 @@ def test_tokenizer_round_trip_and_errors():
 def test_config_errors(kw, match):
     with pytest.raises(ValueError, match=match):
         m.GPTConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(rope_base=0), ValueError, "rope_base"), (dict(rope_base=-10.0), ValueError, "rope_base"),
+    (dict(rope_base=float("nan")), ValueError, "rope_base"), (dict(rope_base=float("inf")), ValueError, "rope_base"),
+    (dict(rope_base="10000"), TypeError, "rope_base"), (dict(rope_base=True), TypeError, "rope_base"),
+    (dict(rope_base=None), TypeError, "rope_base"), (dict(vocab_size=0), ValueError, "vocab_size"),
+    (dict(vocab_size=256.0), ValueError, "vocab_size"), (dict(mlp_ratio=True), ValueError, "mlp_ratio"),
+    (dict(n_head=-4), ValueError, "n_head"), (dict(window=2.5), ValueError, "window"),
+    (dict(window=True), ValueError, "window"),
+])
+def test_config_validates_every_field(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        m.GPTConfig(**kw)
+    assert m.GPTConfig(rope_base=500).rope_base == 500 and m.GPTConfig(window=10**20).window == 10**20
+
+
+def test_bad_token_ids_are_named(gen):
+    model = m.GPT(TINY, "naive", seed=0)
+    good = _tokens_like(gen, 1, 5)
+    for prompt, exc, words in [(good.float(), TypeError, "prompt must hold integer token ids"),
+                               (good + 256, ValueError, "prompt holds token ids outside the vocabulary, 0 to 255"),
+                               (good - 300, ValueError, "outside the vocabulary"),
+                               (good[0], ValueError, r"prompt must be a \(B, T\) tensor"),
+                               (good[:, :0], ValueError, r"prompt must be a \(B, T\) tensor"),
+                               (good.tolist(), TypeError, "prompt must be a torch.Tensor")]:
+        with pytest.raises(exc, match=words):
+            m.generate(model, prompt, 2)
+    with pytest.raises(ValueError, match="idx holds token ids outside the vocabulary"):
+        model(good + 1000)
+    with pytest.raises(TypeError, match="idx must hold integer token ids"):
+        model(good.double())
+    with pytest.raises(TypeError, match="targets must hold integer token ids"):
+        model(good, good.float())
+    with pytest.raises(ValueError, match="targets must have the shape of idx"):
+        model(good, good[:, :3])
+
+
+def test_random_windows_and_evaluate_refuse_nothing_to_do(tokens):
+    for kw, words in [(dict(context=0), "context"), (dict(context=-3), "context"), (dict(batch=0), "batch"),
+                      (dict(batch=-1), "batch"), (dict(steps=0), "steps"), (dict(batch=2.0), "batch")]:
+        args = {**dict(batch=2, context=8, steps=1), **kw}
+        with pytest.raises(ValueError, match=words):
+            m.random_windows(tokens, **args)
+    with pytest.raises(TypeError, match="tokens must be a torch.Tensor"):
+        m.random_windows(tokens.tolist(), 2, 8, 1)
+    with pytest.raises(TypeError, match="tokens must hold integer token ids"):
+        m.random_windows(tokens.float(), 2, 8, 1)
+    model = m.GPT(TINY, "naive", seed=0)
+    for empty in ([], iter(())):
+        with pytest.raises(ValueError, match="batches must hold at least one"):
+            m.evaluate(model, empty)
+        with pytest.raises(ValueError, match="batches must hold at least one"):
+            m.train(model, empty)
+    batches = m.random_windows(tokens, 2, 8, 1)
+    for kw, exc in [(dict(lr=0), ValueError), (dict(lr=float("nan")), ValueError), (dict(lr="1e-3"), TypeError),
+                    (dict(weight_decay=-1), ValueError), (dict(grad_clip=0), ValueError)]:
+        with pytest.raises(exc, match=next(iter(kw))):
+            m.train(model, batches, **kw)
+    assert math.isfinite(m.evaluate(model, batches))
+
+
+def test_model_level_arguments_and_huge_window(gen):
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        m.GPT({"n_layer": 2})
+    model = m.GPT(TINY, "sdpa", seed=0)
+    with pytest.raises(TypeError, match="use_cache must be True or False"):
+        m.generate(model, _tokens_like(gen, 1, 4), 2, use_cache="no")
+    with pytest.raises(TypeError, match="seqs must hold integer token ids"):
+        m.padded_batch([torch.rand(5)])
+    x = _tokens_like(gen, 2, 12)
+    huge = m.GPT(m.GPTConfig(n_layer=2, d_model=48, n_head=6, n_kv_head=2, window=10**20), "sdpa", seed=0)
+    for backend in ("sdpa", "naive", "tiled"):
+        huge.attention_backend = model.attention_backend = backend
+        torch.testing.assert_close(huge(x)[0], model(x)[0])
+    assert torch.equal(m.generate(huge, x[:1, :5], 3), m.generate(model, x[:1, :5], 3))
+
+
+def test_decode_takes_what_generate_returns(gen):
+    tok = m.ByteTokenizer()
+    model = m.GPT(TINY, "naive", seed=0)
+    out = m.generate(model, tok.encode("attention")[None], 3)
+    text = tok.decode(out)
+    assert text.startswith("attention") and text == tok.decode(out[0]) == tok.decode(out[0].tolist())
+    assert tok.decode(out.tolist()) == text and tok.decode(tuple(out[0].tolist())) == text
+    with pytest.raises(ValueError, match="decode the rows of a batch one at a time"):
+        tok.decode(torch.cat([out, out]))
+    with pytest.raises(TypeError, match="ids must hold integer token ids"):
+        tok.decode(out.float())
+    with pytest.raises(TypeError, match="ids must be ints"):
+        tok.decode([65, 66.0])
+    with pytest.raises(TypeError, match="ids must be a tensor or a list"):
+        tok.decode("AB")
 
 
 def test_backend_errors():
@@ -241,6 +335,51 @@ def test_measure_command_writes_a_results_file(tmp_path):
     rows, prov = results_data.load_results(out.name, data_dir=tmp_path)
     assert len(rows) == len(doc["rows"]) and prov[0]["kind"] == "model"
     assert measure.main(["--sections", "loss,speed", "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N"),
+    (["--device", "cuda:x"], "argument --device: expected cpu, cuda or cuda:N"),
+    (["--backends", "bogus"], "argument --backends: unknown backend(s) bogus"),
+    (["--backends", ","], "argument --backends: expected at least one backend"),
+    (["--sections", ","], "argument --sections: expected at least one section"),
+    (["--sections", "loss,speed"], "argument --sections: unknown section(s) speed"),
+    (["--steps", "0"], "argument --steps: expected a positive integer"),
+    (["--steps", "-2"], "argument --steps: expected a positive integer"),
+    (["--steps", "2.5"], "argument --steps: expected a positive integer"),
+    (["--preset", "tpu"], "argument --preset: invalid choice"),
+    (["--device", "cpu", "--backends", "cuda"], "argument --backends: none of them can run on cpu"),
+] + ([] if HAS_CUDA else [(["--device", "cuda"], "argument --device: 'cuda' asks for a CUDA GPU")]))
+def test_measure_bad_options_exit_2_with_one_line_before_measuring(tmp_path, capsys, options, words):
+    from flashtut.model import measure
+
+    out = tmp_path / "never.json"
+    assert measure.main(["--out", str(out), *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_measure_out_must_be_a_file_in_a_folder(tmp_path, capsys):
+    from flashtut.model import measure
+
+    for bad, words in [(tmp_path, "is a folder"), (tmp_path / "missing" / "x.json", "does not exist")]:
+        assert measure.main(["--out", str(bad), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "argument --out" in err and words in err, err
+    with pytest.raises(ValueError, match="sections"):
+        measure.run("cpu", "cpu", sections=())
+
+
+def test_measure_command_line_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(flashtut.__path__[0] + "/.."),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "flashtut.model.measure", "--out", str(tmp_path),
+                          "--device", "tpu"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
 
 
 # ----------------------------------------------------------------------------------- GPU

@@ -696,18 +696,21 @@ def tuple_of(c):
 
 
 @pytest.mark.skipif(not CPU, reason="interpreter test")
-def test_half_precision_backward_skips_the_overflow_reread(monkeypatch):
-    """float16 scores cannot overflow float32: the gradients are not read a second time."""
+def test_backward_guard_reads_one_flag_and_half_precision_not_even_that(monkeypatch):
+    """The gradients are never read a second time: the kernels flag non-finite ones, the guard gets
+    that one int32, and reads it (one small sync) only where the scores can overflow (not float16)."""
+    from flashtut.checks import scores_can_overflow
     checked = []
-    monkeypatch.setattr(tk, "raise_if_overflowed",
-                        lambda t, dtype, *a, **kw: checked.append((dtype, a[2] if len(a) > 2 else "output")))
+    monkeypatch.setattr(tk, "raise_if_flagged", lambda flag, dtype, scale, D, what, *a: checked.append(
+        (dtype, what, tuple(flag.shape), flag.dtype, scores_can_overflow(dtype, scale, D))))
     gen = torch.Generator().manual_seed(5)
     for dtype in (torch.float16, torch.float32):
         q, k, v = _qkv(gen, 1, 2, 1, 19, 23, 16, dtype=dtype)
         do = _rand(gen, 1, 2, 19, 16, dtype=dtype)
         o, lse = tk.triton_forward(q, k, v, causal=True, window=5)
         tk.triton_backward(q, k, v, o, lse, do, causal=True, window=5)
-    assert (torch.float32, "gradients") in checked and (torch.float16, "gradients") not in checked
+    assert checked == [(torch.float16, "gradients", (1,), torch.int32, False),
+                       (torch.float32, "gradients", (1,), torch.int32, True)]
 
 
 @pytest.mark.gpu

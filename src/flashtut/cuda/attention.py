@@ -45,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..checks import check_like, check_lse, check_mask, check_qkv, check_scale, diag_offset
+from ..checks import check_bool, check_like, check_lse, check_mask, check_qkv, check_scale, diag_offset
 from ..constants import LOG2E
 from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
                       set_max_dynamic_smem)
@@ -369,5 +369,6 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     ``"wgmma"`` the Hopper forward or an error saying why it cannot run (``configs.FORWARD_KERNELS``).
     """
     check_forward_kernel(forward_kernel)
+    deterministic = check_bool("deterministic", deterministic)   # "no" must not mean True
     p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention", window=window)
-    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, bool(deterministic), forward_kernel)
+    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, deterministic, forward_kernel)

@@ -106,8 +106,8 @@ def visible_keys(n_q: int, n_k: int, window: int | None = None, device=None) -> 
     rows = torch.arange(n_q, device=device)[:, None] + (n_k - n_q)   # each row's diagonal key
     cols = torch.arange(n_k, device=device)[None, :]
     mask = cols <= rows
-    if window is not None:
-        mask &= cols > rows - window
+    if window is not None:          # a window past the first key hides nothing (and cannot overflow)
+        mask &= cols > rows - min(window, n_k)
     return mask
 
 

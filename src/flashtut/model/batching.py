@@ -2,16 +2,26 @@
 either padded to the longest or packed end to end (``cu_seqlens``), with the FLOPs each costs."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
+from ..checks import check_block
 from ..costs.flops import BWD_OVER_FWD, attention_flops
 from .gpt import IGNORE_INDEX, GPTConfig
+from .ids import check_integer_dtype
 
 
 def random_windows(tokens: torch.Tensor, batch: int, context: int, steps: int, seed: int = 0) -> list:
     """``steps`` batches ``(x, y)`` of ``batch`` windows of ``context`` tokens drawn at random
     offsets of ``tokens`` (``y`` is ``x`` shifted by one). Drawn once from a seeded generator,
     so every backend trains on exactly the same batches."""
+    if check_integer_dtype("tokens", tokens).dim() != 1:
+        raise ValueError(f"tokens must be a 1-D tensor of integer token ids, got shape {tuple(tokens.shape)}")
+    batch, context = check_block("batch", batch), check_block("context", context)
+    steps = check_block("steps", steps)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
     if tokens.numel() < context + 2:
         raise ValueError(f"tokens has {tokens.numel()} ids, too few for windows of context={context}")
     gen = torch.Generator().manual_seed(seed)
@@ -27,6 +37,8 @@ def _check_sequences(seqs) -> list:
     seqs = list(seqs)
     if not seqs or any(not isinstance(s, torch.Tensor) or s.dim() != 1 or s.numel() < 2 for s in seqs):
         raise ValueError("seqs must be a non-empty list of 1-D token tensors of at least 2 tokens each")
+    for s in seqs:
+        check_integer_dtype("seqs", s)
     return seqs
 
 

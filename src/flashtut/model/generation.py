@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_block
+from ..checks import check_block, check_bool
 from .gpt import GPT, KVCache
+from .ids import check_token_ids
 from .training import autocast
 
 
@@ -22,11 +23,8 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool 
     and keeps only the last position. Both choose the same tokens (to rounding of
     near-ties)."""
     new_tokens = check_block("new_tokens", new_tokens)
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[1] < 1:
-        got = (tuple(prompt.shape) if isinstance(prompt, torch.Tensor)
-               else type(prompt).__name__)
-        raise ValueError(
-            f"prompt must be a (B, T0) tensor of token ids with T0 >= 1, got {got}")
+    use_cache = check_bool("use_cache", use_cache)
+    check_token_ids("prompt", prompt, model.config.vocab_size)
     device = next(model.parameters()).device
     model.eval()
     seq = prompt.to(device)

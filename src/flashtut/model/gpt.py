@@ -8,7 +8,10 @@ attribute, :attr:`GPT.attention_backend`, and swapping it changes nothing else.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 import torch
 import torch.nn as nn
@@ -16,6 +19,7 @@ import torch.nn.functional as F
 
 from ..checks import check_block
 from .attention import attend, attend_packed, attend_split_kv, check_backend
+from .ids import check_token_ids
 
 #: the label of a target position that has no next token (padding): the loss skips it
 IGNORE_INDEX = -100
@@ -46,6 +50,13 @@ class GPTConfig:
             raise ValueError(f"rotary positions need an even head dim, got d_model / n_head = {self.head_dim}")
         if self.window is not None:
             check_block("window", self.window)
+        base = self.rope_base
+        if isinstance(base, (bool, np.bool_)) or not isinstance(base, numbers.Real):
+            raise TypeError(f"rope_base must be a number (the rotary base, e.g. 10000.0), "
+                            f"got {type(base).__name__} {base!r}")
+        if not (math.isfinite(base) and base > 0):
+            raise ValueError(f"rope_base must be a positive finite number (the rotary angles are "
+                             f"position * rope_base^(-2i/D)), got {base!r}")
 
     @property
     def head_dim(self) -> int:
@@ -191,6 +202,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig, attention_backend="sdpa", seed: int | None = 0):
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.attention_backend = check_backend(attention_backend)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
@@ -216,12 +229,16 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cu_seqlens=None, positions=None,
                 cache: KVCache | None = None):
         self.attention_backend = check_backend(self.attention_backend)
-        B, T = idx.shape
+        B, T = check_token_ids("idx", idx, targets=targets).shape
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + T, device=idx.device)
         cos, sin = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
-        x = self.embed(idx)
+        try:
+            x = self.embed(idx)
+        except IndexError:  # (CPU) free to catch, where a check would cost a sync
+            check_token_ids("idx", idx, self.config.vocab_size)
+            raise
         for block in self.blocks:
             x = block(x, cos, sin, self.attention_backend, cu_seqlens, cache)
         if cache is not None:

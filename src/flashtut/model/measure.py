@@ -44,7 +44,7 @@ from ..bench.report import format_table
 from ..bench.results import MODEL_SECTIONS, save_results
 from ..bench.timing import time_wall
 from ..decode import suggest_num_splits
-from .attention import REAL_MODEL_API, packed_path, unavailable_reason
+from .attention import BACKENDS, REAL_MODEL_API, packed_path, unavailable_reason
 from .batching import model_flops, packed_batch, padded_batch, random_windows
 from .corpus import load_corpus
 from .generation import generate
@@ -228,6 +228,9 @@ def run(preset: str = "cpu", device=None, sections=MODEL_SECTIONS, on_section=No
     so a run cut short keeps what it measured)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    sections = tuple(sections)
+    if not sections or any(name not in MODEL_SECTIONS for name in sections):
+        raise ValueError(f"sections must be a non-empty subset of {', '.join(MODEL_SECTIONS)}, got {sections}")
     p = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = autocast_dtype(device)
@@ -301,29 +304,98 @@ def summary(rows) -> str:
     return "\n\n".join(out)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line (``prog: error: ...``) and exit status 2, with no usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _device(text: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N`` of a GPU that is here."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r} asks for a CUDA GPU and this machine has none; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: there are {torch.cuda.device_count()} GPU(s), "
+                                             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
+def _choices(accepted, what: str):
+    def parse(text: str) -> str:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"expected at least one {what} from {','.join(accepted)}, got {text!r}")
+        bad = [n for n in names if n not in accepted]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(bad)}; accepted: {','.join(accepted)}")
+        return ",".join(names)
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _out_file(text: str) -> str:
+    """The results file: not a folder, in a folder that exists (checked before measuring)."""
+    path = os.path.abspath(os.path.expanduser(text)) if text else ""
+    if not text or os.path.isdir(path) or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; accepted: the path of a .json file to write")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist")
+    if not os.access(os.path.dirname(path), os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flashtut.model.measure",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, metavar="FILE.json", help="where to write the results")
+    parser = _Parser(prog="python -m flashtut.model.measure", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, metavar="FILE.json", type=_out_file,
+                        help="where to write the results")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="gpu (default on a GPU) or cpu")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    parser.add_argument("--sections", default=",".join(MODEL_SECTIONS),
+    parser.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
+    parser.add_argument("--sections", default=",".join(MODEL_SECTIONS), type=_choices(MODEL_SECTIONS, "section"),
                         help=f"comma-separated subset of {','.join(MODEL_SECTIONS)} (default: all, in this order)")
-    parser.add_argument("--backends", help="comma-separated, from naive,sdpa,tiled,triton,cuda")
-    parser.add_argument("--steps", type=int, help="training steps of the loss section")
+    parser.add_argument("--backends", type=_choices(BACKENDS, "backend"),
+                        help=f"comma-separated, from {','.join(BACKENDS)}")
+    parser.add_argument("--steps", type=_positive_int, help="training steps of the loss section")
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def parse_args(argv=None):
+    """The options, every one checked before anything is measured: a bad one exits with status 2
+    and one line naming it. Returns ``(args, device, preset, sections)``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
-    sections = tuple(s for s in args.sections.split(",") if s)
-    bad = [s for s in sections if s not in MODEL_SECTIONS]
-    if bad:
-        print(f"unknown section(s) {', '.join(bad)}; accepted: {', '.join(MODEL_SECTIONS)}", file=sys.stderr)
-        return 2
+    asked = (args.backends or PRESETS[preset]["backends"]).split(",")
+    if all(unavailable_reason(b, device) for b in asked):
+        why = "; ".join(f"{b}: {unavailable_reason(b, device)}" for b in asked)
+        parser.error(f"argument --backends: none of them can run on {device} ({why})")
+    return args, device, preset, tuple(args.sections.split(","))
+
+
+def main(argv=None) -> int:
+    try:
+        args, device, preset, sections = parse_args(argv)
+    except SystemExit as done:          # --help (0) or a bad option (2, its line already printed)
+        return done.code if isinstance(done.code, int) else 2
     argv = sys.argv[1:] if argv is None else list(argv)
     prov = collect(device, call="python -m flashtut.model.measure " + " ".join(argv))
 

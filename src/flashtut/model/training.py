@@ -5,6 +5,7 @@ import contextlib
 
 import torch
 
+from ..checks import check_number
 from .gpt import GPT
 
 
@@ -37,6 +38,9 @@ def train(model: GPT, batches, lr: float = 3e-3, weight_decay: float = 0.1, dtyp
     """One optimiser step per ``(x, y)`` batch (moved to the model's device); returns the loss of
     each step. ``dtype``: the autocast dtype (None: float32); float16 gets a gradient scaler.
     ``on_step(step, loss)`` is called after each step."""
+    lr, weight_decay = check_number("lr", lr), check_number("weight_decay", weight_decay, inclusive=True)
+    if grad_clip is not None:
+        grad_clip = check_number("grad_clip", grad_clip)
     device = next(model.parameters()).device
     opt = make_optimizer(model, lr, weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -56,6 +60,8 @@ def train(model: GPT, batches, lr: float = 3e-3, weight_decay: float = 0.1, dtyp
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
+    if not losses:
+        raise ValueError("batches must hold at least one (x, y) batch; got none, so nothing was trained")
     return losses
 
 
@@ -64,13 +70,16 @@ def evaluate(model: GPT, batches, dtype: torch.dtype | None = None) -> float:
     """Mean loss over ``batches`` (no gradients, the model in eval mode)."""
     device = next(model.parameters()).device
     model.eval()
-    total = 0.0
+    total, count = 0.0, 0
     for x, y in batches:
         with autocast(device, dtype):
             _, loss = model(x.to(device), y.to(device))
         total += float(loss)
+        count += 1
     model.train()
-    return total / max(1, len(batches))
+    if count == 0:      # a mean over nothing is no loss at all, not a perfect 0.0
+        raise ValueError("batches must hold at least one (x, y) batch to evaluate; got none")
+    return total / count
 
 
 __all__ = ["train", "evaluate", "make_optimizer", "autocast", "autocast_dtype"]

@@ -28,7 +28,8 @@ import os
 import torch
 
 from ..checks import (check_bool, check_like, check_lse, check_mask, check_qkv, check_scale, check_tensor,
-                      check_varlen, raise_if_overflowed, scores_can_overflow)
+                      check_varlen, raise_if_flagged, raise_if_overflowed, rows_that_see_keys,
+                      scores_can_overflow)
 from ..constants import LOG2E
 from ..reference import naive_varlen_attention
 from . import configs
@@ -90,7 +91,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None
     """Argument errors first (ValueError/TypeError), then whether the kernels can run here.
     Returns ``(B, H, Nq, Nk, D, mask, scale)`` with ``mask = (alignment, window)``."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
-    mask = check_mask(causal, window)
+    mask = check_mask(causal, window, Nq, Nk)
     scale = check_scale(scale, D)
     if q.dtype not in KERNEL_DTYPES:
         raise ValueError(
@@ -245,8 +246,9 @@ class _Layout:
     """Shapes and row bookkeeping of one call: dense ``(B, H, N, D)`` or packed ``(total, H, D)``
     with ``cu_seqlens`` (then B is the number of sequences and N the longest one)."""
 
-    def __init__(self, q, k, cu_q=None, cu_k=None, max_q=None, max_k=None):
+    def __init__(self, q, k, cu_q=None, cu_k=None, max_q=None, max_k=None, seen=None):
         self.varlen = cu_q is not None
+        self.seen = seen          # packed: (0, total_q) when every row sees a key, else None
         if self.varlen:
             self.B, self.H, self.Hkv, self.D = cu_q.numel() - 1, q.shape[1], k.shape[1], q.shape[2]
             self.Nq, self.Nk = max_q, max_k
@@ -277,8 +279,11 @@ def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None):
                 PAD_D=block_d != L.D, DOT_PREC=_dot_precision(q.dtype))
     _launch("fwd", forward.attn_fwd_kernel, L.Nq, L.B * L.H, args, meta, q.dtype,
             q.device)
-    # reads o only for dtypes whose scores can overflow
-    raise_if_overflowed(o, q.dtype, scale, L.D)
+    # the overflow guard reads lse (the kernel folds each output row's health into it),
+    # for dtypes whose scores can overflow
+    seen = L.seen if L.varlen else rows_that_see_keys(*mask, L.Nq, L.Nk)
+    raise_if_overflowed(lse, q.dtype, scale, L.D, seen=seen,
+                        inputs=(("q", q), ("k", k), ("v", v)))
     return o, lse
 
 
@@ -329,6 +334,8 @@ class _BackwardPlan:
         self.o4, self.do4 = (t.permute(1, 0, 2)[None] if L.varlen else t for t in (o, do))
         self.pre_block = 16 if interpreting() else 128
         self.block_d = block_d
+        # the overflow guard: set to 1 by a kernel program whose gradients are not finite
+        self.flag = torch.zeros(1, dtype=torch.int32, device=q.device)
         self.dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         if self.fused:      # float32 sums, zeroed; cast to q's dtype (and scaled) by finish()
@@ -346,11 +353,12 @@ class _BackwardPlan:
         self.dkdv_meta = dict(self.meta, FUSED_DQ=self.fused, GROUPED=L.group > 1,
                               WIDE_ROWS=(L.Nq + 256) * row_stride >= _WIDE_ROWS_FROM)
         common = [*L.lse_strides, L.group, L.Nq, L.Nk, L.D, scale, scale * LOG2E, mask[1] or 0, bucket]
-        self.dkdv_args = [q, k, v, do, self.dk, self.dv, self.dq_acc, lse, self.delta, L.cu_q, L.cu_k,
+        self.dkdv_args = [q, k, v, do, self.dk, self.dv, self.dq_acc, lse, self.delta, L.cu_q, L.cu_k, self.flag,
                           *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(self.dk),
                           *_strides(self.dv), *_strides(self.dq_acc), *common[:2], L.Hkv, *common[2:]]
         if not self.fused:
-            self.dq_args = [q, k, v, do, self.dq, lse, self.delta, L.cu_q, L.cu_k, *_strides(q), *_strides(k),
+            self.dq_args = [q, k, v, do, self.dq, lse, self.delta, L.cu_q, L.cu_k, self.flag, *_strides(q),
+                            *_strides(k),
                             *_strides(v), *_strides(do), *_strides(self.dq), *common[:2], L.H, *common[2:]]
 
     def _ctx(self):
@@ -375,8 +383,10 @@ class _BackwardPlan:
                     self.q.dtype, self.q.device)
 
     def finish(self):
-        if self.fused:
+        if self.fused:       # dQ was summed with atomics: no program saw it whole, so it is checked here
             self.dq = (self.dq_acc * self.scale).to(self.q.dtype)
+            if scores_can_overflow(self.q.dtype, self.scale, self.L.D):
+                self.flag |= (~torch.isfinite(self.dq)).any()
 
     def run(self):
         self.preprocess()
@@ -388,12 +398,12 @@ class _BackwardPlan:
 
 def _backward(q, k, v, o, lse, do, mask, scale: float, layout: _Layout | None = None,
               ds_fp32: bool = False):
-    dq, dk, dv = _BackwardPlan(q, k, v, o, lse, do, mask, scale, layout, ds_fp32).run()
-    # only dtypes whose scores can overflow are read again (three reductions and a host sync cost
-    # 0.1-0.25 ms, 3-7 % of a windowed backward at N = 16384); one max-norm pass per gradient
-    if scores_can_overflow(q.dtype, scale, q.shape[-1]):
-        raise_if_overflowed(torch.stack([torch.linalg.vector_norm(g, float("inf")).float() for g in (dq, dk, dv)]),
-                            q.dtype, scale, q.shape[-1], "gradients")
+    plan = _BackwardPlan(q, k, v, o, lse, do, mask, scale, layout, ds_fp32)
+    dq, dk, dv = plan.run()
+    # the kernels flag non-finite gradients themselves: the guard reads one int (one small sync),
+    # and only for dtypes whose scores can overflow; the gradients are not read again
+    raise_if_flagged(plan.flag, q.dtype, scale, q.shape[-1], "gradients",
+                     (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
     return dq, dk, dv
 
 
@@ -497,8 +507,8 @@ class TritonVarlenAttention(torch.autograd.Function):
     """Packed-batch attention: one launch for all sequences; saves ``q, k, v, o, lse`` only."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, mask, scale):
-        layout = _Layout(q, k, cu_q, cu_k, max_q, max_k)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, seen=None):
+        layout = _Layout(q, k, cu_q, cu_k, max_q, max_k, seen)
         o, lse = _forward(q, k, v, mask, scale, layout)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.args = (layout, mask, scale)
@@ -509,7 +519,7 @@ class TritonVarlenAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         layout, mask, scale = ctx.args
         dq, dk, dv = _backward(q, k, v, o, lse, do.to(q.dtype), mask, scale, layout)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 VARLEN_BACKENDS = ("naive", "triton")
@@ -540,10 +550,17 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
                          "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
+    # the kernels index cu_seqlens as a dense int32 array: a strided view (offsets[::2]) would be
+    # read at the wrong addresses
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     max_q = max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
     max_k = max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+    # the guard can ask every row for a finite lse when no sequence has rows that see no key
+    # (otherwise those rows, scattered through the batch, may be -inf and only NaN/+inf is flagged)
+    every = all(rows_that_see_keys(*mask, q1 - q0, k1 - k0) == (0, q1 - q0) and (k1 > k0 or q1 == q0)
+                for q0, q1, k0, k1 in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:]))
     return TritonVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_q, 1), max(max_k, 1),
-                                       mask, scale)
+                                       mask, scale, (0, q.shape[0]) if every else None)
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",

@@ -186,7 +186,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
 
 # lengths are not specialised on: one compilation serves every sequence length
 @triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
-def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
+def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                     stride_qb, stride_qh, stride_qn,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
@@ -209,7 +209,9 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
     (zeroed by the caller) with atomics, and no ``bwd_dq_kernel`` is needed.
     ``GROUPED=False`` (one query head per key/value head) drops the loop over the group,
     whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
-    in 64 bits (needed once ``n_q * stride`` passes 2**31)."""
+    in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed
+    by the caller) is set to 1 by a program whose dK or dV is not finite: the overflow
+    guard."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -261,11 +263,16 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K,
             b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
             CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
 
-    dk = dk * scale
+    dk = (dk * scale).to(DK.dtype.element_ty)
+    dv = dv.to(DV.dtype.element_ty)
     tl.store(DK + b * stride_dkb + h_kv * stride_dkh + rows_n * stride_dkn
-             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_ok)
+             + offs_d[None, :], dk, mask=kv_ok)
     tl.store(DV + b * stride_dvb + h_kv * stride_dvh + rows_n * stride_dvn
-             + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_ok)
+             + offs_d[None, :], dv, mask=kv_ok)
+    # overflow guard: a NaN or an infinity in this program's dK or dV raises the flag
+    # (x * 0 is 0 for a finite x, NaN otherwise)
+    health = tl.sum(tl.sum(dk.to(tl.float32) * 0.0 + dv.to(tl.float32) * 0.0, 1), 0)
+    tl.store(FLAG, 1, mask=health != 0.0)
 
 
 @triton.jit
@@ -307,7 +314,7 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
 
 # lengths are not specialised on: one compilation serves every sequence length
 @triton.jit(do_not_specialize=["n_q", "n_k", "N_BUCKET", "window", "group"])
-def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
+def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                   stride_qb, stride_qh, stride_qn,
                   stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
@@ -322,7 +329,7 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows
-    once."""
+    once, and sets ``FLAG`` to 1 when they are not finite."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest blocks first
@@ -370,6 +377,9 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
         BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
-    dq = dq * scale
+    dq = (dq * scale).to(DQ.dtype.element_ty)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=q_ok)
+             dq, mask=q_ok)
+    # overflow guard: a NaN or an infinity in this program's dQ raises the flag
+    health = tl.sum(tl.sum(dq.to(tl.float32) * 0.0, 1), 0)
+    tl.store(FLAG, 1, mask=health != 0.0)
