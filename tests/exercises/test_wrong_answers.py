@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flashtut
-from flashtut.cuda import hopper_layout as hl
+from flashtut.cuda.models import hopper_layout as hl
 from flashtut.exercises import ch04, ch05, ch06, ch07, ch10, ch11, ch12
 
 NEG_INF = float("-inf")

@@ -65,7 +65,7 @@ class BackwardConfig:
 
 
 #: what the warp grid of ``BackwardConfig(warp_grid=True)`` (bwd_dkdv.cu, DKDV_WARP_GRID) asks of
-#: a configuration; :mod:`flashtut.cuda.warp_grid` models which warp owns which tile elements
+#: a configuration; :mod:`flashtut.cuda.models.warp_grid` models which warp owns which tile elements
 WARP_GRID = {"warps": 8, "head_dims": (64, 128), "block_m": (64, 128), "min_arch": 80}
 
 
