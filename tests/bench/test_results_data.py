@@ -420,8 +420,8 @@ def test_check_ratios_on_a_real_run(tmp_path):
 
 def _invented_h200_files(folder: Path) -> None:
     """Speed and memory files in the harness's layout with invented numbers (provenance says so):
-    every implementation kind the chapter draws, the ladder, an OOM. No roofline and no anchors
-    file, so the chapter also takes its 'missing' path."""
+    every implementation kind the chapter draws, the CUDA kernels' protocol file, an OOM. No
+    instruction ceilings and no SASS file, so the chapter also takes its 'missing' path."""
     import random
 
     rng = random.Random(9)
@@ -439,7 +439,12 @@ def _invented_h200_files(folder: Path) -> None:
                         speed.append({"kind": "speed", "impl": impl, "mode": mode, "dtype": "float16",
                                       "B": 16384 // N, "H": 2048 // D, "N": N, "Nq": N, "Nk": N, "D": D,
                                       "causal": causal, "tflops": tf, "ms": 1.0, "status": "ok"})
-    bench.save_results(folder / "bench_h200.json", "speed", speed, prov)
+    bench.save_results(folder / "bench_h200_protocol_d64_float16.json", "speed", speed, prov)
+    # the CUDA kernels' own protocol file: cuda_attention, its mma.sync forward and SDPA, N = 4096
+    protocol = [dict(r, impl=impl) for r in speed if r["N"] == 4096
+                for impl in ({"cuda": ("cuda", "cuda-mma")}.get(r["impl"], (r["impl"],)))
+                if impl in ("sdpa-flash", "sdpa-cudnn", "cuda", "cuda-mma")]
+    bench.save_results(folder / "cuda_protocol_h200.json", "speed", protocol, prov)
     memory = []
     for impl, per_n2 in (("naive", 80.0), ("sdpa-flash", None)):
         for N in (1024, 2048, 4096, 8192):
@@ -467,8 +472,9 @@ def test_chapter_09_runs_on_a_folder_of_results(tmp_path, monkeypatch):
             text.append(out.get("text", "") + out.get("data", {}).get("text/markdown", ""))
             images += "image/png" in out.get("data", {})
     text = "\n".join(text)
-    assert images >= 4 + 2 + 1, f"expected speed, ladder and memory figures, got {images} images"
-    assert "book/data/h200_roofline.json: not found" in text            # the missing path, no crash
-    assert results_data.PRODUCERS["h200_roofline.json"][1] in text
-    assert "invented by tests/bench/test_results_data.py" in text             # provenance printed
-    assert "out of memory at N = 8192" in text and "triton / sdpa-flash" in text
+    assert images == 2 + 1, f"expected two speed figures and the memory figure, got {images} images"
+    assert "h200_instruction_peaks.json: not found" in text             # the missing path, no crash
+    assert results_data.PRODUCERS["h200_instruction_peaks.json"][1] in text
+    assert "invented by" not in text                      # provenance is the worklog's, not the page's
+    assert "out of memory at N = 8192" in text
+    assert "| CUDA mma.sync (ch. 8) |" in text and "cuDNN, backward:" in text     # the ratio table

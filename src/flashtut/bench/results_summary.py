@@ -47,8 +47,9 @@ def span(values, spec: str = ".2f") -> str:
     return f"{min(values):{spec}} to {max(values):{spec}}"
 
 
-def headline_table(sweep, protocol, N: int = 16384, dtype: str = "float16"):
-    """Chapter 9's ratio table: one line per pass, head dim and mask at ``N`` and ``dtype``, one
+def headline_table(sweep, protocol, N: int | None = None, dtype: str = "float16"):
+    """Chapter 9's ratio table: one line per pass, head dim and mask at ``N`` (None: the longest
+    sequence ``protocol`` timed) and ``dtype``, one
     column per implementation of :data:`HEADLINE_COLUMNS`, each its TFLOP/s over ``sdpa-flash``'s
     timed in the same process. Triton's ratios come from ``sweep`` (the protocol sweep), the CUDA
     kernels' and cuDNN's from ``protocol`` (``cuda_protocol_h200.json``: chapter 8's mma.sync
@@ -56,7 +57,11 @@ def headline_table(sweep, protocol, N: int = 16384, dtype: str = "float16"):
     ``(header, body)``."""
     _check_rows(sweep, "sweep")
     _check_rows(protocol, "protocol")
-    if not isinstance(N, int) or N <= 0:
+    if N is None:
+        N = max((r["N"] for r in _ok(protocol) if r.get("N")), default=None)
+        if N is None:
+            raise ValueError("protocol holds no timed case")
+    if not isinstance(N, int) or isinstance(N, bool) or N <= 0:
         raise ValueError(f"N must be a positive int, got {N!r}")
     source = {"triton": sweep}
     cols = {impl: ratios(source.get(impl, protocol), impl, N=N, dtype=dtype) for impl, _ in HEADLINE_COLUMNS}
@@ -166,3 +171,24 @@ def memory_summary(rows) -> list[str]:
             text += f"; out of memory at N = {oom[0]}"
         lines.append(text)
     return lines
+
+
+def live_table(rows, baseline: str = BASELINE):
+    """A narrow table of a small live sweep (``bench.run_speed``): implementation, pass, N, mask,
+    milliseconds, TFLOP/s, the ratio to ``baseline`` on the same case, the largest error and the
+    status; the batch, heads, head dim and dtype of a live sweep are one value each, stated once by
+    the cell that ran it. Returns ``(header, body)``."""
+    _check_rows(rows, "rows")
+    from .report import SPEED_KEY, _fmt, _worst_err
+
+    base = {tuple(r.get(k) for k in SPEED_KEY): r["tflops"] for r in rows
+            if r.get("impl") == baseline and r.get("tflops")}
+    body = []
+    for r in rows:
+        if r.get("status") == "unavailable":
+            continue
+        b = base.get(tuple(r.get(k) for k in SPEED_KEY))
+        body.append([r["impl"], r["mode"], _fmt(r["Nq"]), _fmt(r["causal"]), _fmt(r.get("ms"), ".3g"),
+                     _fmt(r.get("tflops"), ".3g"), _fmt(r["tflops"] / b if b and r.get("tflops") else None, ".2f"),
+                     _fmt(_worst_err(r), ".1e"), r.get("status") or "-"])
+    return ["impl", "pass", "N", "causal", "ms", "TFLOP/s", f"x {baseline}", "max err", "status"], body
