@@ -5,7 +5,14 @@ repository's ``_build``. The browser half opens the index page and a chapter pag
 ``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
 TeX errors, the console has no JavaScript errors or exceptions, nothing (MathJax above all) is
 fetched from a non-local host, and a screenshot is saved under ``_build/screenshots`` (its path
-is printed).
+is printed). Every page of the table of contents is opened at 1280 and at 400 CSS pixels: each
+figure keeps its own aspect ratio (within 5%), no page is wider than the window, and on a desktop
+no code box, output or table reaches past the text column (a code box may scroll inside itself,
+a table may not). Over the built HTML: figures are numbered one way, "Figure 9.2:", and no page
+shows an internal path or "with uncommitted changes".
+
+The build drops the notebooks' execution cache first (``_config.yml`` caches executions for
+``make book``), so every notebook runs against the library as it is now.
 
 Environment knobs, for working on the book:
 * ``FLASHTUT_BOOK_TOC=path``: build with another table of contents (``jupyter-book --toc``);
@@ -90,6 +97,8 @@ def book(capsys_session_disabled) -> Build:
     if os.environ.get("FLASHTUT_BOOK_REUSE") == "1" and (HTML / "index.html").exists():
         capsys_session_disabled(f"\n[book] reusing the HTML in {HTML} (FLASHTUT_BOOK_REUSE=1)")
         return Build(0, 0.0, log if log.exists() else Path(os.devnull), toc)
+    # a fresh execution of every notebook: the cache keys on the cells' code, not on src/
+    shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
     cmd = _jupyter_book() + ["build", str(ROOT), "-W", "-n", "--keep-going"]
     if toc != (ROOT / "_toc.yml").resolve():
         cmd += ["--toc", str(toc)]
@@ -199,6 +208,7 @@ class PageReport:
     remote_requests: list = field(default_factory=list)
     screenshot: Path | None = None
     layout: dict = field(default_factory=dict)
+    fit: dict = field(default_factory=dict)
 
 
 class DevTools:
@@ -350,9 +360,76 @@ LAYOUT = """
     images: imgs.length,
     theme: document.documentElement.dataset.theme || "",
     height: Math.ceil(document.documentElement.scrollHeight),
+    // a source listing (show_source / show_file: a highlighted block in a cell's output) whose own
+    // box or any box around it up to the output has a light background or border: in the dark
+    // theme that is a bright frame around dark code
+    listing_frames: document.documentElement.dataset.theme !== "dark" ? [] :
+      [...main.querySelectorAll("div.cell_output div.highlight")].filter((el) => {
+        const light = (c) => {
+          const m = c.match(/rgba?\(([\d.]+), ([\d.]+), ([\d.]+)(?:, ([\d.]+))?\)/);
+          if (!m || (m[4] !== undefined && +m[4] < 0.1)) return false;
+          return (0.2126 * m[1] + 0.7152 * m[2] + 0.0722 * m[3]) / 255 > 0.45;
+        };
+        for (let p = el; p; p = p.parentElement) {
+          const cs = getComputedStyle(p);
+          const border = ["Top", "Right", "Bottom", "Left"].some(
+            (s) => parseFloat(cs[`border${s}Width`]) > 0 && light(cs[`border${s}Color`]));
+          if (light(cs.backgroundColor) || border) return true;
+          if (p.classList.contains("cell_output")) break;
+        }
+        return false;
+      }).map((el) => (el.textContent || "").trim().slice(0, 60)),
   };
 })()
 """
+
+
+# What a reader sees of a page's geometry, once its images are decoded: each figure's rendered
+# aspect ratio against its own, the page's width against the window's, and every box that reaches
+# past the text column (a table that scrolls inside its container counts too: at 1280 px tables fit)
+FIT = """
+(async () => {
+  const main = document.querySelector(".bd-content") || document.body;
+  const column = (document.querySelector("article.bd-article") || main).getBoundingClientRect();
+  const imgs = [...main.querySelectorAll("img")];
+  await Promise.all(imgs.map((i) => i.complete ? null
+    : new Promise((r) => { i.addEventListener("load", r); i.addEventListener("error", r); })));
+  const figures = [];
+  for (const img of imgs) {
+    const r = img.getBoundingClientRect(), cs = getComputedStyle(img);
+    const px = (...names) => names.reduce((a, n) => a + parseFloat(cs[n] || 0), 0);
+    // the drawing itself: the box less its padding and border (the dark theme pads figures)
+    const w = r.width - px("paddingLeft", "paddingRight", "borderLeftWidth", "borderRightWidth");
+    const h = r.height - px("paddingTop", "paddingBottom", "borderTopWidth", "borderBottomWidth");
+    if (!img.naturalWidth || !img.naturalHeight || w < 2 || h < 2) continue;  // folded away
+    figures.push({src: img.getAttribute("src").split("/").pop(),
+                  ratio: (w / h) / (img.naturalWidth / img.naturalHeight)});
+  }
+  const shown = (el) => el.getBoundingClientRect().width > 0;
+  const name = (el) => `${el.tagName.toLowerCase()}: ${(el.textContent || "").trim().slice(0, 60)}`;
+  const past = [...main.querySelectorAll("pre, table, div.highlight, div.cell_output, figure, img")]
+    .filter((el) => shown(el) && el.getBoundingClientRect().right > column.right + 1).map(name);
+  const tables = [...main.querySelectorAll("table")]
+    .filter((el) => shown(el) && el.scrollWidth > el.parentElement.clientWidth + 1).map(name);
+  return {figures, past, tables, page: document.documentElement.scrollWidth, window: window.innerWidth};
+})()
+"""
+
+
+def _fit_problems(fit: dict, width: int):
+    """What a reader would see wrong in a page's geometry (``FIT``): a figure whose rendered aspect
+    ratio is off its own by more than 5%, a page wider than the window, and on a desktop a box
+    that reaches past the text column or a table that scrolls sideways."""
+    for f in fit["figures"]:
+        if abs(f["ratio"] - 1) > 0.05:
+            yield f"figure {f['src']} drawn at {f['ratio']:.2f} of its own aspect ratio"
+    if fit["page"] > fit["window"] + 1:
+        yield f"the page is {fit['page']} px wide in a {fit['window']} px window"
+    if width >= 1280:
+        for box in fit["past"]:
+            yield f"wider than the text column: {box}"
+        for table in fit["tables"]:
+            yield f"a table scrolls sideways: {table}"
 
 
 def _open_page(port: int, url: str, shot_name: str, dark: bool = False, width: int = 1280,
@@ -391,6 +468,7 @@ def _open_page(port: int, url: str, shot_name: str, dark: bool = False, width: i
                     if parsed.scheme in ("http", "https", "ws", "wss") and parsed.hostname not in LOCAL_HOSTS:
                         report.remote_requests.append(req_url)
             report.layout = tools.evaluate(LAYOUT)
+            report.fit = tools.evaluate(FIT, timeout=90)
             if full_page:                    # the whole page, for a reader's eye on every figure
                 height = min(report.layout["height"], 30000)
                 tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
@@ -480,3 +558,8 @@ def test_chapters_read_in_both_themes_and_on_a_phone(browser, server, book, caps
     if width >= 1280:
         assert not lay["inputs"], f"code cells that scroll sideways on {name}: {lay['inputs']}"
     assert lay["dimmed"] == 0, f"{lay['dimmed']} figures are dimmed by the theme's filter on {name}"
+    for problem in _fit_problems(report.fit, width):
+        pytest.fail(f"{name}: {problem}")
+    if dark:
+        frames = report.layout.get("listing_frames", [])
+        assert not frames, f"source listings drawn with a light frame in the dark theme on {name}: {frames}"

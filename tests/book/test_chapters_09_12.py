@@ -44,7 +44,7 @@ def spans():
 def test_chapter_09_quotes_the_ratio_table(spans):
     text = _text("09_results")
     # the two mma.sync readings are one now: chapter 8's kernels as they ship, from one file
-    assert (f"Chapter 8's `mma.sync` kernels run level with `sdpa-flash` ({spans['cuda-mma', 'fwd']} times "
+    assert (f"chapter 8's `mma.sync` kernels run level with `sdpa-flash` ({spans['cuda-mma', 'fwd']} times "
             f"forward, {spans['cuda-mma', 'bwd']} backward)") in text
     assert f"Triton's kernels pass it ({spans['triton', 'fwd']} times forward, {spans['triton', 'bwd']} backward)" in text
     assert f"cuDNN ({spans['sdpa-cudnn', 'fwd']} times forward)" in text

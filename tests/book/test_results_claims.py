@@ -524,7 +524,7 @@ def test_chapter_09_reading_of_the_mma_sync_kernels_after_chapter_8s_ladder():
         # "level with it": within 10% either way in every case, where W3 and cuDNN are 1.5 to 2 times ahead
         assert 0.9 < min(ratios) and max(ratios) < 1.1, (mode, min(ratios), max(ratios))
         span[mode] = f"{min(ratios):.2f} to {max(ratios):.2f}"
-    assert (f"Chapter 8's `mma.sync` kernels run level with `sdpa-flash` ({span['fwd']} times forward, "
+    assert (f"chapter 8's `mma.sync` kernels run level with `sdpa-flash` ({span['fwd']} times forward, "
             f"{span['bwd']} backward)") in _chapter_09_text()
 
 
