@@ -223,8 +223,12 @@ def test_describe_wraps_every_line_and_breaks_a_command_only_at_spaces():
             "date": "2026-11-29T11:14:08+00:00", "command": command}
     text = results_data.describe(prov)
     assert max(len(line) for line in text.splitlines()) <= 90, text
-    assert " ".join(text.split()).count(command) == 1, text
+    # the command as a reader can run it: the measuring machine's folder is not shown
+    assert " ".join(text.split()).count(results_data.public_command(command)) == 1, text
+    assert "/root/out" not in text and "--out memory_h200.json" in " ".join(text.split())
     assert "cupy 14.2.0 (cupy-cuda13x)" in " ".join(text.split())
+    dirty = dict(prov, git={"commit": "0123456789abcdef", "dirty": True})
+    assert "uncommitted" not in results_data.describe(dirty)
     narrow = results_data.describe(prov, width=60)
     assert max(len(line) for line in narrow.splitlines()) <= 60, narrow
 

@@ -563,3 +563,119 @@ def test_chapters_read_in_both_themes_and_on_a_phone(browser, server, book, caps
     if dark:
         frames = report.layout.get("listing_frames", [])
         assert not frames, f"source listings drawn with a light frame in the dark theme on {name}: {frames}"
+
+
+# --- every page: what a reader sees of its geometry ------------------------------------------------
+
+@pytest.mark.parametrize("width", [1280, 400], ids=["desktop", "400px"])
+def test_every_page_keeps_its_figures_and_fits_the_window(browser, server, book, capsys_session_disabled, width):
+    """Each page of the table of contents, light theme: every figure within 5% of its own aspect
+    ratio, no page wider than the window, and on a desktop nothing past the text column."""
+    problems, figures, squashed = [], 0, 0
+    for page in _toc_files(book.toc):
+        if not (HTML / f"{page}.html").is_file():
+            continue                      # test_book_builds_with_warnings_as_errors names it
+        name = f"all_{page.replace('/', '_')}_{width}.png"
+        report = _open_page(browser, f"{server}/{page}.html", name, width=width)
+        figures += len(report.fit["figures"])
+        squashed += sum(abs(f["ratio"] - 1) > 0.05 for f in report.fit["figures"])
+        problems += [f"{page}: {p}" for p in _fit_problems(report.fit, width)]
+    capsys_session_disabled(f"[fit] {width} px: {figures} figures, {squashed} off their aspect ratio by more "
+                            f"than 5%, {len(problems)} problems")
+    assert figures > 0, "no figure measured on any page"
+    assert not problems, "\n".join(problems)
+
+
+def test_fit_problems_flags_what_a_reader_would_see():
+    fine = {"figures": [{"src": "a.png", "ratio": 1.03}], "past": [], "tables": [], "page": 400, "window": 400}
+    assert list(_fit_problems(fine, 400)) == [] and list(_fit_problems(fine, 1280)) == []
+    squashed = dict(fine, figures=[{"src": "a.png", "ratio": 0.54}])
+    assert "a.png drawn at 0.54" in next(_fit_problems(squashed, 1280))
+    assert "2072 px wide" in next(_fit_problems(dict(fine, page=2072), 400))
+    wide = dict(fine, past=["pre: python -m flashtut.bench run"], tables=["table: x"])
+    assert len(list(_fit_problems(wide, 1280))) == 2
+    assert list(_fit_problems(wide, 400)) == []       # on a phone a box may scroll inside itself
+
+
+# --- the built HTML: one caption scheme, no internal paths --------------------------------------
+
+_CHAPTER_HTML = re.compile(r"notebooks/(\d{2})_[^/]+\.html$")
+
+
+def _pages():
+    return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+
+
+def test_figures_are_numbered_one_way(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    wrong = []
+    for page in _pages():
+        text = page.read_text(errors="replace")
+        numbers = [html_unescape(n).strip() for n in re.findall(r'<span class="caption-number">(.*?)</span>', text)]
+        m = _CHAPTER_HTML.search(page.as_posix())
+        if m:
+            want = [f"Figure {int(m.group(1))}.{i}:" for i in range(1, len(numbers) + 1)]
+            if numbers != want:
+                wrong.append(f"{page.relative_to(HTML)}: {numbers} (want {want})")
+        elif any(not re.fullmatch(r"Figure \d+(\.\d+)?:", n) for n in numbers):
+            wrong.append(f"{page.relative_to(HTML)}: {numbers}")
+        if re.search(r"<strong>Figure\.</strong>|\bFig\. \d", text):
+            wrong.append(f"{page.relative_to(HTML)}: an unnumbered 'Figure.' or a 'Fig. N' caption")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_shows_an_internal_path_or_a_dirty_tree(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    found = []
+    for page in _pages():
+        text = page.read_text(errors="replace")
+        for m in re.finditer(r"/root/out\b|/tmp/tmp\w*|with uncommitted changes", text):
+            found.append(f"{page.relative_to(HTML)}: ...{text[max(0, m.start() - 60):m.end() + 20]}...")
+    assert not found, "\n".join(found[:40]) + (f"\n... {len(found)} in all" if len(found) > 40 else "")
+
+
+def html_unescape(text: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def test_figure_numbers_restart_in_each_chapter():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page_fixes", ROOT / "book" / "_ext" / "page_fixes.py")
+    page_fixes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page_fixes)
+    numbers = {"notebooks/09_results": {"figure": {"fig-b": (23,), "fig-a": (22,)}},
+               "notebooks/11_hopper": {"figure": {"x": (40,)}},
+               "book/api": {"figure": {"y": (5,)}},
+               "book/preface": {}}
+    page_fixes.number_figures_by_chapter(numbers)
+    assert numbers["notebooks/09_results"]["figure"] == {"fig-a": (9, 1), "fig-b": (9, 2)}
+    assert numbers["notebooks/11_hopper"]["figure"] == {"x": (11, 1)}
+    assert numbers["book/api"]["figure"] == {"y": (5,)} and numbers["book/preface"] == {}
+
+
+# --- how the book is built ----------------------------------------------------------------------
+
+def test_executions_are_cached_and_the_theme_is_pinned():
+    import yaml
+    from importlib import metadata
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["execute"]["execute_notebooks"] == "cache"
+    assert config["execute"]["allow_errors"] is False                 # an erroring notebook fails the build
+    assert config["sphinx"]["config"]["nb_execution_raise_on_error"] is True
+    assert config["sphinx"]["config"]["numfig_format"]["figure"] == "Figure %s:"
+    pins = dict(re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "requirements-dev.txt").read_text(), re.M))
+    for package in ("jupyter-book", "sphinx-book-theme", "pydata-sphinx-theme"):
+        assert package in pins, f"requirements-dev.txt does not pin {package}"
+        try:
+            installed = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+        assert installed == pins[package], f"{package}: {installed} installed, {pins[package]} pinned"
+    # make book drops the cache when the library changed; the book test above never uses one
+    assert "find src -newer $(NB_CACHE)/global.db" in (ROOT / "Makefile").read_text()

@@ -278,3 +278,27 @@ def test_chapter_07_h200_table_is_narrow():
     assert header.count("|") - 1 <= 7
     # no number with an exponent, whose hyphen a browser may break a line at ("1.1e-/04")
     assert not re.search(r"\de-\d", table)
+
+
+# --- one caption scheme in every chapter ------------------------------------------------------------
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
+def test_captions_follow_one_scheme(path):
+    """Figures are numbered "Figure C.N:" by chapter: by the book build for a captioned figure cell
+    (``mystnb.figure.caption``; ``book/_ext`` numbers them per chapter), or written so by hand in a
+    Markdown cell, never both in one chapter, never "Fig. N" or an unnumbered "Figure.", and hand
+    numbers run 1, 2, ... with the chapter's own number in front."""
+    chapter = int(path.stem[:2])
+    cells = json.loads(path.read_text())["cells"]
+    captioned = [c for c in cells if "figure" in c.get("metadata", {}).get("mystnb", {})]
+    text = "\n".join("".join(c["source"]) for c in cells)
+    by_hand = [(int(a), int(b)) for a, b in re.findall(r"^\*Figure (\d+)\.(\d+):", text, re.M)]
+    assert not (captioned and by_hand), f"{path.name} mixes numbered captions written by hand with captioned cells"
+    assert by_hand == [(chapter, i) for i in range(1, len(by_hand) + 1)], by_hand
+    assert not re.search(r"\*\*Figure\.\*\*|\bFig\. \d|Figure\.\*\*", text)
+    for c in captioned:
+        caption = c["metadata"]["mystnb"]["figure"]["caption"]
+        assert not re.match(r"\s*(Figure|Fig\.)\s*\d", caption), f"{path.name}: the build numbers it: {caption[:60]}"
