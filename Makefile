@@ -21,7 +21,14 @@ $(STAMP): requirements-dev.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
+# The notebooks' executions are cached by their code (_config.yml); the cache does not see the
+# library under them, so it is dropped when a file of src/ is newer than its database.
+NB_CACHE := _build/.jupyter_cache
 book: $(STAMP)
+	@if [ -f $(NB_CACHE)/global.db ] && [ -n "$$(find src -newer $(NB_CACHE)/global.db \
+	    -type f -print -quit)" ]; then \
+	  echo "src/ changed since the notebooks last ran: executing them all again"; \
+	  rm -rf $(NB_CACHE); fi
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 # the compile matrix of every build that cuda_attention does not ship is marked slow: what ships, and each

@@ -1,4 +1,4 @@
-"""Sphinx extension with four small fix-ups of the pages Jupyter Book generates and how it runs them.
+"""Sphinx extension with five small fix-ups of the pages Jupyter Book generates and how it runs them.
 
 1. Repeated inline <script> bodies are dropped. sphinx-thebe registers its configuration script
    (``const THEBE_JS_URL = ...``) on every ``env-before-read-docs`` event, which Jupyter Book's
@@ -17,10 +17,16 @@
    notebook: a dozen warnings in every clean build. The installed kernel spec declares CurveZMQ
    support, so "auto" gives each kernel its own keys; nothing in the build passes traitlets
    configuration down to the kernel manager, so the extension sets the default.
+5. Figures are numbered by chapter, "Figure 9.2:", the scheme of the captions written by hand in
+   chapters 1 to 3. Sphinx numbers the captioned figures of a book without numbered sections
+   through the whole book ("Fig. 22"); after it has, each chapter page (``notebooks/NN_*``)
+   numbers its own figures from 1 in their order on the page, with the chapter in front
+   (``numfig_format`` in ``_config.yml`` writes "Figure %s:").
 """
 import re
 from pathlib import Path
 
+_CHAPTER_PAGE = re.compile(r"(?:^|/)(\d{2})_[^/]+$")
 _SVG_TOKEN = re.compile(r'<g fill="(#[0-9a-fA-F]{6})"|<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" '
                         r'height="([\d.]+)"')
 
@@ -78,6 +84,27 @@ def _root_favicon(app, exception):
         favicon_ico(svg.read_text(), Path(app.outdir, "favicon.ico"))
 
 
+def number_figures_by_chapter(fignumbers: dict) -> dict:
+    """Sphinx's figure numbers (``env.toc_fignumbers``: docname -> {"figure": {id: (n,)}}) with
+    every chapter page's figures renumbered ``(chapter, 1)``, ``(chapter, 2)``, ... in their order;
+    pages that are not chapters keep theirs. Returns the same dict, changed in place."""
+    for docname, numbers in fignumbers.items():
+        m = _CHAPTER_PAGE.search(docname)
+        figures = numbers.get("figure")
+        if m and figures:
+            chapter = int(m.group(1))
+            order = sorted(figures, key=lambda fid: figures[fid])
+            numbers["figure"] = {fid: (chapter, i) for i, fid in enumerate(order, 1)}
+    return fignumbers
+
+
+def _chapter_figure_numbers(app, env):
+    # after the toctree collector (priority 500) has assigned the book-wide numbers
+    before = {d: dict(n.get("figure", {})) for d, n in env.toc_fignumbers.items()}
+    number_figures_by_chapter(env.toc_fignumbers)
+    return [d for d, n in env.toc_fignumbers.items() if n.get("figure", {}) != before.get(d)]
+
+
 def _encrypted_kernel_transport():
     try:
         import zmq
@@ -95,4 +122,5 @@ def setup(app):
     # after sphinx-book-theme adds its launch buttons (priority 501)
     app.connect("html-page-context", _no_colab_for_text_notebooks, priority=600)
     app.connect("build-finished", _root_favicon)
+    app.connect("env-get-updated", _chapter_figure_numbers, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -63,7 +63,11 @@ def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -
     """The text of the first code cell of every notebook, for a given repository and branch.
 
     ``import flashtut.notebook`` (not just ``import flashtut``) because the helpers module is not
-    imported by the package itself; ``%pip`` installs into the running kernel, which Colab needs.
+    imported by the package itself. pip runs as ``sys.executable -m pip`` (the running kernel's
+    Python, as ``%pip`` would) in a subprocess whose exit status the cell checks: when the install
+    fails (no network, a wrong URL) the reader gets one line saying what failed, with pip's last
+    line, and what to do, instead of pip's output, a restart note and two tracebacks.
+    ``_render_traceback_`` is IPython's hook for an exception that prints itself.
     """
     url, branch = check_repo_url(repo_url), check_branch(branch)
     return (
@@ -71,10 +75,21 @@ def setup_cell(repo_url: str = DEFAULT_REPO_URL, branch: str = DEFAULT_BRANCH) -
         "try:\n"
         "    import flashtut.notebook\n"
         "except ImportError:\n"
-        # the URL on a line of its own, so that the cell fits the book's code box; IPython joins
-        # a magic's backslash-continued lines before it runs
-        "    %pip install -q \\\n"
-        f'        "flashtut @ git+{url}@{branch}"\n'
+        "    import subprocess\n"
+        "    import sys\n"
+        "\n"
+        "    class SetupError(Exception):\n"
+        "        def _render_traceback_(self):    # IPython: the message alone\n"
+        "            return [f\"SetupError: {self}\"]\n"
+        "\n"
+        f'    PKG = "flashtut @ git+{url}@{branch}"\n'
+        '    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n'
+        "                          PKG], capture_output=True, text=True)\n"
+        "    if pip.returncode != 0:\n"
+        '        why = (pip.stderr.strip().splitlines() or ["no message"])[-1]\n'
+        "        raise SetupError(\n"
+        '            f"pip could not install {PKG} ({why}). Check the network "\n'
+        '            "connection and the URL, then run this cell again.") from None\n'
         "    import flashtut.notebook\n"
         "device = flashtut.notebook.pick_device()"
     )

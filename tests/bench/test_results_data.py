@@ -188,8 +188,12 @@ def test_describe_wraps_every_line_and_breaks_a_command_only_at_spaces():
             "date": "2026-11-29T11:14:08+00:00", "command": command}
     text = results_data.describe(prov)
     assert max(len(line) for line in text.splitlines()) <= 90, text
-    assert " ".join(text.split()).count(command) == 1, text
+    # the command as a reader can run it: the measuring machine's folder is not shown
+    assert " ".join(text.split()).count(results_data.public_command(command)) == 1, text
+    assert "/root/out" not in text and "--out memory_h200.json" in " ".join(text.split())
     assert "cupy 14.2.0 (cupy-cuda13x)" in " ".join(text.split())
+    dirty = dict(prov, git={"commit": "0123456789abcdef", "dirty": True})
+    assert "uncommitted" not in results_data.describe(dirty)
     narrow = results_data.describe(prov, width=60)
     assert max(len(line) for line in narrow.splitlines()) <= 60, narrow
 
@@ -404,8 +408,8 @@ def test_check_ratios_on_a_real_run(tmp_path):
 
 def _invented_h200_files(folder: Path) -> None:
     """Speed and memory files in the harness's layout with invented numbers (provenance says so):
-    every implementation kind the chapter draws, the ladder, an OOM. No roofline and no anchors
-    file, so the chapter also takes its 'missing' path."""
+    every implementation kind the chapter draws, the CUDA kernels' protocol file, an OOM. No
+    instruction ceilings and no SASS file, so the chapter also takes its 'missing' path."""
     import random
 
     rng = random.Random(9)
@@ -423,7 +427,12 @@ def _invented_h200_files(folder: Path) -> None:
                         speed.append({"kind": "speed", "impl": impl, "mode": mode, "dtype": "float16",
                                       "B": 16384 // N, "H": 2048 // D, "N": N, "Nq": N, "Nk": N, "D": D,
                                       "causal": causal, "tflops": tf, "ms": 1.0, "status": "ok"})
-    bench.save_results(folder / "bench_h200.json", "speed", speed, prov)
+    bench.save_results(folder / "bench_h200_protocol_d64_float16.json", "speed", speed, prov)
+    # the CUDA kernels' own protocol file: cuda_attention, its mma.sync forward and SDPA, N = 4096
+    protocol = [dict(r, impl=impl) for r in speed if r["N"] == 4096
+                for impl in ({"cuda": ("cuda", "cuda-mma")}.get(r["impl"], (r["impl"],)))
+                if impl in ("sdpa-flash", "sdpa-cudnn", "cuda", "cuda-mma")]
+    bench.save_results(folder / "cuda_protocol_h200.json", "speed", protocol, prov)
     memory = []
     for impl, per_n2 in (("naive", 80.0), ("sdpa-flash", None)):
         for N in (1024, 2048, 4096, 8192):
@@ -451,7 +460,8 @@ def test_chapter_09_runs_on_a_folder_of_results(tmp_path, monkeypatch):
             text.append(out.get("text", "") + out.get("data", {}).get("text/markdown", ""))
             images += "image/png" in out.get("data", {})
     text = "\n".join(text)
-    assert images >= 4 + 2 + 1, f"expected speed, ladder and memory figures, got {images} images"
-    assert "h200_roofline.json: not found" in text            # the missing file named, no crash
-    assert "invented by tests/bench/test_results_data.py" in text             # provenance printed
-    assert "out of memory at N = 8192" in text and "triton / sdpa-flash" in text
+    assert images == 2 + 1, f"expected two speed figures and the memory figure, got {images} images"
+    assert "h200_instruction_peaks.json: not found" in text             # the missing path, no crash
+    assert "invented by" not in text                      # provenance is the worklog's, not the page's
+    assert "out of memory at N = 8192" in text
+    assert "| CUDA mma.sync (ch. 8) |" in text and "| cuDNN |" in text     # the ratio table

@@ -5,7 +5,14 @@ repository's ``_build``. The browser half opens the index page and a chapter pag
 ``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
 TeX errors, the console has no JavaScript errors or exceptions, nothing (MathJax above all) is
 fetched from a non-local host, and a screenshot is saved under ``_build/screenshots`` (its path
-is printed).
+is printed). Every page of the table of contents is opened at 1280 and at 400 CSS pixels: each
+figure keeps its own aspect ratio (within 5%), no page is wider than the window, and on a desktop
+no code box, output or table reaches past the text column (a code box may scroll inside itself,
+a table may not). Over the built HTML: figures are numbered one way, "Figure 9.2:", and no page
+shows an internal path or "with uncommitted changes".
+
+The build drops the notebooks' execution cache first (``_config.yml`` caches executions for
+``make book``), so every notebook runs against the library as it is now.
 
 Environment knobs, for working on the book:
 * ``FLASHTUT_BOOK_TOC=path``: build with another table of contents (``jupyter-book --toc``);
@@ -90,6 +97,8 @@ def book(capsys_session_disabled) -> Build:
     if os.environ.get("FLASHTUT_BOOK_REUSE") == "1" and (HTML / "index.html").exists():
         capsys_session_disabled(f"\n[book] reusing the HTML in {HTML} (FLASHTUT_BOOK_REUSE=1)")
         return Build(0, 0.0, log if log.exists() else Path(os.devnull), toc)
+    # a fresh execution of every notebook: the cache keys on the cells' code, not on src/
+    shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
     cmd = _jupyter_book() + ["build", str(ROOT), "-W", "-n", "--keep-going"]
     if toc != (ROOT / "_toc.yml").resolve():
         cmd += ["--toc", str(toc)]
@@ -199,6 +208,7 @@ class PageReport:
     remote_requests: list = field(default_factory=list)
     screenshot: Path | None = None
     layout: dict = field(default_factory=dict)
+    fit: dict = field(default_factory=dict)
 
 
 class DevTools:
@@ -350,9 +360,78 @@ LAYOUT = """
     images: imgs.length,
     theme: document.documentElement.dataset.theme || "",
     height: Math.ceil(document.documentElement.scrollHeight),
+    // a source listing (show_source / show_file: a highlighted block in a cell's output) whose own
+    // box or any box around it up to the output has a light background or border: in the dark
+    // theme that is a bright frame around dark code
+    listing_frames: document.documentElement.dataset.theme !== "dark" ? [] :
+      [...main.querySelectorAll("div.cell_output div.highlight")].filter((el) => {
+        const light = (c) => {
+          const m = c.match(/rgba?\(([\d.]+), ([\d.]+), ([\d.]+)(?:, ([\d.]+))?\)/);
+          if (!m || (m[4] !== undefined && +m[4] < 0.1)) return false;
+          return (0.2126 * m[1] + 0.7152 * m[2] + 0.0722 * m[3]) / 255 > 0.45;
+        };
+        for (let p = el; p; p = p.parentElement) {
+          const cs = getComputedStyle(p);
+          const border = ["Top", "Right", "Bottom", "Left"].some(
+            (s) => parseFloat(cs[`border${s}Width`]) > 0 && light(cs[`border${s}Color`]));
+          if (light(cs.backgroundColor) || border) return true;
+          if (p.classList.contains("cell_output")) break;
+        }
+        return false;
+      }).map((el) => (el.textContent || "").trim().slice(0, 60)),
   };
 })()
 """
+
+
+# What a reader sees of a page's geometry, once its images are decoded: each figure's rendered
+# aspect ratio against its own, the page's width against the window's, and every box that reaches
+# past the text column (a table that scrolls inside its container counts too: at 1280 px tables fit)
+FIT = """
+(async () => {
+  const main = document.querySelector(".bd-content") || document.body;
+  const column = (document.querySelector("article.bd-article") || main).getBoundingClientRect();
+  const imgs = [...main.querySelectorAll("img")];
+  await Promise.all(imgs.map((i) => i.complete ? null
+    : new Promise((r) => { i.addEventListener("load", r); i.addEventListener("error", r); })));
+  const figures = [];
+  for (const img of imgs) {
+    const r = img.getBoundingClientRect(), cs = getComputedStyle(img);
+    const px = (...names) => names.reduce((a, n) => a + parseFloat(cs[n] || 0), 0);
+    // the drawing itself: the box less its padding and border (the dark theme pads figures)
+    const w = r.width - px("paddingLeft", "paddingRight", "borderLeftWidth", "borderRightWidth");
+    const h = r.height - px("paddingTop", "paddingBottom", "borderTopWidth", "borderBottomWidth");
+    if (!img.naturalWidth || !img.naturalHeight || w < 2 || h < 2) continue;  // folded away
+    figures.push({src: img.getAttribute("src").split("/").pop(),
+                  ratio: (w / h) / (img.naturalWidth / img.naturalHeight)});
+  }
+  const shown = (el) => el.getBoundingClientRect().width > 0;
+  const name = (el) => `${el.tagName.toLowerCase()}: ${(el.textContent || "").trim().slice(0, 60)}`;
+  const past = [...main.querySelectorAll("pre, table, div.highlight, div.cell_output, figure, img")]
+    .filter((el) => shown(el) && el.getBoundingClientRect().right > column.right + 1).map(name);
+  const tables = [...main.querySelectorAll("table")]
+    .filter((el) => shown(el) && el.scrollWidth > el.parentElement.clientWidth + 1).map(name);
+  return {figures, past, tables, page: document.documentElement.scrollWidth, window: window.innerWidth};
+})()
+"""
+
+
+def _fit_problems(fit: dict, width: int):
+    """What a reader would see wrong in a page's geometry (``FIT``): a figure whose rendered aspect
+    ratio is off its own by more than 5%, a page wider than the window, and on a desktop a box
+    that reaches past the text column or a table that scrolls sideways."""
+    for f in fit["figures"]:
+        if abs(f["ratio"] - 1) > 0.05:
+            yield f"figure {f['src']} drawn at {f['ratio']:.2f} of its own aspect ratio"
+    # against the width the page was opened at: on an emulated phone the layout viewport
+    # (window.innerWidth) widens to a page that is too wide, so it cannot be the measure
+    if fit["page"] > width + 1:
+        yield f"the page is {fit['page']} px wide in a {width} px window"
+    if width >= 1280:
+        for box in fit["past"]:
+            yield f"wider than the text column: {box}"
+        for table in fit["tables"]:
+            yield f"a table scrolls sideways: {table}"
 
 
 def _open_page(port: int, url: str, shot_name: str, dark: bool = False, width: int = 1280,
@@ -391,6 +470,7 @@ def _open_page(port: int, url: str, shot_name: str, dark: bool = False, width: i
                     if parsed.scheme in ("http", "https", "ws", "wss") and parsed.hostname not in LOCAL_HOSTS:
                         report.remote_requests.append(req_url)
             report.layout = tools.evaluate(LAYOUT)
+            report.fit = tools.evaluate(FIT, timeout=90)
             if full_page:                    # the whole page, for a reader's eye on every figure
                 height = min(report.layout["height"], 30000)
                 tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
@@ -480,3 +560,124 @@ def test_chapters_read_in_both_themes_and_on_a_phone(browser, server, book, caps
     if width >= 1280:
         assert not lay["inputs"], f"code cells that scroll sideways on {name}: {lay['inputs']}"
     assert lay["dimmed"] == 0, f"{lay['dimmed']} figures are dimmed by the theme's filter on {name}"
+    for problem in _fit_problems(report.fit, width):
+        pytest.fail(f"{name}: {problem}")
+    if dark:
+        frames = report.layout.get("listing_frames", [])
+        assert not frames, f"source listings drawn with a light frame in the dark theme on {name}: {frames}"
+
+
+# --- every page: what a reader sees of its geometry ------------------------------------------------
+
+@pytest.mark.parametrize("width", [1280, 400], ids=["desktop", "400px"])
+def test_every_page_keeps_its_figures_and_fits_the_window(browser, server, book, capsys_session_disabled, width):
+    """Each page of the table of contents, light theme: every figure within 5% of its own aspect
+    ratio, no page wider than the window, and on a desktop nothing past the text column."""
+    problems, figures, squashed = [], 0, 0
+    for page in _toc_files(book.toc):
+        if not (HTML / f"{page}.html").is_file():
+            continue                      # test_book_builds_with_warnings_as_errors names it
+        name = f"all_{page.replace('/', '_')}_{width}.png"
+        report = _open_page(browser, f"{server}/{page}.html", name, width=width)
+        figures += len(report.fit["figures"])
+        squashed += sum(abs(f["ratio"] - 1) > 0.05 for f in report.fit["figures"])
+        problems += [f"{page}: {p}" for p in _fit_problems(report.fit, width)]
+    capsys_session_disabled(f"[fit] {width} px: {figures} figures, {squashed} off their aspect ratio by more "
+                            f"than 5%, {len(problems)} problems")
+    assert figures > 0, "no figure measured on any page"
+    assert not problems, "\n".join(problems)
+
+
+def test_fit_problems_flags_what_a_reader_would_see():
+    fine = {"figures": [{"src": "a.png", "ratio": 1.03}], "past": [], "tables": [], "page": 400, "window": 400}
+    assert list(_fit_problems(fine, 400)) == [] and list(_fit_problems(fine, 1280)) == []
+    squashed = dict(fine, figures=[{"src": "a.png", "ratio": 0.54}])
+    assert "a.png drawn at 0.54" in next(_fit_problems(squashed, 1280))
+    assert "2072 px wide in a 400 px window" in next(_fit_problems(dict(fine, page=2072, window=2072), 400))
+    wide = dict(fine, past=["pre: python -m flashtut.bench run"], tables=["table: x"])
+    assert len(list(_fit_problems(wide, 1280))) == 2
+    assert list(_fit_problems(wide, 400)) == []       # on a phone a box may scroll inside itself
+
+
+# --- the built HTML: one caption scheme, no internal paths --------------------------------------
+
+_CHAPTER_HTML = re.compile(r"notebooks/(\d{2})_[^/]+\.html$")
+
+
+def _pages():
+    return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+
+
+def test_figures_are_numbered_one_way(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    wrong = []
+    for page in _pages():
+        text = page.read_text(errors="replace")
+        numbers = [html_unescape(n).strip() for n in re.findall(r'<span class="caption-number">(.*?)</span>', text)]
+        m = _CHAPTER_HTML.search(page.as_posix())
+        if m:
+            want = [f"Figure {int(m.group(1))}.{i}:" for i in range(1, len(numbers) + 1)]
+            if numbers != want:
+                wrong.append(f"{page.relative_to(HTML)}: {numbers} (want {want})")
+        elif any(not re.fullmatch(r"Figure \d+(\.\d+)?:", n) for n in numbers):
+            wrong.append(f"{page.relative_to(HTML)}: {numbers}")
+        if re.search(r"<strong>Figure\.</strong>|\bFig\. \d", text):
+            wrong.append(f"{page.relative_to(HTML)}: an unnumbered 'Figure.' or a 'Fig. N' caption")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_shows_an_internal_path_or_a_dirty_tree(book):
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    found = []
+    for page in _pages():
+        text = page.read_text(errors="replace")
+        for m in re.finditer(r"/root/out\b|/tmp/tmp\w*|with uncommitted changes", text):
+            found.append(f"{page.relative_to(HTML)}: ...{text[max(0, m.start() - 60):m.end() + 20]}...")
+    assert not found, "\n".join(found[:40]) + (f"\n... {len(found)} in all" if len(found) > 40 else "")
+
+
+def html_unescape(text: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def test_figure_numbers_restart_in_each_chapter():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page_fixes", ROOT / "book" / "_ext" / "page_fixes.py")
+    page_fixes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page_fixes)
+    numbers = {"notebooks/09_results": {"figure": {"fig-b": (23,), "fig-a": (22,)}},
+               "notebooks/11_hopper": {"figure": {"x": (40,)}},
+               "book/api": {"figure": {"y": (5,)}},
+               "book/preface": {}}
+    page_fixes.number_figures_by_chapter(numbers)
+    assert numbers["notebooks/09_results"]["figure"] == {"fig-a": (9, 1), "fig-b": (9, 2)}
+    assert numbers["notebooks/11_hopper"]["figure"] == {"x": (11, 1)}
+    assert numbers["book/api"]["figure"] == {"y": (5,)} and numbers["book/preface"] == {}
+
+
+# --- how the book is built ----------------------------------------------------------------------
+
+def test_executions_are_cached_and_the_theme_is_pinned():
+    import yaml
+    from importlib import metadata
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["execute"]["execute_notebooks"] == "cache"
+    assert config["execute"]["allow_errors"] is False                 # an erroring notebook fails the build
+    assert config["sphinx"]["config"]["nb_execution_raise_on_error"] is True
+    assert config["sphinx"]["config"]["numfig_format"]["figure"] == "Figure %s:"
+    pins = dict(re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "requirements-dev.txt").read_text(), re.M))
+    for package in ("jupyter-book", "sphinx-book-theme", "pydata-sphinx-theme"):
+        assert package in pins, f"requirements-dev.txt does not pin {package}"
+        try:
+            installed = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+        assert installed == pins[package], f"{package}: {installed} installed, {pins[package]} pinned"
+    # make book drops the cache when the library changed; the book test above never uses one
+    assert "find src -newer $(NB_CACHE)/global.db" in (ROOT / "Makefile").read_text()

@@ -2,7 +2,7 @@
 on a GPU, dq, dk, dv against float64 and float32 references at realistic sizes.
 
 Accuracy: the book's one yardstick (``flashtut.bench.accuracy.yardstick``), the criterion of the
-FlashAttention papers: against a float32 reference, the kernel's max error in each gradient is at
+flash-attn repository's tests: against a float32 reference, the kernel's max error in each gradient is at
 most twice the error of PyTorch's own attention computed in float16 / bfloat16 (matmuls and the
 probabilities in the input dtype, autograd backward) on the same inputs. The ratio to SDPA's
 math backend (float32 inside) is printed beside it (run with -s to see it).

@@ -3,7 +3,7 @@
 Without a GPU, conftest sets TRITON_INTERPRET=1 before triton is imported, so the CPU tests
 below run the very kernels through Triton's interpreter, at tiny sizes (fp32, fp16).
 Both are judged by the book's one accuracy yardstick (``flashtut.bench.accuracy.yardstick``,
-the criterion of the FlashAttention papers): our max error against a float32 (on the CPU
+the criterion of the flash-attn repository's tests): our max error against a float32 (on the CPU
 float64) reference is at most twice that of PyTorch attention computed in the input precision,
 plus a small absolute slack; the ratio to SDPA's math backend is printed beside it. The ``gpu``
 tests run at realistic sizes, every dtype, head dim and causal setting.

@@ -233,8 +233,8 @@ class Yardstick:
 
     ``err``, ``lowp_err`` and ``math_err`` map ``o`` (and ``dq``, ``dk``, ``dv``) to the max
     absolute error of the kernel, of :func:`lowp_attention` (PyTorch in the input precision) and
-    of :func:`sdpa_math_attention`. ``passed`` is the criterion of the FlashAttention papers:
-    every error at most ``FA_FACTOR`` (2) times PyTorch's input-precision error, plus a slack of
+    of :func:`sdpa_math_attention`. ``passed`` is the criterion of the flash-attn repository's
+    tests (the papers state none): every error at most ``FA_FACTOR`` (2) times PyTorch's input-precision error, plus a slack of
     :data:`YARDSTICK_SLACK` for tensors that PyTorch gets (almost) exactly right.
     """
     dtype: torch.dtype
