@@ -74,8 +74,8 @@ class HopperBackwardConfig:
     @property
     def define_dict(self) -> dict:
         return {"FT_BF16": int(self.bf16), "HEAD_DIM": self.head_dim, "BWDH_TMA": RUNGS[self.rung][0],
-                "BWDH_DQ_TMA": int(self.dq_tma), "BWDH_DQ_FIRST": RUNGS[self.rung][2] * int(self.dq), "BWDH_STAGES": self.stages, "BWDH_DQ": int(self.dq),
-                "FT_DESC_STEP": 1}
+                "BWDH_DQ_TMA": int(self.dq_tma), "BWDH_DQ_FIRST": RUNGS[self.rung][2] * int(self.dq),
+                "BWDH_STAGES": self.stages, "BWDH_DQ": int(self.dq), "FT_DESC_STEP": 1}
 
 
 def check_config(rung: str, stages: int) -> None:

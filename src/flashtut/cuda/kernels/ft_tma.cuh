@@ -168,13 +168,23 @@ __device__ __forceinline__ ft_consumer tma_consumer(int wg, int m0, unsigned q_s
 // reads columns 16 ks.. of this warpgroup's 64 rows of Q (at q_addr) and of the BN rows of K, 64-column
 // block ks / 4, 32 bytes further along the swizzled rows per step (SBO 1024: the next 8-row group). Not
 // committed: the caller commits, so that it decides which products form one wgmma group.
+#ifndef FT_DESC_STEP
+#define FT_DESC_STEP 0   // 1 (the Hopper backward): each tile's descriptor built once and stepped
+#endif
 template <int BN>
 __device__ __forceinline__ void wg_qk(float* sc, unsigned q_addr, unsigned k_addr) {
+#if FT_DESC_STEP
+    const unsigned long long qd = wgmma_desc(q_addr, 16, 1024), kd = wgmma_desc(k_addr, 16, 1024);
+#endif
 #pragma unroll
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
         const unsigned a = (ks / 4) * (FT_TMA_BLOCK_M * 128) + (ks % 4) * 32;
         const unsigned b = (ks / 4) * (BN * 128) + (ks % 4) * 32;
+#if FT_DESC_STEP
+        wgmma_ss<BN>(sc, wgmma_desc_step(qd, a), wgmma_desc_step(kd, b), ks > 0);
+#else
         wgmma_ss<BN>(sc, wgmma_desc(q_addr + a, 16, 1024), wgmma_desc(k_addr + b, 16, 1024), ks > 0);
+#endif
     }
 }
 
@@ -182,13 +192,20 @@ __device__ __forceinline__ void wg_qk(float* sc, unsigned q_addr, unsigned k_add
 // (pf, the layout wg_softmax packs), V N-major from its tile (8-key groups 1024 bytes apart). Not committed.
 template <int BN>
 __device__ __forceinline__ void wg_pv(float* acc, const ft_raw2* pf, unsigned v_addr) {
+#if FT_DESC_STEP
+    const unsigned long long vd = wgmma_desc(v_addr, 1024, 1024);
+#endif
 #pragma unroll
     for (int kp = 0; kp < BN / 16; ++kp) {
         const ft_raw2 a[4] = {pf[4 * kp], pf[4 * kp + 1], pf[4 * kp + 2], pf[4 * kp + 3]};
 #pragma unroll
         for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
             const unsigned off = kp * 16 * 128 + cb * BN * 128;
+#if FT_DESC_STEP
+            wgmma_rs_nmajor<64>(acc + 32 * cb, a, wgmma_desc_step(vd, off));
+#else
             wgmma_rs_nmajor<64>(acc + 32 * cb, a, wgmma_desc(v_addr + off, 1024, 1024));
+#endif
         }
     }
 }

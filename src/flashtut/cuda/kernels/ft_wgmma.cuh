@@ -56,6 +56,14 @@ __host__ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr,
          | (1ull << 62);
 }
 
+// The descriptor of the operand `bytes` further on in shared memory than desc's: its start-address field
+// (bits 0-13, the address >> 4) plus bytes >> 4, in the low word alone. Equal to wgmma_desc of the moved
+// address wherever that address stays below 2^18 (every shared address of a block: 228 KB at most). The
+// Hopper backward steps each tile's descriptor along K with it instead of masking and shifting every address.
+__host__ __device__ __forceinline__ unsigned long long wgmma_desc_step(unsigned long long desc, unsigned bytes) {
+    return (desc >> 32 << 32) | (unsigned)((unsigned)desc + (bytes >> 4));
+}
+
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() {
 #if FT_SM90A
