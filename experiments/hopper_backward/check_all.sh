@@ -3,9 +3,11 @@
 #   the gpu tests of the kernel, cuda_attention's gpu tests (it takes this backward on sm_90), the protocol
 #   sweep of every rung against SDPA flash and the mma.sync backward, compute-sanitizer's racecheck, synccheck
 #   and memcheck on the shipped rungs, and Nsight Compute's tensor-pipe figures at D = 64 and 128.
-# Run from the repository root with PYTHONPATH=src.
+# Run from the repository root: OUT=<dir> bash experiments/hopper_backward/check_all.sh
 set -u
-OUT=${OUT:-.}
+OUT=${OUT:-.gpu_out}
+. "$(dirname "$0")/../../tools/gpu_common.sh"
+machine_info
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=line -k "not sm90a and not trap" \
     tests/kernels/test_cuda_hopper_backward.py 2>&1 | tail -2

@@ -117,9 +117,12 @@ def test_sass_rows_in_the_results_format(tmp_path):
     assert [r["kind"] for r in doc["rows"]] == ["sass", "speed"]
 
 
-def test_setting_arguments():
-    assert cli._setting_path("DISABLE_MMA_V3=1=/tmp/a") == ("DISABLE_MMA_V3=1", "/tmp/a")
-    assert cli._setting_path("default=x.json") == ("default", "x.json")
+def test_setting_arguments(tmp_path):
+    a, x = tmp_path / "a", tmp_path / "x.json"
+    a.mkdir()
+    x.write_text("{}")
+    assert cli._setting_path(f"DISABLE_MMA_V3=1={a}") == ("DISABLE_MMA_V3=1", str(a))
+    assert cli._setting_path(f"default={x}") == ("default", str(x))
     with pytest.raises(Exception, match="SETTING=PATH"):
         cli._setting_path("nothing")
     with pytest.raises(Exception, match="triton, cuda, sdpa"):
