@@ -24,8 +24,8 @@
   ``configs.HOPPER_CONSUMERS``, and the TMA store of the output at D = 128: ``configs.HOPPER_OPTIONS``)
   wherever it supports the case, elsewhere the mma.sync ladder's
   fast step (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
-  backward needs only ``lse``, which both forwards write: on sm_90 at (padded) D = 64 and 128 it is the
-  wgmma backward (``hopper_backward``, unless ``deterministic``), elsewhere the mma.sync one.
+  backward is the mma.sync one either way: it needs only ``lse``, which both forwards write (the wgmma
+  backward of ``hopper_backward`` runs the same gradients on sm_90; it is not ``cuda_attention``'s yet).
 
 Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
 ``h / kv_group``), and ``causal`` may be ``"bottom-right"`` (the kernels see query ``i`` and key
@@ -53,8 +53,6 @@ from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, V
                       BackwardConfig, ForwardChoice, KernelPlan, check_backward_config, check_forward_kernel,
                       kernel_builds, kernel_plan, launch_config, padded_dim, pick_config)
 from .hopper_launch import run_hopper
-from .hopper_backward_launch import run_hopper_backward
-from .hopper_backward_launch import takes as takes_hopper_backward
 
 
 class Prepared(NamedTuple):
@@ -339,12 +337,8 @@ class CudaAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         D = ctx.head_dim
-        do = _ready(pad_head_dim(do, q.shape[-1]))
-        if takes_hopper_backward(q, k, ctx.deterministic):   # sm_90, D 64 or 128: the wgmma backward
-            dq, dk, dv = run_hopper_backward(q, k, v, o, lse, do, ctx.causal is not False, ctx.scale,
-                                             diag_offset(ctx.causal or None, q.shape[2], k.shape[2]))
-        else:
-            dq, dk, dv = cuda_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, deterministic=ctx.deterministic)
+        dq, dk, dv = cuda_backward(q, k, v, o, lse, pad_head_dim(do, q.shape[-1]), ctx.causal, ctx.scale,
+                                   deterministic=ctx.deterministic)
         if q.shape[-1] != D:
             dq, dk, dv = (g[..., :D] for g in (dq, dk, dv))
         return dq, dk, dv, None, None, None, None
