@@ -338,7 +338,7 @@ def _evaluate_across_navigation(tools: DevTools, expression: str, timeout: float
             time.sleep(0.2)
 
 
-LAYOUT = """
+LAYOUT = r"""
 (() => {
   const main = document.querySelector(".bd-content") || document.body;
   const scrollable = (el) => {
