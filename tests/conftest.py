@@ -5,6 +5,7 @@
   triton is first imported, so it is set here, before any test module imports flashtut.
 """
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,3 +43,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("CUDA resource report (ptxas -v, from tests/kernels/test_cuda_compile.py)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+#: data that only an experiment reads lives in experiments/<study>/data
+EXPERIMENT_DATA = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*/data"))
+
+
+def load_committed(name: str):
+    """A committed results file by name: the book's (as the chapters load it), else an experiment's."""
+    from flashtut import results_data
+
+    for folder in [None, *EXPERIMENT_DATA]:
+        try:
+            return results_data.load_results(name, data_dir=folder)
+        except results_data.ResultsMissing:
+            continue
+    raise results_data.ResultsMissing(name, "book/data or experiments/*/data")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_committed
 from flashtut import repository, results_data
 from flashtut.bench import profile
 from flashtut.bench.report import BWD_GRID_COLUMNS
@@ -13,19 +14,11 @@ from flashtut.figures.triton_plots import final_measurement_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
-EXPERIMENT_DATA = sorted((ROOT / "experiments").glob("*/data"))
 #: a worklog's diary continued in an experiment's log
 CONTINUED = {"perflog_hopper.md": ROOT / "experiments" / "hopper_options" / "LOG.md"}
 
 
-def load_results(name: str):
-    """A committed file: the book's, else an experiment's."""
-    for folder in [None, *EXPERIMENT_DATA]:
-        try:
-            return results_data.load_results(name, data_dir=folder)
-        except results_data.ResultsMissing:
-            continue
-    raise results_data.ResultsMissing(name, "book/data or experiments/*/data")
+load_results = load_committed
 
 
 def page_text(page: str) -> str:

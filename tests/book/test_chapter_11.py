@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from pathlib import Path  # noqa: E402
+from conftest import load_committed  # noqa: E402
 
 from flashtut.cuda.models import hopper_layout as hl  # noqa: E402
 from flashtut.cuda.models import hopper_schedule as hs  # noqa: E402
@@ -326,11 +326,7 @@ def test_what_else_was_tried_quotes_the_committed_data():
 
     text = _text()
     table = text[text.index("| option, verdict | idea |"):text.index("The measurements are the files")]
-    # the A/B runs live with their experiment; the rungs' runs in book/data
-    lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
-
-    def load(name):
-        return results_data.load_results(name, data_dir=lab if (lab / name).exists() else None)
+    load = load_committed           # the A/B runs live with their experiment; the rungs' runs in book/data
 
     def g(name, column, base, D=None):
         rows, _ = load(name)

@@ -9,25 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_committed
 from flashtut import results_data
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 needs_data = pytest.mark.skipif(results_data.local_data_dir() is None, reason="no book/data checkout")
-#: data that only an experiment's log reads lives in experiments/<study>/data
-EXPERIMENT_DATA = sorted((ROOT / "experiments").glob("*/data"))
 _NUMBER = re.compile(r"[-+]?[0-9]+(?:\.[0-9]+)?")
 
 
-def _load(name: str):
-    """A committed file: the book's (as the chapters load it), else an experiment's."""
-    for folder in [None, *EXPERIMENT_DATA]:
-        try:
-            return results_data.load_results(name, data_dir=folder)
-        except results_data.ResultsMissing:
-            continue
-    raise results_data.ResultsMissing(name, "book/data or experiments/*/data")
+_load = load_committed
 
 
 def _numbers(sentence: str) -> list[str]:

@@ -44,6 +44,7 @@ from flashtut.cuda import configs
 from flashtut.cuda import hopper, hopper_launch
 from flashtut.cuda.models import hopper_layout as hl
 from test_cuda_compile import NVRTC, parse_ptxas
+from conftest import load_committed
 
 NVCC = shutil.which("nvcc")
 HAS_CUDA = torch.cuda.is_available()
@@ -800,8 +801,7 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
     for name, options, dims in (("hopper_softmax_h200.json", ("poly1", "poly2", "tree"), (64, 128)),
                                 ("hopper_options_h200.json", ("order", "store"), (64, 128)),
                                 ("hopper_turns_h200.json", ("turns",), (64,))):
-        lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
-        rows, _ = results_data.load_results(name, data_dir=lab if (lab / name).is_file() else None)
+        rows, _ = load_committed(name)
         for D, base in ((D, default_impl[D]) for D in dims):
             for option in options:
                 impl = base[:-1] + f",{option}]" if base.endswith("]") else f"{base}[{option}]"
@@ -817,9 +817,7 @@ def test_the_default_hopper_rung_is_the_one_that_measured_fastest(monkeypatch):
             ("hopper_pair_uni_d64_h200.json", "hopper-w3[c3,turns]", "hopper-w3[c3,turns,uni]", 64, "uni"),
             ("hopper_pair_tail_d64_h200.json", "hopper-w3[c3,turns,uni]", "hopper-w3[c3,turns,tail,uni]", 64, "tail"),
             ("hopper_pair_uni_d128_h200.json", "hopper-w3[store]", "hopper-w3[store,uni]", 128, "uni")):
-        # a run no chapter draws lives with its experiment
-        lab = Path(__file__).resolve().parents[2] / "experiments" / "hopper_options" / "data"
-        rows, _ = results_data.load_results(name, data_dir=lab if (lab / name).is_file() else None)
+        rows, _ = load_committed(name)          # a run no chapter draws lives with its experiment
         by_case = [g for (d, *_), (g, _, n) in pair_gains(rows, base, impl).items() if d == D and n == 7]
         assert len(by_case) == 8, (name, impl)
         if min(by_case) > -PAIR_NOISE_PCT and max(by_case) > PAIR_NOISE_PCT:
