@@ -195,21 +195,24 @@ def test_deterministic_mode_repeats_its_bits(D):
     assert yardstick(q, k, v, o, a, do, "bottom-right").passed
 
 
-def test_cuda_attention_takes_it_on_sm90_at_d64_and_d128_only(monkeypatch):
+def test_cuda_attention_takes_it_on_sm90_at_d64_and_d128_only():
     from types import SimpleNamespace
 
     from flashtut.cuda import hopper_backward_launch as hbl
+    from flashtut.cuda.configs import kernel_plan
 
-    monkeypatch.setattr(hbl, "capability", lambda device: (9, 0))
+    for dtype in (torch.float16, torch.bfloat16):
+        for D, rung in ((64, "b3"), (128, "b4"), (40, "b3"), (120, "b4")):   # 40 and 120 pad to 64 and 128
+            assert kernel_plan((9, 0), dtype, D).backward_rung == rung
+            assert kernel_plan((9, 0), dtype, D, deterministic=True).backward_rung is None
+            assert kernel_plan((9, 0), dtype, D, nvrtc_version=(11, 8)).backward_rung is None   # no sm_90a
+            assert kernel_plan((8, 0), dtype, D).backward_rung is None      # an A100 keeps the mma.sync one
+        for D in (32, 96, 256):                                              # other dims: the warp grid
+            assert kernel_plan((9, 0), dtype, D).backward_rung is None
 
     def fake(B, H, N, D):
-        return SimpleNamespace(shape=(B, H, N, D), is_cuda=True, device="cuda:0")
+        return SimpleNamespace(shape=(B, H, N, D))
 
-    for D in (64, 128):
-        assert hbl.takes(fake(2, 4, 100, D), fake(2, 2, 90, D))
-        assert not hbl.takes(fake(2, 4, 100, D), fake(2, 2, 90, D), deterministic=True)
-    assert not hbl.takes(fake(2, 4, 100, 32), fake(2, 4, 100, 32))          # other dims: the warp grid
-    assert not hbl.takes(fake(1, 1, 2**24, 128), fake(1, 1, 16, 128))       # dQ rows past 32-bit indexing
-    assert not hbl.takes(fake(65536, 1, 16, 64), fake(65536, 1, 16, 64))    # grid.y
-    monkeypatch.setattr(hbl, "capability", lambda device: (8, 0))
-    assert not hbl.takes(fake(2, 4, 100, 64), fake(2, 4, 100, 64))          # an A100 keeps the mma.sync backward
+    assert hbl.fits(fake(2, 4, 100, 64), fake(2, 2, 90, 64))
+    assert not hbl.fits(fake(1, 1, 2**24, 128), fake(1, 1, 16, 128))       # dQ rows past 32-bit indexing
+    assert not hbl.fits(fake(65536, 1, 16, 64), fake(65536, 1, 16, 64))    # grid.y

@@ -24,8 +24,9 @@
   ``configs.HOPPER_CONSUMERS``, and the TMA store of the output at D = 128: ``configs.HOPPER_OPTIONS``)
   wherever it supports the case, elsewhere the mma.sync ladder's
   fast step (``configs.fast_variant``); :func:`forward_kernel_for` says which one a call would run. The
-  backward is the mma.sync one either way: it needs only ``lse``, which both forwards write (the wgmma
-  backward of ``hopper_backward`` runs the same gradients on sm_90; it is not ``cuda_attention``'s yet).
+  backward needs only ``lse``, which both forwards write: on sm_90 at (padded) D = 64 and 128 it is the
+  wgmma + TMA backward of ``hopper_backward`` (``configs.HOPPER_BACKWARD_RUNG``; :func:`plan_for` names it
+  in ``backward_rung``), elsewhere and with ``deterministic=True`` the mma.sync one.
 
 Real models: ``k``/``v`` may have ``Hkv`` heads dividing ``H`` (the kernels read K/V head
 ``h / kv_group``), and ``causal`` may be ``"bottom-right"`` (the kernels see query ``i`` and key
@@ -52,6 +53,7 @@ from .compile import (capability, get_function, launch, max_smem_per_block, nvrt
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, VARIANTS, WIDE_DIMS,
                       BackwardConfig, ForwardChoice, KernelPlan, check_backward_config, check_forward_kernel,
                       kernel_builds, kernel_plan, launch_config, padded_dim, pick_config)
+from .hopper_backward_launch import fits, run_hopper_backward
 from .hopper_launch import run_hopper
 
 
@@ -331,14 +333,22 @@ class CudaAttention(torch.autograd.Function):
                               kv_group=q.shape[1] // k.shape[1], diag_offset=offset)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = alignment or False, scale, deterministic, D
+        ctx.diag_offset = offset
         return o if pd == D else o[..., :D].contiguous()
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         D = ctx.head_dim
-        dq, dk, dv = cuda_backward(q, k, v, o, lse, pad_head_dim(do, q.shape[-1]), ctx.causal, ctx.scale,
-                                   deterministic=ctx.deterministic)
+        do = _ready(pad_head_dim(do, q.shape[-1]))
+        rung = plan_for(q, "auto", ctx.deterministic).backward_rung
+        if rung is not None and fits(q, k):
+            # sm_90: the wgmma + TMA backward (chapter 11's second half)
+            dq, dk, dv = run_hopper_backward(q, k, v, o, lse, do, ctx.causal is not False, ctx.scale,
+                                             ctx.diag_offset, rung=rung)
+        else:
+            dq, dk, dv = cuda_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale,
+                                       deterministic=ctx.deterministic)
         if q.shape[-1] != D:
             dq, dk, dv = (g[..., :D] for g in (dq, dk, dv))
         return dq, dk, dv, None, None, None, None
@@ -349,10 +359,11 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
     128 (padded to 32, 64, 96 or 128 inside), or 256 (sm_80 and newer).
 
-    Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward, which
-    adds dQ with float32 atomics from sm_80 (the order of the additions varies, so the last bits of
-    dQ may differ between runs); ``deterministic=True`` takes the separate dQ pass instead
-    (bit-identical every run; on an H200 the backward takes 38% (D = 64) to 50% (D = 128) longer).
+    Returns ``o`` with the shape and dtype of ``q``; ``o.backward(...)`` runs the CUDA backward (on sm_90 at
+    D = 64 and 128 the Hopper backward, ``flashtut.cuda.hopper_backward``), which adds dQ in float32 by
+    atomics or TMA reduce-adds from sm_80 (the order of the additions varies, so the last bits of dQ may
+    differ between runs); ``deterministic=True`` takes the mma.sync backward's separate dQ pass instead
+    (bit-identical every run, and slower).
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
     ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
     (the Triton kernels have it).

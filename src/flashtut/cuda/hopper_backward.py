@@ -17,7 +17,7 @@ each query block into a float32 buffer. Four rungs (``RUNGS``), each one change 
 
 The default (``DEFAULT_RUNG``) is the fastest measured per head dim: b4 at D = 128, b3 at D = 64 (where b4
 measured the same or up to 3% slower; experiments/hopper_backward/README.md). ``cuda_attention`` takes this
-backward on sm_90 wherever :func:`takes` says so.
+backward on sm_90 wherever ``configs.kernel_plan`` names a rung and :func:`fits` takes the sizes.
 
 Passes: ``bwdh_preprocess`` (Delta = rowsum(dO O) and lse in base 2, rows padded per head to the query
 block), the main kernel, then ``bwd_dq_convert.cu`` (dQ times the scale, to the input type).
@@ -34,10 +34,10 @@ from .attention import prepare_inputs
 from .compile import capability
 from .hopper_backward_launch import (BLOCK_N, DEFAULT_RUNG, DETERMINISTIC_RUNG, HEAD_DIMS, RUNGS, SOURCE,
                                      HopperBackwardConfig, builds, check_config, dq_tensor_map,
-                                     run_hopper_backward, takes)
+                                     fits, run_hopper_backward)
 
 __all__ = ["BLOCK_N", "DEFAULT_RUNG", "DETERMINISTIC_RUNG", "HEAD_DIMS", "RUNGS", "SOURCE", "HopperBackwardConfig",
-           "builds", "check_config", "dq_tensor_map", "hopper_backward", "run_hopper_backward", "takes"]
+           "builds", "check_config", "dq_tensor_map", "fits", "hopper_backward", "run_hopper_backward"]
 
 
 def hopper_backward(q, k, v, o, lse, do, causal=False, scale: float | None = None, window: int | None = None,

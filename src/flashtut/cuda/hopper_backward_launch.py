@@ -1,8 +1,9 @@
 """The Hopper backward's builds and launch without input checks: ``run_hopper_backward`` on checked tensors.
 
 Two callers share it: ``hopper_backward.hopper_backward`` (which checks its inputs first) and
-``attention.CudaAttention``, whose backward on an sm_90 GPU it is wherever :func:`takes` says so. It sits
-below both so that neither imports the other in a loop (as ``hopper_launch`` does for the forward).
+``attention.CudaAttention``, whose backward on an sm_90 GPU it is wherever ``configs.kernel_plan`` names a
+rung and :func:`fits` says so. It sits below both so that neither imports the other in a loop (as
+``hopper_launch`` does for the forward).
 ``flashtut.cuda.hopper_backward`` describes the kernel and its rungs.
 """
 from __future__ import annotations
@@ -16,8 +17,9 @@ import numpy as np
 import torch
 
 from ..constants import LOG2E
-from .compile import capability, get_function, launch, max_smem_per_block, set_max_dynamic_smem
-from .configs import CONVERT_THREADS, HOPPER_ARCH, PRE_WARPS, kernel_builds, pick_config
+from .compile import get_function, launch, max_smem_per_block, set_max_dynamic_smem
+from .configs import (CONVERT_THREADS, HOPPER_ARCH, HOPPER_BACKWARD_RUNG, PRE_WARPS, kernel_builds,
+                      pick_config)
 from .hopper_launch import _TMA_L2_128B, _TMA_SWIZZLE_128B, TENSOR_MAP_BYTES, _encode_tiled, tensor_map
 
 #: CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (cuda.h)
@@ -29,8 +31,8 @@ RUNGS = {"b1": (0, 0, 0), "b2": (1, 0, 0), "b3": (1, 1, 0), "b4": (1, 1, 1)}
 HEAD_DIMS = (64, 128)
 SOURCE = "bwd_hopper.cu"
 BLOCK_N = 128
-#: the default rung per head dim (measured on an H100, experiments/hopper_backward)
-DEFAULT_RUNG = {64: "b3", 128: "b4"}
+#: the default rung per head dim, the one ``cuda_attention`` runs (configs.HOPPER_BACKWARD_RUNG)
+DEFAULT_RUNG = HOPPER_BACKWARD_RUNG
 #: the rung whose dK/dV-only build the deterministic mode runs
 DETERMINISTIC_RUNG = "b2"
 DTYPE_BF16 = {torch.float16: 0, torch.bfloat16: 1}
@@ -173,13 +175,13 @@ def run_hopper_backward(q, k, v, o, lse, do, causal: bool, scale: float, diag_of
     return dq, dk, dv
 
 
-def takes(q: torch.Tensor, k: torch.Tensor, deterministic: bool = False) -> bool:
-    """Whether ``cuda_attention``'s backward runs here on checked, head-dim-padded ``q`` and ``k``: an sm_90
-    GPU, D 64 or 128, not ``deterministic`` (that keeps the mma.sync backward's separate dQ pass), and sizes
-    within this kernel's indexing."""
+def fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether this kernel's indexing takes ``q`` and ``k`` (checked, head-dim padded): dQ's float32 rows
+    within 32-bit offsets and one block row per (batch, KV head) within the grid's y limit.
+    ``cuda_attention``'s backward runs this kernel where ``configs.kernel_plan`` names a rung and the
+    sizes fit; elsewhere it keeps the mma.sync backward."""
     B, H, Nq, D = q.shape
-    return (not deterministic and D in HEAD_DIMS and q.is_cuda and capability(q.device) == (9, 0)
-            and B * H * Nq * D < 2**31 and B * k.shape[1] <= 65535)
+    return B * H * Nq * D < 2**31 and B * k.shape[1] <= 65535
 
 
 def _dq_pass(q, k, v, o, lse, do, causal: bool, scale: float, diag_offset: int, window):

@@ -12,7 +12,8 @@ from .limits import DTYPE_DEFINES, DTYPES
 __all__ = ["HOPPER_VARIANTS", "W2_REGS", "W3_WIDE", "HOPPER_HEAD_DIMS", "HOPPER_ARCH", "HopperConfig",
            "w1_smem_bytes", "w2_smem_bytes", "w3_smem_bytes", "w4_smem_bytes", "W3_FAMILY",
            "PERSISTENT_RUNGS", "check_consumers", "W3_OPTIONS", "W3_ORDER_ONLY", "check_w3_options",
-           "hopper_config", "hopper_builds", "HOPPER_DEFAULT", "HOPPER_CONSUMERS", "HOPPER_OPTIONS"]
+           "hopper_config", "hopper_builds", "HOPPER_DEFAULT", "HOPPER_CONSUMERS", "HOPPER_OPTIONS",
+           "HOPPER_BACKWARD_RUNG"]
 
 
 #: the rungs of the Hopper ladder that exist, name -> what the rung adds
@@ -215,3 +216,8 @@ HOPPER_CONSUMERS = {64: 3, 128: 2}
 #: its build options per head dim (:data:`W3_OPTIONS`), each kept where the performance log measured it
 #: faster than W3 without it in the protocol's cases
 HOPPER_OPTIONS = {64: {"c3_turns": True, "tail_first": True, "uniform_wg": True}, 128: {"tma_store": True}}
+
+#: the Hopper backward (``bwd_hopper.cu``) rung ``cuda_attention`` runs on sm_90 per head dim, the faster
+#: measured against SDPA flash: b3 (dQ tiles by TMA reduce-add) at D = 64, b4 (dQ issued before dV and
+#: dK) at D = 128; other head dims and the deterministic mode keep the mma.sync backward
+HOPPER_BACKWARD_RUNG = {64: "b3", 128: "b4"}

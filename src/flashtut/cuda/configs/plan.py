@@ -11,12 +11,13 @@ from typing import NamedTuple
 import torch
 
 from .backward import BackwardConfig, kernel_builds, pick_config
-from .hopper import (HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_HEAD_DIMS, HOPPER_OPTIONS,
-                     HopperConfig, hopper_config)
+from .hopper import (HOPPER_BACKWARD_RUNG, HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_HEAD_DIMS,
+                     HOPPER_OPTIONS, HopperConfig, hopper_config)
 from .ladder import LaunchConfig, fast_variant, launch_config, padded_dim
 from .limits import DTYPE_DEFINES, HEAD_DIMS, SMEM_PER_BLOCK, WIDE_DIMS
 
 __all__ = ["FORWARD_KERNELS", "HOPPER_NVRTC", "ForwardChoice", "check_forward_kernel", "choose_forward",
+           "choose_backward_rung",
            "KernelPlan", "kernel_plan", "attention_builds", "PLAN_GPUS", "plan_table"]
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
@@ -87,12 +88,24 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
     return mma._replace(reason=why_not[1])
 
 
+def choose_backward_rung(arch: int, head_dim: int, deterministic: bool,
+                         nvrtc_version: tuple[int, int] | None) -> str | None:
+    """The Hopper backward's rung (:data:`HOPPER_BACKWARD_RUNG`) where ``cuda_attention``'s backward takes it:
+    sm_90, a (padded) ``head_dim`` of 64 or 128, not ``deterministic`` (that keeps the mma.sync backward's
+    separate dQ pass) and an NVRTC that targets sm_90a; None (the mma.sync backward) everywhere else."""
+    if (arch != 90 or deterministic or head_dim not in HOPPER_BACKWARD_RUNG
+            or nvrtc_version is None or tuple(nvrtc_version) < HOPPER_NVRTC):
+        return None
+    return HOPPER_BACKWARD_RUNG[head_dim]
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     """What ``cuda_attention`` runs for one (GPU, dtype, head dim): the forward it chose (``choice``: mma.sync
     or wgmma, the rung and why) and that forward's build (``forward``: kernel file, function, tiles, threads,
     defines), and the backward's configuration (``backward``) with the kernels it compiles
-    (``backward_kernels``: step -> (kernel file, function, defines))."""
+    (``backward_kernels``: step -> (kernel file, function, defines)); on sm_90 ``backward_rung`` names the
+    Hopper backward's rung (``bwd_hopper.cu``) that runs instead of them (None: the mma.sync backward)."""
     capability: tuple
     dtype: torch.dtype
     head_dim: int          # as asked
@@ -101,6 +114,7 @@ class KernelPlan:
     forward: LaunchConfig | HopperConfig
     backward: BackwardConfig
     backward_kernels: dict
+    backward_rung: str | None = None
 
 
 def kernel_plan(capability, dtype: torch.dtype, head_dim: int, deterministic: bool = False,
@@ -149,7 +163,8 @@ def _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel, nvr
     else:
         fwd = launch_config(choice.variant, dtype, d, arch, smem_limit)
     bwd = pick_config(d, arch, smem_limit, deterministic)
-    return KernelPlan(capability, dtype, head_dim, d, choice, fwd, bwd, kernel_builds(bwd, dtype))
+    return KernelPlan(capability, dtype, head_dim, d, choice, fwd, bwd, kernel_builds(bwd, dtype),
+                      choose_backward_rung(arch, d, deterministic, nvrtc_version))
 
 
 def attention_builds(dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
@@ -182,7 +197,14 @@ def _forward_cell(plan: KernelPlan) -> str:
             + (f", {stages} stage{'s' if stages > 1 else ''}" if stages else ""))
 
 
-def _backward_cell(cfg: BackwardConfig) -> str:
+#: what each rung of the Hopper backward that ships adds (plan_table's words)
+_HOPPER_BACKWARD_CELL = {"b3": "wgmma for the five products, TMA ring, dQ tiles by TMA reduce-add",
+                         "b4": "wgmma for the five products, TMA ring, dQ tiles by TMA reduce-add issued first"}
+
+
+def _backward_cell(cfg: BackwardConfig, rung: str | None = None) -> str:
+    if rung is not None:
+        return f"`bwd_hopper.cu` rung {rung}: {_HOPPER_BACKWARD_CELL[rung]}"
     what = ("dQ by atomics" if cfg.dq_atomic else "separate dQ pass") + f", {cfg.warps} warps"
     what += f", {16 * cfg.warps} keys x {cfg.dkdv_block_m} queries, {cfg.stages} stage{'s' if cfg.stages > 1 else ''}"
     extras = [name for name, on in (("warp grid", cfg.warp_grid), ("staged dQ", cfg.dq_stage),
@@ -202,5 +224,5 @@ def plan_table() -> str:
                 plan = kernel_plan(cap, dtype, d)
                 det = kernel_plan(cap, dtype, d, deterministic=True).backward
                 rows.append(f"| {gpu} (sm_{arch}) | {str(dtype).removeprefix('torch.')} | {d} | {_forward_cell(plan)} "
-                            f"| {_backward_cell(plan.backward)} | {_backward_cell(det)} |")
+                            f"| {_backward_cell(plan.backward, plan.backward_rung)} | {_backward_cell(det)} |")
     return "\n".join(rows) + "\n"
