@@ -83,18 +83,20 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: f
 
 
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
-                   deterministic: bool = False, forward_kernel: str = "auto"):
+                   deterministic: bool = False, forward_kernel: str = "auto", backward_kernel: str = "auto"):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
 
     Returns ``o``; ``o.backward()`` runs the CUDA backward with recomputation. CUDA tensors only.
     ``deterministic=True``: dQ in a separate pass instead of float32 atomics (the same bits every run).
     ``forward_kernel``: ``"auto"`` (warpgroup MMA on sm_90 GPUs where it supports the case, mma.sync
-    elsewhere), ``"mma"`` or ``"wgmma"``.
+    elsewhere), ``"mma"`` or ``"wgmma"``; ``backward_kernel`` likewise for the backward (the Hopper backward
+    with wgmma and TMA on sm_90 at head dims 64 and 128).
     """
     attention = _load_kernel_module("cuda.attention", "cupy",
                                     "pip install cupy-cuda12x (CUDA 12 drivers, e.g. Colab) or cupy-cuda13x")
     return attention.cuda_attention(q, k, v, causal=causal, scale=scale, window=window,
-                                    deterministic=deterministic, forward_kernel=forward_kernel)
+                                    deterministic=deterministic, forward_kernel=forward_kernel,
+                                    backward_kernel=backward_kernel)
 
 
 __all__ = [

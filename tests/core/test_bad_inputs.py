@@ -265,6 +265,10 @@ def test_cuda_bad_arguments_before_any_gpu_check():
         ft.cuda_attention(q, k, v, causal=None)
     with pytest.raises(ValueError, match="forward_kernel"):
         ft.cuda_attention(q, k, v, forward_kernel="fast")
+    with pytest.raises(ValueError, match="backward_kernel"):
+        ft.cuda_attention(q, k, v, backward_kernel="fast")
+    with pytest.raises(TypeError, match="backward_kernel"):
+        ft.cuda_attention(q, k, v, backward_kernel=None)
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         ft.cuda_attention(q.numpy(), k, v)
 

@@ -209,6 +209,8 @@ def test_cuda_attention_takes_it_on_sm90_at_d64_and_d128_only():
             assert kernel_plan((8, 0), dtype, D).backward_rung is None      # an A100 keeps the mma.sync one
         for D in (32, 96, 256):                                              # other dims: the warp grid
             assert kernel_plan((9, 0), dtype, D).backward_rung is None
+        assert kernel_plan((9, 0), dtype, 64, backward_kernel="mma").backward_rung is None
+        assert kernel_plan((9, 0), dtype, 64, deterministic=True, backward_kernel="wgmma").backward_rung == "b2"
 
     def fake(B, H, N, D):
         return SimpleNamespace(shape=(B, H, N, D))

@@ -7,8 +7,8 @@ other modules and imported only when asked about, so a machine without triton, c
 gets a reason instead of a traceback.
 
 Names: ``naive``, ``tiled``, ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``,
-``triton``, ``cuda`` (``cuda_attention``: the wgmma forward on sm_90 GPUs), ``cuda-mma`` (the same
-with the mma.sync forward everywhere), the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
+``triton``, ``cuda`` (``cuda_attention``: the wgmma forward and backward on sm_90 GPUs), ``cuda-mma`` (the
+same with the mma.sync forward and backward everywhere), the CUDA forward ladder ``cuda-v1``, ``cuda-v2``, ... discovered at run
 time from ``flashtut.cuda.VARIANTS``, and the fast kernel at another tile shape,
 ``cuda-v3[wW,nN,mtM]`` (W warps, N keys per tile, M 16-row tiles per warp; the launch function's
 ``warps``, ``block_n`` and ``m_tiles``), and the Hopper rungs of chapter 11 (sm_90 only, forward only):
@@ -229,7 +229,7 @@ def _cuda_fwd(q, k, v, causal, scale):
 
 def _cuda_mma_fwd(q, k, v, causal, scale):
     from ..cuda.attention import cuda_attention
-    return cuda_attention(q, k, v, causal=causal, scale=scale, forward_kernel="mma")
+    return cuda_attention(q, k, v, causal=causal, scale=scale, forward_kernel="mma", backward_kernel="mma")
 
 
 def _ladder_fwd(variant: str):
@@ -358,8 +358,8 @@ def _builtin() -> dict[str, Impl]:
              _triton_fwd, AUTOGRAD, available=_triton_available, group="kernel"),
         Impl("cuda", "fused CUDA C kernels via CuPy (flashtut.cuda_attention); backward through autograd",
              _cuda_fwd, AUTOGRAD, available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
-        Impl("cuda-mma", "cuda_attention with forward_kernel='mma': the mma.sync forward on every GPU (on sm_90 "
-             "'cuda' runs the wgmma forward); backward through autograd", _cuda_mma_fwd, AUTOGRAD,
+        Impl("cuda-mma", "cuda_attention with forward_kernel='mma' and backward_kernel='mma': chapter 08's mma.sync "
+             "kernels on every GPU (on sm_90 'cuda' runs the wgmma ones); backward through autograd", _cuda_mma_fwd, AUTOGRAD,
              available=_cuda_available("flashtut.cuda.attention"), group="kernel"),
     ]
     impls += [_hopper_impl(name, build) for name, build in HOPPER_IMPLS.items()]

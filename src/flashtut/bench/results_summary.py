@@ -53,7 +53,7 @@ def headline_table(sweep, protocol, N: int | None = None, dtype: str = "float16"
     column per implementation of :data:`HEADLINE_COLUMNS`, each its TFLOP/s over ``sdpa-flash``'s
     timed in the same process. Triton's ratios come from ``sweep`` (the protocol sweep), the CUDA
     kernels' and cuDNN's from ``protocol`` (``cuda_protocol_h200.json``: chapter 8's mma.sync
-    forward as ``cuda-mma`` and ``cuda_attention`` as shipped as ``cuda``). Returns
+    kernels as ``cuda-mma`` and ``cuda_attention`` as shipped as ``cuda``). Returns
     ``(header, body)``."""
     _check_rows(sweep, "sweep")
     _check_rows(protocol, "protocol")
@@ -88,7 +88,7 @@ def headline_spans(sweep, protocol) -> dict:
         rows = sweep if impl == "triton" else protocol
         for mode in ("fwd", "bwd"):
             vals = [x for k, x in ratios(rows, impl, mode=mode).items() if k[3] in (4096, 16384)]
-            if vals and not (impl == "cuda" and mode == "bwd"):   # cuda's backward is cuda-mma's
+            if vals:
                 out[impl, mode] = span(vals)
     return out
 

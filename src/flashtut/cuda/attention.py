@@ -51,8 +51,8 @@ from ..constants import LOG2E
 from .compile import (capability, get_function, launch, max_smem_per_block, nvrtc_version,
                       set_max_dynamic_smem)
 from .configs import (CONVERT_THREADS, DTYPES, HEAD_DIMS, PRE_WARPS, V4_STEPS, VARIANTS, WIDE_DIMS,
-                      BackwardConfig, ForwardChoice, KernelPlan, check_backward_config, check_forward_kernel,
-                      kernel_builds, kernel_plan, launch_config, padded_dim, pick_config)
+                      BackwardConfig, ForwardChoice, KernelPlan, check_backward_config, check_backward_kernel,
+                      check_forward_kernel, kernel_builds, kernel_plan, launch_config, padded_dim, pick_config)
 from .hopper_backward_launch import fits, run_hopper_backward
 from .hopper_launch import run_hopper
 
@@ -294,15 +294,18 @@ def cuda_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None
 
 # -- autograd ---------------------------------------------------------------------------------
 
-def plan_for(q: torch.Tensor, forward_kernel: str = "auto", deterministic: bool = False) -> KernelPlan:
-    """What ``cuda_attention(q, ..., forward_kernel=forward_kernel, deterministic=deterministic)`` runs on
+def plan_for(q: torch.Tensor, forward_kernel: str = "auto", deterministic: bool = False,
+             backward_kernel: str = "auto") -> KernelPlan:
+    """What ``cuda_attention(q, ..., forward_kernel=..., deterministic=..., backward_kernel=...)`` runs on
     ``q``'s GPU, dtype and head dim: ``configs.kernel_plan`` for this GPU's compute capability, shared
     memory and NVRTC."""
     check_forward_kernel(forward_kernel)
+    check_backward_kernel(backward_kernel)
     major, minor = capability(q.device)
     # the NVRTC version matters only where wgmma could run; elsewhere CuPy need not be asked
     return kernel_plan((major, minor), q.dtype, q.shape[-1], deterministic, forward_kernel,
-                       nvrtc_version() if (major, minor) == (9, 0) else None, max_smem_per_block(q.device))
+                       nvrtc_version() if (major, minor) == (9, 0) else None, max_smem_per_block(q.device),
+                       backward_kernel)
 
 
 def forward_kernel_for(q: torch.Tensor, forward_kernel: str = "auto") -> ForwardChoice:
@@ -318,12 +321,20 @@ class CudaAttention(torch.autograd.Function):
     zero-padded on the way in and cut on the way out; what is saved is the padded tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alignment, scale: float, deterministic: bool, forward_kernel: str = "auto"):
+    def forward(ctx, q, k, v, alignment, scale: float, deterministic: bool, forward_kernel: str = "auto",
+                backward_kernel: str = "auto"):
         # checked once, in cuda_attention; alignment is None, "top-left" or "bottom-right"
         D = q.shape[-1]
         pd = padded_dim(D)
         q, k, v = (pad_head_dim(t, pd) for t in (q, k, v))
-        choice = plan_for(q, forward_kernel, deterministic).choice
+        plan = plan_for(q, forward_kernel, deterministic, backward_kernel)
+        choice, rung = plan.choice, plan.backward_rung
+        if rung is not None and not fits(q, k):
+            if backward_kernel == "wgmma":
+                raise ValueError(f"backward_kernel='wgmma': the Hopper backward indexes dQ with 32-bit offsets and "
+                                 f"one grid row per batch and KV head; q {tuple(q.shape)} with k {tuple(k.shape)} is "
+                                 "past that; accepted: backward_kernel='mma' or 'auto'")
+            rung = None
         offset = diag_offset(alignment, q.shape[2], k.shape[2])
         if choice.kernel == "wgmma":
             o, lse = run_hopper(q, k, v, alignment is not None, scale, choice.variant, offset,
@@ -333,7 +344,7 @@ class CudaAttention(torch.autograd.Function):
                               kv_group=q.shape[1] // k.shape[1], diag_offset=offset)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.head_dim = alignment or False, scale, deterministic, D
-        ctx.diag_offset = offset
+        ctx.diag_offset, ctx.backward_rung = offset, rung
         return o if pd == D else o[..., :D].contiguous()
 
     @staticmethod
@@ -341,21 +352,21 @@ class CudaAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         D = ctx.head_dim
         do = _ready(pad_head_dim(do, q.shape[-1]))
-        rung = plan_for(q, "auto", ctx.deterministic).backward_rung
-        if rung is not None and fits(q, k):
-            # sm_90: the wgmma + TMA backward (chapter 11's second half)
+        if ctx.backward_rung is not None:
+            # sm_90: the wgmma + TMA backward (flashtut.cuda.hopper_backward)
             dq, dk, dv = run_hopper_backward(q, k, v, o, lse, do, ctx.causal is not False, ctx.scale,
-                                             ctx.diag_offset, rung=rung)
+                                             ctx.diag_offset, rung=ctx.backward_rung,
+                                             deterministic=ctx.deterministic)
         else:
             dq, dk, dv = cuda_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale,
                                        deterministic=ctx.deterministic)
         if q.shape[-1] != D:
             dq, dk, dv = (g[..., :D] for g in (dq, dk, dv))
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
-                   deterministic: bool = False, forward_kernel: str = "auto"):
+                   deterministic: bool = False, forward_kernel: str = "auto", backward_kernel: str = "auto"):
     """Fused CUDA attention; CUDA float16 tensors, bfloat16 from sm_80; D any multiple of 8 up to
     128 (padded to 32, 64, 96 or 128 inside), or 256 (sm_80 and newer).
 
@@ -372,8 +383,13 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     sm_90 GPU wherever it supports the case (float16/bfloat16, D up to 128, every mask alignment and
     grouped heads) and the mma.sync forward everywhere else; ``"mma"`` always the mma.sync forward;
     ``"wgmma"`` the Hopper forward or an error saying why it cannot run (``configs.FORWARD_KERNELS``).
+    ``backward_kernel`` likewise for the backward: ``"auto"`` the Hopper backward on sm_90 at (padded) D = 64
+    and 128 unless ``deterministic``, the mma.sync backward elsewhere; ``"mma"`` always the mma.sync one;
+    ``"wgmma"`` the Hopper one (with ``deterministic``: its dK/dV kernel and the separate dQ pass) or an
+    error (``configs.BACKWARD_KERNELS``).
     """
     check_forward_kernel(forward_kernel)
+    check_backward_kernel(backward_kernel)
     deterministic = check_bool("deterministic", deterministic)   # "no" must not mean True
     p = prepare_inputs(q, k, v, causal, scale, what="cuda_attention", window=window)
-    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, deterministic, forward_kernel)
+    return CudaAttention.apply(*p.tensors, p.alignment, p.scale, deterministic, forward_kernel, backward_kernel)

@@ -18,8 +18,8 @@ import torch
 
 from ..constants import LOG2E
 from .compile import get_function, launch, max_smem_per_block, set_max_dynamic_smem
-from .configs import (CONVERT_THREADS, HOPPER_ARCH, HOPPER_BACKWARD_RUNG, PRE_WARPS, kernel_builds,
-                      pick_config)
+from .configs import (CONVERT_THREADS, HOPPER_ARCH, HOPPER_BACKWARD_RUNG, HOPPER_DETERMINISTIC_RUNG, PRE_WARPS,
+                      kernel_builds, pick_config)
 from .hopper_launch import _TMA_L2_128B, _TMA_SWIZZLE_128B, TENSOR_MAP_BYTES, _encode_tiled, tensor_map
 
 #: CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (cuda.h)
@@ -33,8 +33,8 @@ SOURCE = "bwd_hopper.cu"
 BLOCK_N = 128
 #: the default rung per head dim, the one ``cuda_attention`` runs (configs.HOPPER_BACKWARD_RUNG)
 DEFAULT_RUNG = HOPPER_BACKWARD_RUNG
-#: the rung whose dK/dV-only build the deterministic mode runs
-DETERMINISTIC_RUNG = "b2"
+#: the rung whose dK/dV-only build the deterministic mode runs (configs.HOPPER_DETERMINISTIC_RUNG)
+DETERMINISTIC_RUNG = HOPPER_DETERMINISTIC_RUNG
 DTYPE_BF16 = {torch.float16: 0, torch.bfloat16: 1}
 
 

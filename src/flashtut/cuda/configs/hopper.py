@@ -13,7 +13,7 @@ __all__ = ["HOPPER_VARIANTS", "W2_REGS", "W3_WIDE", "HOPPER_HEAD_DIMS", "HOPPER_
            "w1_smem_bytes", "w2_smem_bytes", "w3_smem_bytes", "w4_smem_bytes", "W3_FAMILY",
            "PERSISTENT_RUNGS", "check_consumers", "W3_OPTIONS", "W3_ORDER_ONLY", "check_w3_options",
            "hopper_config", "hopper_builds", "HOPPER_DEFAULT", "HOPPER_CONSUMERS", "HOPPER_OPTIONS",
-           "HOPPER_BACKWARD_RUNG"]
+           "HOPPER_BACKWARD_RUNG", "HOPPER_DETERMINISTIC_RUNG"]
 
 
 #: the rungs of the Hopper ladder that exist, name -> what the rung adds
@@ -221,3 +221,6 @@ HOPPER_OPTIONS = {64: {"c3_turns": True, "tail_first": True, "uniform_wg": True}
 #: measured against SDPA flash: b3 (dQ tiles by TMA reduce-add) at D = 64, b4 (dQ issued before dV and
 #: dK) at D = 128; other head dims and the deterministic mode keep the mma.sync backward
 HOPPER_BACKWARD_RUNG = {64: "b3", 128: "b4"}
+#: the rung whose dK/dV-only build the Hopper backward's deterministic mode runs (dQ from the mma.sync
+#: backward's separate pass, which adds in a fixed order)
+HOPPER_DETERMINISTIC_RUNG = "b2"

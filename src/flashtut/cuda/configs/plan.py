@@ -11,13 +11,13 @@ from typing import NamedTuple
 import torch
 
 from .backward import BackwardConfig, kernel_builds, pick_config
-from .hopper import (HOPPER_BACKWARD_RUNG, HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_HEAD_DIMS,
-                     HOPPER_OPTIONS, HopperConfig, hopper_config)
+from .hopper import (HOPPER_BACKWARD_RUNG, HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_DETERMINISTIC_RUNG,
+                     HOPPER_HEAD_DIMS, HOPPER_OPTIONS, HopperConfig, hopper_config)
 from .ladder import LaunchConfig, fast_variant, launch_config, padded_dim
 from .limits import DTYPE_DEFINES, HEAD_DIMS, SMEM_PER_BLOCK, WIDE_DIMS
 
 __all__ = ["FORWARD_KERNELS", "HOPPER_NVRTC", "ForwardChoice", "check_forward_kernel", "choose_forward",
-           "choose_backward_rung",
+           "BACKWARD_KERNELS", "check_backward_kernel", "choose_backward_rung",
            "KernelPlan", "kernel_plan", "attention_builds", "PLAN_GPUS", "plan_table"]
 
 #: the forward kernels ``cuda_attention(..., forward_kernel=...)`` chooses between, name -> what it runs
@@ -88,15 +88,54 @@ def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim:
     return mma._replace(reason=why_not[1])
 
 
-def choose_backward_rung(arch: int, head_dim: int, deterministic: bool,
+#: the backward kernels ``cuda_attention(..., backward_kernel=...)`` chooses between, name -> what it runs
+BACKWARD_KERNELS = {
+    "auto": "the Hopper backward where it runs (sm_90, a head dim that pads to 64 or 128, not deterministic, "
+            "an NVRTC that targets sm_90a), the mma.sync backward everywhere else",
+    "mma": "the mma.sync backward of chapter 08 (configs.pick_config), on every GPU from sm_75",
+    "wgmma": "the Hopper backward (bwd_hopper.cu, configs.HOPPER_BACKWARD_RUNG; sm_90 only; an error anywhere else)",
+}
+
+
+def check_backward_kernel(backward_kernel) -> str:
+    """``backward_kernel`` itself, or the ValueError (TypeError for a non-string) that names it."""
+    if not isinstance(backward_kernel, str):
+        raise TypeError(f"backward_kernel must be a str, one of {', '.join(map(repr, BACKWARD_KERNELS))}; "
+                        f"got {type(backward_kernel).__name__}")
+    if backward_kernel not in BACKWARD_KERNELS:
+        raise ValueError(f"backward_kernel must be one of {', '.join(map(repr, BACKWARD_KERNELS))}, "
+                         f"got {backward_kernel!r}")
+    return backward_kernel
+
+
+def choose_backward_rung(backward_kernel: str, arch: int, head_dim: int, deterministic: bool,
                          nvrtc_version: tuple[int, int] | None) -> str | None:
-    """The Hopper backward's rung (:data:`HOPPER_BACKWARD_RUNG`) where ``cuda_attention``'s backward takes it:
-    sm_90, a (padded) ``head_dim`` of 64 or 128, not ``deterministic`` (that keeps the mma.sync backward's
-    separate dQ pass) and an NVRTC that targets sm_90a; None (the mma.sync backward) everywhere else."""
-    if (arch != 90 or deterministic or head_dim not in HOPPER_BACKWARD_RUNG
-            or nvrtc_version is None or tuple(nvrtc_version) < HOPPER_NVRTC):
+    """The Hopper backward's rung (:data:`HOPPER_BACKWARD_RUNG`) where the backward is the Hopper one, None
+    where it is the mma.sync one. ``"auto"`` takes the Hopper backward on sm_90 at a (padded) ``head_dim`` of
+    64 or 128, not ``deterministic`` (that keeps the mma.sync backward), with an NVRTC that targets sm_90a;
+    ``"wgmma"`` raises where it cannot run (``ValueError`` for the head dim, ``RuntimeError`` for the GPU or
+    the NVRTC), and with ``deterministic`` names :data:`HOPPER_DETERMINISTIC_RUNG` (dK and dV from the Hopper
+    kernel, dQ from the mma.sync backward's separate pass)."""
+    check_backward_kernel(backward_kernel)
+    if backward_kernel == "mma":
         return None
-    return HOPPER_BACKWARD_RUNG[head_dim]
+    why_not = None
+    if arch != 90:
+        why_not = (RuntimeError, f"the Hopper backward runs on sm_90 GPUs only (H100, H200); this GPU is sm_{arch}")
+    elif head_dim not in HOPPER_BACKWARD_RUNG:
+        why_not = (ValueError, f"the Hopper backward is built for head dims "
+                               f"{' and '.join(map(str, HOPPER_BACKWARD_RUNG))}, got {head_dim} after padding")
+    elif deterministic and backward_kernel == "auto":
+        why_not = (ValueError, "deterministic=True runs the mma.sync backward unless backward_kernel='wgmma'")
+    elif nvrtc_version is None or tuple(nvrtc_version) < HOPPER_NVRTC:
+        why_not = (RuntimeError, f"NVRTC {nvrtc_version or 'of unknown version'} cannot target sm_90a (wgmma) "
+                                 f"before {HOPPER_NVRTC[0]}.{HOPPER_NVRTC[1]}")
+    if why_not is None:
+        return HOPPER_DETERMINISTIC_RUNG if deterministic else HOPPER_BACKWARD_RUNG[head_dim]
+    if backward_kernel == "wgmma":
+        error, message = why_not
+        raise error(f"backward_kernel='wgmma': {message}; accepted elsewhere: backward_kernel='mma' or 'auto'")
+    return None
 
 
 @dataclass(frozen=True)
@@ -119,17 +158,18 @@ class KernelPlan:
 
 def kernel_plan(capability, dtype: torch.dtype, head_dim: int, deterministic: bool = False,
                 forward_kernel: str = "auto", nvrtc_version: tuple | None = HOPPER_NVRTC,
-                smem_limit: int | None = None) -> KernelPlan:
+                smem_limit: int | None = None, backward_kernel: str = "auto") -> KernelPlan:
     """Which kernels and tiles ``cuda_attention`` runs on a GPU of compute capability ``capability``
     (``(9, 0)`` for an H100) for ``dtype`` and ``head_dim`` (any multiple of 8 up to 128, or 256 from sm_80):
     the forward (``forward_kernel`` as in ``cuda_attention``) and the backward (``deterministic``: the
-    separate dQ pass). ``nvrtc_version``: the NVRTC that compiles them (wgmma needs 12.0 or later; the
+    separate dQ pass; ``backward_kernel`` as in ``cuda_attention``). ``nvrtc_version``: the NVRTC that compiles them (wgmma needs 12.0 or later; the
     default assumes one); ``smem_limit``: shared memory per block (default: a typical GPU of that
     capability, :data:`SMEM_PER_BLOCK`). The causal mask changes no choice. ValueError (TypeError) naming the
     argument that is wrong. Cached: ``cuda_attention`` asks on every call."""
     if not (isinstance(capability, tuple) and len(capability) == 2 and all(type(c) is int for c in capability)):
         raise TypeError(f"capability must be a (major, minor) tuple of ints such as (9, 0), got {capability!r}")
     check_forward_kernel(forward_kernel)
+    check_backward_kernel(backward_kernel)
     if not any(dtype is d for d in DTYPE_DEFINES):
         raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
     if type(head_dim) is not int:
@@ -137,11 +177,12 @@ def kernel_plan(capability, dtype: torch.dtype, head_dim: int, deterministic: bo
     if smem_limit is not None and type(smem_limit) is not int:
         raise TypeError(f"smem_limit must be an int (bytes) or None, got {type(smem_limit).__name__}")
     return _kernel_plan(capability, dtype, head_dim, bool(deterministic), forward_kernel,
-                        None if nvrtc_version is None else tuple(nvrtc_version), smem_limit)
+                        None if nvrtc_version is None else tuple(nvrtc_version), smem_limit, backward_kernel)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel, nvrtc_version, smem_limit):
+def _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel, nvrtc_version, smem_limit,
+                 backward_kernel):
     arch = 10 * capability[0] + capability[1]
     if smem_limit is None:
         if arch not in SMEM_PER_BLOCK:
@@ -164,7 +205,7 @@ def _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel, nvr
         fwd = launch_config(choice.variant, dtype, d, arch, smem_limit)
     bwd = pick_config(d, arch, smem_limit, deterministic)
     return KernelPlan(capability, dtype, head_dim, d, choice, fwd, bwd, kernel_builds(bwd, dtype),
-                      choose_backward_rung(arch, d, deterministic, nvrtc_version))
+                      choose_backward_rung(backward_kernel, arch, d, deterministic, nvrtc_version))
 
 
 def attention_builds(dtype: torch.dtype, head_dim: int, arch: int, smem_limit: int,
