@@ -4,7 +4,9 @@
 
 Odd lengths (tails in both Nq and Nk), grouped heads and a bottom-right causal mask with a window, so
 that masked tiles, skipped blocks and padded rows all run; a check against float32 so the run proves the
-kernels ran.
+kernels ran. ``--no-reuse``: one query head per KV head and at most two query blocks, so that no block's
+ring of two stages is filled twice (racecheck then sees every stage written once; with reuse it reports the
+refill of a stage after the consumers' release, the pattern experiments/racecheck_probes shows it cannot follow).
 """
 from __future__ import annotations
 
@@ -20,22 +22,24 @@ from flashtut.cuda.hopper_backward import HEAD_DIMS, hopper_backward
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rungs", default="b1,b2,b3,b4")
+    ap.add_argument("--no-reuse", action="store_true", help="shapes whose blocks fill each stage once")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     for rung in args.rungs.split(","):
         for D in HEAD_DIMS:
+            # queries: two blocks of 8192 / D rows at most with --no-reuse (one head per KV head)
+            Nq, Nk, G = (2 * 8192 // D - 11, 2 * 8192 // D + 22, 1) if args.no_reuse else (300, 333, 2)
             for causal, window in ((False, None), ("bottom-right", 100)):
-                q = torch.randn(1, 4, 300, D, device="cuda", dtype=torch.float16)
-                k, v = (torch.randn(1, 2, 333, D, device="cuda", dtype=torch.float16) for _ in range(2))
+                q = torch.randn(1, 2 * G, Nq, D, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(1, 2, Nk, D, device="cuda", dtype=torch.float16) for _ in range(2))
                 do = torch.randn_like(q)
                 leaves = [t.float().requires_grad_() for t in (q, k, v)]
-                G = 2
                 kf, vf = (t.repeat_interleave(G, 1) for t in leaves[1:])
                 s = leaves[0] @ kf.transpose(-1, -2) / math.sqrt(D)
                 if causal:
-                    i = torch.arange(300, device="cuda")[:, None]
-                    j = torch.arange(333, device="cuda")[None, :]
-                    s = s.masked_fill((j > i + 33) | (j <= i + 33 - window), float("-inf"))
+                    i = torch.arange(Nq, device="cuda")[:, None]
+                    j = torch.arange(Nk, device="cuda")[None, :]
+                    s = s.masked_fill((j > i + Nk - Nq) | (j <= i + Nk - Nq - window), float("-inf"))
                 lse = torch.logsumexp(s, -1)
                 o = torch.softmax(s, -1) @ vf
                 ref = torch.autograd.grad(o, leaves, do.float())

@@ -374,7 +374,8 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     D = 64 and 128 the Hopper backward, ``flashtut.cuda.hopper_backward``), which adds dQ in float32 by
     atomics or TMA reduce-adds from sm_80 (the order of the additions varies, so the last bits of dQ may
     differ between runs); ``deterministic=True`` takes the mma.sync backward's separate dQ pass instead
-    (bit-identical every run, and slower).
+    (bit-identical every run; on an H200 the mma.sync backward takes 38% (D = 64) to 50% (D = 128) longer
+    that way).
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
     ``True``/``"top-left"`` or ``"bottom-right"``. ``window`` is refused with a ``ValueError``
     (the Triton kernels have it).
