@@ -67,6 +67,10 @@ def test_the_plan_names_the_kernel_that_ships():
     (((9, 0), torch.float16, 64.0), {}, TypeError, "head_dim must be an int"),
     (((9, 0), torch.float16, 64), {"forward_kernel": "fast"}, ValueError, "forward_kernel must be one of"),
     (((8, 0), torch.float16, 64), {"forward_kernel": "wgmma"}, RuntimeError, "sm_90 GPUs only"),
+    (((9, 0), torch.float16, 64), {"forward_kernel": 1}, TypeError, "forward_kernel must be one of"),
+    (((9, 0), torch.float16, 64), {"deterministic": "no"}, TypeError, "deterministic must be True or False"),
+    (((9, 0), torch.float16, 64), {"smem_limit": 49152.0}, TypeError, "smem_limit must be an int"),
+    (((9, 0), torch.float16, 64), {"smem_limit": 0}, ValueError, "smem_limit must be at least 1"),
 ])
 def test_errors_name_the_argument(args, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from ...checks import check_bool, check_choice, check_count
 from .backward import BackwardConfig, kernel_builds, pick_config
 from .hopper import (HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_HEAD_DIMS, HOPPER_OPTIONS,
                      HopperConfig, hopper_config)
@@ -45,13 +46,7 @@ class ForwardChoice(NamedTuple):
 
 def check_forward_kernel(forward_kernel) -> str:
     """``forward_kernel`` itself, or the ValueError (TypeError for a non-string) that names it."""
-    if not isinstance(forward_kernel, str):
-        raise TypeError(f"forward_kernel must be a str, one of {', '.join(map(repr, FORWARD_KERNELS))}; "
-                        f"got {type(forward_kernel).__name__}")
-    if forward_kernel not in FORWARD_KERNELS:
-        raise ValueError(f"forward_kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, "
-                         f"got {forward_kernel!r}")
-    return forward_kernel
+    return check_choice("forward_kernel", forward_kernel, FORWARD_KERNELS)
 
 
 def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim: int,
@@ -116,13 +111,14 @@ def kernel_plan(capability, dtype: torch.dtype, head_dim: int, deterministic: bo
     if not (isinstance(capability, tuple) and len(capability) == 2 and all(type(c) is int for c in capability)):
         raise TypeError(f"capability must be a (major, minor) tuple of ints such as (9, 0), got {capability!r}")
     check_forward_kernel(forward_kernel)
+    deterministic = check_bool("deterministic", deterministic)
     if not any(dtype is d for d in DTYPE_DEFINES):
         raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
     if type(head_dim) is not int:
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
-    if smem_limit is not None and type(smem_limit) is not int:
-        raise TypeError(f"smem_limit must be an int (bytes) or None, got {type(smem_limit).__name__}")
-    return _kernel_plan(capability, dtype, head_dim, bool(deterministic), forward_kernel,
+    if smem_limit is not None:
+        smem_limit = check_count("smem_limit", smem_limit)     # bytes per block
+    return _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel,
                         None if nvrtc_version is None else tuple(nvrtc_version), smem_limit)
 
 
