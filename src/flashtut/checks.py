@@ -89,6 +89,18 @@ def check_number(name: str, value, minimum: float = 0.0, inclusive: bool = False
     return value
 
 
+def check_choice(name: str, value, choices, alternative: str = "") -> str:
+    """One of the names in ``choices`` (a kernel, a backend): a non-string is a TypeError, another
+    string a ValueError, each naming ``name`` and the choices; ``alternative`` ends the list of what
+    is accepted (``" or a callable"``) where the caller takes something else besides."""
+    accepted = f"one of {', '.join(map(repr, choices))}{alternative}"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return value
+
+
 CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
 
 

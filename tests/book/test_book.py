@@ -604,16 +604,17 @@ def test_fit_problems_flags_what_a_reader_would_see():
 _CHAPTER_HTML = re.compile(r"notebooks/(\d{2})_[^/]+\.html$")
 
 
-def _pages():
-    return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts and "_sources" not in p.parts)
+def _pages(book) -> list[tuple[Path, str]]:
+    """(path, text) of every built page but the theme's and the sources'."""
+    if not (HTML / "index.html").is_file():
+        pytest.fail(f"no built book to inspect (log {book.log})")
+    return [(p, p.read_text(errors="replace")) for p in sorted(HTML.rglob("*.html"))
+            if "_static" not in p.parts and "_sources" not in p.parts]
 
 
 def test_figures_are_numbered_one_way(book):
-    if not (HTML / "index.html").is_file():
-        pytest.fail(f"no built book to inspect (log {book.log})")
     wrong = []
-    for page in _pages():
-        text = page.read_text(errors="replace")
+    for page, text in _pages(book):
         numbers = [html_unescape(n).strip() for n in re.findall(r'<span class="caption-number">(.*?)</span>', text)]
         m = _CHAPTER_HTML.search(page.as_posix())
         if m:
@@ -628,11 +629,8 @@ def test_figures_are_numbered_one_way(book):
 
 
 def test_no_page_shows_an_internal_path_or_a_dirty_tree(book):
-    if not (HTML / "index.html").is_file():
-        pytest.fail(f"no built book to inspect (log {book.log})")
     found = []
-    for page in _pages():
-        text = page.read_text(errors="replace")
+    for page, text in _pages(book):
         for m in re.finditer(r"/root/out\b|/tmp/tmp\w*|with uncommitted changes", text):
             found.append(f"{page.relative_to(HTML)}: ...{text[max(0, m.start() - 60):m.end() + 20]}...")
     assert not found, "\n".join(found[:40]) + (f"\n... {len(found)} in all" if len(found) > 40 else "")

@@ -1,6 +1,6 @@
-"""Every bad input a clear error, every odd-but-valid input a right answer (issue 31, item 4).
+"""Every bad input a clear error, every odd-but-valid input a right answer.
 
-A harness over the public API of ``API.md``: each function gets non-tensors, wrong ranks, mismatched
+A harness over the public API of ``book/api.md``: each function gets non-tensors, wrong ranks, mismatched
 dtypes, devices and heads, bad scales, causal flags and windows, empty and integer tensors, and
 non-finite values, and must raise the documented exception whose message names the argument,
 before any work. Alongside: the classes a harness found silent or raw (strided ``cu_seqlens``,

@@ -262,7 +262,8 @@ def _find_nvrtc():
 NVRTC = _find_nvrtc()
 
 
-def nvrtc_compile(text: str, options: list[str]) -> tuple[int, str]:
+def nvrtc_compile(text: str, options: list[str], cubin=None) -> tuple[int, str]:
+    """Compile ``text`` with NVRTC: (status, log); the cubin is written to the path ``cubin`` if given."""
     prog = ctypes.c_void_p()
     assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"kernel.cu", 0, None, None) == 0
     try:
@@ -272,6 +273,11 @@ def nvrtc_compile(text: str, options: list[str]) -> tuple[int, str]:
         NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         NVRTC.nvrtcGetProgramLog(prog, log)
+        if rc == 0 and cubin is not None:
+            NVRTC.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            assert NVRTC.nvrtcGetCUBIN(prog, buf) == 0
+            cubin.write_bytes(buf.raw)
         return rc, log.value.decode(errors="replace")
     finally:
         NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))

@@ -22,7 +22,6 @@ each walking many query blocks.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import os
@@ -43,7 +42,7 @@ from flashtut.cuda import compile as cc
 from flashtut.cuda import configs
 from flashtut.cuda import hopper, hopper_launch
 from flashtut.cuda.models import hopper_layout as hl
-from test_cuda_compile import NVRTC, parse_ptxas
+from test_cuda_compile import NVRTC, nvrtc_compile, parse_ptxas
 from conftest import load_committed
 
 NVCC = shutil.which("nvcc")
@@ -108,27 +107,6 @@ def sass(cubin: Path) -> str:
 def nvcc_build(defines: tuple, arch: str = "90a", source: str = "fwd_w1_wgmma.cu") -> tuple[str, str]:
     """(ptxas log, SASS) of ``source`` built by nvcc for ``arch``."""
     return nvcc_sass(source, dict(defines), arch, NVCC)
-
-
-def nvrtc_cubin(text: str, options: list[str], out: Path) -> tuple[int, str]:
-    """Compile ``text`` with NVRTC to a cubin at ``out``; returns (status, log)."""
-    prog = ctypes.c_void_p()
-    assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"w1.cu", 0, None, None) == 0
-    try:
-        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-        rc = NVRTC.nvrtcCompileProgram(prog, len(options), opts)
-        size = ctypes.c_size_t()
-        NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        NVRTC.nvrtcGetProgramLog(prog, log)
-        if rc == 0:
-            NVRTC.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-            buf = ctypes.create_string_buffer(size.value)
-            assert NVRTC.nvrtcGetCUBIN(prog, buf) == 0
-            out.write_bytes(buf.raw)
-        return rc, log.value.decode(errors="replace")
-    finally:
-        NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 def hgmma_counts(text: str) -> dict:
@@ -277,7 +255,7 @@ def test_nvrtc_sm90a_emits_hgmma(cfg):
     out = _TMP / f"nvrtc_{abs(hash(cfg.defines))}.cubin"
     opts = cc.nvrtc_options(configs.HOPPER_ARCH, cfg.define_dict)
     assert opts[-1] == "-arch=sm_90a"
-    rc, log = nvrtc_cubin(cc.load_source(cfg.source), opts + ["-Xptxas", "-v"], out)
+    rc, log = nvrtc_compile(cc.load_source(cfg.source), opts + ["-Xptxas", "-v"], out)
     assert rc == 0, log
     check_resources(log, cfg)
     text = sass(out)
@@ -461,7 +439,7 @@ def test_asking_for_wgmma_where_it_cannot_run_says_why():
         configs.choose_forward("wgmma", 90, torch.float16, 64, (11, 8))
     with pytest.raises(ValueError, match="forward_kernel must be one of 'auto', 'mma', 'wgmma', got 'hopper'"):
         configs.choose_forward("hopper", 90, torch.float16, 64, (12, 4))
-    with pytest.raises(TypeError, match="forward_kernel must be a str"):
+    with pytest.raises(TypeError, match="forward_kernel must be one of .*, got int 1"):
         configs.check_forward_kernel(1)
 
 

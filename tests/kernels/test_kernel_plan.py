@@ -68,11 +68,15 @@ def test_the_plan_names_the_kernel_that_ships():
     (((9, 0), torch.float16, 64), {"forward_kernel": "fast"}, ValueError, "forward_kernel must be one of"),
     (((8, 0), torch.float16, 64), {"forward_kernel": "wgmma"}, RuntimeError, "sm_90 GPUs only"),
     (((9, 0), torch.float16, 64), {"backward_kernel": "fast"}, ValueError, "backward_kernel must be one of"),
-    (((9, 0), torch.float16, 64), {"backward_kernel": 1}, TypeError, "backward_kernel must be a str"),
+    (((9, 0), torch.float16, 64), {"backward_kernel": 1}, TypeError, "backward_kernel must be one of"),
     (((8, 0), torch.float16, 64), {"backward_kernel": "wgmma"}, RuntimeError, "backward_kernel='wgmma'.*sm_90"),
     (((9, 0), torch.float16, 32), {"backward_kernel": "wgmma"}, ValueError, "backward_kernel='wgmma'.*head dims"),
     (((9, 0), torch.float16, 64), {"backward_kernel": "wgmma", "nvrtc_version": (11, 8)}, RuntimeError,
      "backward_kernel='wgmma'.*NVRTC"),
+    (((9, 0), torch.float16, 64), {"forward_kernel": 1}, TypeError, "forward_kernel must be one of"),
+    (((9, 0), torch.float16, 64), {"deterministic": "no"}, TypeError, "deterministic must be True or False"),
+    (((9, 0), torch.float16, 64), {"smem_limit": 49152.0}, TypeError, "smem_limit must be an int"),
+    (((9, 0), torch.float16, 64), {"smem_limit": 0}, ValueError, "smem_limit must be at least 1"),
 ])
 def test_errors_name_the_argument(args, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -148,11 +148,15 @@ class Reference:
     def _up(self, t):
         return t.detach().to(self.ref_dtype)
 
+    def _once(self, attr: str, compute, grad: bool) -> dict:
+        """``compute()`` in exact float32 (with or without autograd), the first time only."""
+        if getattr(self, attr) is None:
+            with exact_float32(), torch.set_grad_enabled(grad):
+                setattr(self, attr, compute())
+        return getattr(self, attr)
+
     def forward(self) -> dict:
-        if self._fwd is None:
-            with exact_float32(), torch.no_grad():
-                self._fwd = self._compute_forward()
-        return self._fwd
+        return self._once("_fwd", self._compute_forward, grad=False)
 
     def _compute_forward(self) -> dict:
         q, k, v = (self._up(t) for t in (self.q, self.k, self.v))
@@ -163,10 +167,7 @@ class Reference:
         return {"o": o, "lse": lse, "base": {"o": max_abs_err(base, o)}}
 
     def backward(self) -> dict:
-        if self._bwd is None:
-            with exact_float32(), torch.enable_grad():
-                self._bwd = self._compute_backward()
-        return self._bwd
+        return self._once("_bwd", self._compute_backward, grad=True)
 
     def _compute_backward(self) -> dict:
         leaves = [self._up(t).requires_grad_() for t in (self.q, self.k, self.v)]

@@ -67,13 +67,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _bounded_int(limit: int, what: str):
-    def parse(text: str) -> int:
-        value = _positive_int(text)
+def _at_most(parse, limit, what: str):
+    """``parse`` (``_positive_int`` or ``_positive_float``), then at most ``limit`` ``what``."""
+    def bounded(text: str):
+        value = parse(text)
         if value > limit:
-            raise argparse.ArgumentTypeError(f"expected at most {limit} {what}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected at most {limit:g} {what}, got {text!r}")
         return value
-    return parse
+    return bounded
 
 
 def _label(text: str) -> str:
@@ -92,18 +93,9 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _ref_gib(text: str) -> float:
-    value = _positive_float(text)
-    if value > MAX_REF_GIB:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_REF_GIB:g} GiB, got {text!r}")
-    return value
-
-
-def _budget_ms(text: str) -> float:
-    value = _positive_float(text)
-    if value > MAX_BUDGET_MS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_BUDGET_MS:g} ms per measurement, got {text!r}")
-    return value
+_ref_gib = _at_most(_positive_float, MAX_REF_GIB, "GiB")
+_budget_ms = _at_most(_positive_float, MAX_BUDGET_MS, "ms per measurement")
+_thread_count = _at_most(_positive_int, MAX_THREADS, "threads")
 
 
 def _seed(text: str) -> int:
@@ -113,13 +105,6 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**63 - 1, got {text!r}")
-    return value
-
-
-def _thread_count(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {value}")
     return value
 
 
@@ -312,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--what", default="copy,matmul",
                    help="comma-separated, of copy, matmul and instruction (each tensor-core instruction's "
                         f"own ceiling: {', '.join(INSTRUCTIONS)}, in the 16-bit dtypes of --dtype)")
-    p.add_argument("--copy-mib", type=_bounded_int(MAX_COPY_MIB, "MiB"),
+    p.add_argument("--copy-mib", type=_at_most(_positive_int, MAX_COPY_MIB, "MiB"),
                    help=f"bytes copied, MiB (default 2048 on a GPU, 256 on the CPU; at most {MAX_COPY_MIB})")
-    p.add_argument("--matmul-n", type=_bounded_int(MAX_MATMUL_N, "rows"),
+    p.add_argument("--matmul-n", type=_at_most(_positive_int, MAX_MATMUL_N, "rows"),
                    help=f"matrix size n (default 8192 on a GPU, 1024 on the CPU; at most {MAX_MATMUL_N})")
     p.add_argument("--warmup-ms", type=_budget_ms, default=25.0)
     p.add_argument("--rep-ms", type=_budget_ms, default=100.0)

@@ -25,40 +25,29 @@ def _lane_color(lane: int) -> str:
     return PALETTE[(lane // 4) % len(PALETTE)]
 
 
+def _fragment(ax, cols: int, places, title: str) -> None:
+    """One fragment of 16 rows and ``cols`` columns: ``places`` yields (row, column, lane, register)."""
+    colors = [[None] * cols for _ in range(16)]
+    labels = [[""] * cols for _ in range(16)]
+    for r, c, lane, reg in places:
+        colors[r][c] = _lane_color(lane)
+        labels[r][c] = f"T{lane}\n{reg}"
+    _grid(ax, 16, cols, colors, labels, fontsize=4.2)
+    ax.set_title(title)
+
+
 def mma_fragment_layout():
     """Which lane holds which element of the A (16x16), B (16x8) and C (16x8) fragments of
     ``mma.sync.m16n8k16``; labels are lane (T) and register (a/b/c index)."""
     fig, axes = subplots(1, 3, figsize=(11, 4.4), gridspec_kw={"width_ratios": [16, 8, 8]})
     # the fragment tables are flashtut.cuda.models.mma_layout's (the PTX ISA's)
-    colors = [[None] * 16 for _ in range(16)]
-    labels = [[""] * 16 for _ in range(16)]
-    for lane in range(32):
-        for reg in range(4):
-            for e in range(2):
-                r, c = mma_layout.a_element(lane, reg, e)
-                colors[r][c] = _lane_color(lane)
-                labels[r][c] = f"T{lane}\na{reg}"
-    _grid(axes[0], 16, 16, colors, labels, fontsize=4.2)
-    axes[0].set_title("A = Q or P (16 rows x 16 k)")
-    colors = [[None] * 8 for _ in range(16)]
-    labels = [[""] * 8 for _ in range(16)]
-    for lane in range(32):
-        for reg in range(2):
-            for e in range(2):
-                kk, n = mma_layout.b_element(lane, reg, e)
-                colors[kk][n] = _lane_color(lane)
-                labels[kk][n] = f"T{lane}\nb{reg}"
-    _grid(axes[1], 16, 8, colors, labels, fontsize=4.2)
-    axes[1].set_title("B = K^T or V (16 k x 8 n)")
-    colors = [[None] * 8 for _ in range(16)]
-    labels = [[""] * 8 for _ in range(16)]
-    for lane in range(32):
-        for i in range(4):
-            r, c = mma_layout.c_element(lane, i)
-            colors[r][c] = _lane_color(lane)
-            labels[r][c] = f"T{lane}\nc{i}"
-    _grid(axes[2], 16, 8, colors, labels, fontsize=4.2)
-    axes[2].set_title("C = S or O (16 x 8, float32)")
+    lanes = range(32)
+    _fragment(axes[0], 16, ((*mma_layout.a_element(t, reg, e), t, f"a{reg}") for t in lanes for reg in range(4)
+                            for e in range(2)), "A = Q or P (16 rows x 16 k)")
+    _fragment(axes[1], 8, ((*mma_layout.b_element(t, reg, e), t, f"b{reg}") for t in lanes for reg in range(2)
+                           for e in range(2)), "B = K^T or V (16 k x 8 n)")
+    _fragment(axes[2], 8, ((*mma_layout.c_element(t, i), t, f"c{i}") for t in lanes for i in range(4)),
+              "C = S or O (16 x 8, float32)")
     for ax, w in zip(axes, (16, 8, 8)):
         ax.set_xlim(0, w)
         ax.set_ylim(0, 16)

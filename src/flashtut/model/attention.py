@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import decode
+from ..checks import check_choice
 from ..cuda.attention import cuda_attention
 from ..reference import naive_attention
 from ..tiled import tiled_attention
@@ -56,13 +57,7 @@ def check_backend(backend):
     """``backend`` as given, after checking it is one of :data:`BACKENDS` or a callable."""
     if callable(backend):
         return backend
-    if not isinstance(backend, str):
-        raise TypeError(f"attention_backend must be one of {', '.join(BACKENDS)} or a callable "
-                        f"fn(q, k, v) -> o, got {type(backend).__name__}")
-    if backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)} or a callable "
-                         f"fn(q, k, v) -> o, got {backend!r}")
-    return backend
+    return check_choice("attention_backend", backend, BACKENDS, " or a callable fn(q, k, v) -> o")
 
 
 def unavailable_reason(backend: str, device) -> str | None:

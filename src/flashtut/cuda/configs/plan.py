@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from ...checks import check_bool, check_choice, check_count
 from .backward import BackwardConfig, kernel_builds, pick_config
 from .hopper import (HOPPER_BACKWARD_RUNG, HOPPER_CONSUMERS, HOPPER_DEFAULT, HOPPER_DETERMINISTIC_RUNG,
                      HOPPER_HEAD_DIMS, HOPPER_OPTIONS, HopperConfig, hopper_config)
@@ -46,13 +47,7 @@ class ForwardChoice(NamedTuple):
 
 def check_forward_kernel(forward_kernel) -> str:
     """``forward_kernel`` itself, or the ValueError (TypeError for a non-string) that names it."""
-    if not isinstance(forward_kernel, str):
-        raise TypeError(f"forward_kernel must be a str, one of {', '.join(map(repr, FORWARD_KERNELS))}; "
-                        f"got {type(forward_kernel).__name__}")
-    if forward_kernel not in FORWARD_KERNELS:
-        raise ValueError(f"forward_kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, "
-                         f"got {forward_kernel!r}")
-    return forward_kernel
+    return check_choice("forward_kernel", forward_kernel, FORWARD_KERNELS)
 
 
 def choose_forward(forward_kernel: str, arch: int, dtype: torch.dtype, head_dim: int,
@@ -99,13 +94,7 @@ BACKWARD_KERNELS = {
 
 def check_backward_kernel(backward_kernel) -> str:
     """``backward_kernel`` itself, or the ValueError (TypeError for a non-string) that names it."""
-    if not isinstance(backward_kernel, str):
-        raise TypeError(f"backward_kernel must be a str, one of {', '.join(map(repr, BACKWARD_KERNELS))}; "
-                        f"got {type(backward_kernel).__name__}")
-    if backward_kernel not in BACKWARD_KERNELS:
-        raise ValueError(f"backward_kernel must be one of {', '.join(map(repr, BACKWARD_KERNELS))}, "
-                         f"got {backward_kernel!r}")
-    return backward_kernel
+    return check_choice("backward_kernel", backward_kernel, BACKWARD_KERNELS)
 
 
 def choose_backward_rung(backward_kernel: str, arch: int, head_dim: int, deterministic: bool,
@@ -162,21 +151,22 @@ def kernel_plan(capability, dtype: torch.dtype, head_dim: int, deterministic: bo
     """Which kernels and tiles ``cuda_attention`` runs on a GPU of compute capability ``capability``
     (``(9, 0)`` for an H100) for ``dtype`` and ``head_dim`` (any multiple of 8 up to 128, or 256 from sm_80):
     the forward (``forward_kernel`` as in ``cuda_attention``) and the backward (``deterministic``: the
-    separate dQ pass; ``backward_kernel`` as in ``cuda_attention``). ``nvrtc_version``: the NVRTC that compiles them (wgmma needs 12.0 or later; the
-    default assumes one); ``smem_limit``: shared memory per block (default: a typical GPU of that
+    separate dQ pass; ``backward_kernel`` as in ``cuda_attention``). ``nvrtc_version``: the NVRTC that
+    compiles them (wgmma needs 12.0 or later; the default assumes one); ``smem_limit``: shared memory per block (default: a typical GPU of that
     capability, :data:`SMEM_PER_BLOCK`). The causal mask changes no choice. ValueError (TypeError) naming the
     argument that is wrong. Cached: ``cuda_attention`` asks on every call."""
     if not (isinstance(capability, tuple) and len(capability) == 2 and all(type(c) is int for c in capability)):
         raise TypeError(f"capability must be a (major, minor) tuple of ints such as (9, 0), got {capability!r}")
     check_forward_kernel(forward_kernel)
     check_backward_kernel(backward_kernel)
+    deterministic = check_bool("deterministic", deterministic)
     if not any(dtype is d for d in DTYPE_DEFINES):
         raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
     if type(head_dim) is not int:
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
-    if smem_limit is not None and type(smem_limit) is not int:
-        raise TypeError(f"smem_limit must be an int (bytes) or None, got {type(smem_limit).__name__}")
-    return _kernel_plan(capability, dtype, head_dim, bool(deterministic), forward_kernel,
+    if smem_limit is not None:
+        smem_limit = check_count("smem_limit", smem_limit)     # bytes per block
+    return _kernel_plan(capability, dtype, head_dim, deterministic, forward_kernel,
                         None if nvrtc_version is None else tuple(nvrtc_version), smem_limit, backward_kernel)
 
 
