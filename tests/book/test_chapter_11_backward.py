@@ -258,6 +258,13 @@ def test_the_ladder_table_and_the_text_match_the_data():
              for r_ in rows[1] if r_["impl"] == "hopper_b4" and r_["D"] == 64]
     assert sum(x > 0 for x in below) == 7 and max(below) <= 0.03 and len(below) == 8
     assert "A third stage of $Q$ and $dO$ lost 3 to 5% at $D = 128$" in text
+    # a head's float32 dQ at the protocol's sizes: 1 to 8 MB
+    sizes = [N * D * 4 / 2**20 for N in (4096, 16384) for D in (64, 128)]
+    assert (min(sizes), max(sizes)) == (1, 8) and "float32 $dQ$ is 1 to 8 MB" in text
+    # b1 gained about half its predicted 20% (geometric mean over the mma.sync backward)
+    g = first["hopper_b1", 64]["gmean"] / first["cuda_mma", 64]["gmean"], \
+        first["hopper_b1", 128]["gmean"] / first["cuda_mma", 128]["gmean"]
+    assert all(1.06 < x < 1.11 for x in g) and "b1 gained about half of what was predicted" in text
     loss = [1 - second[f"hopper_{x}:3", 128]["max"] / second[f"hopper_{x}", 128]["max"] for x in ("b3", "b4")]
     assert all(0.02 <= x <= 0.05 for x in loss), loss
 
@@ -273,6 +280,17 @@ def test_the_worklog_opens_with_the_generated_summaries():
         for line in format_ratio_summary(ratio_summary(rows, impls, baseline="sdpa_flash")):
             assert f"- {name}: {line}" in page, line
     assert "/root/out" not in page
+    # the gains the opening quotes, geometric means of one rung over the one before it
+    g = {name: {(s["impl"], s["D"]): s["gmean"] for s in ratio_summary(load_committed(name)[0], [
+        "hopper_b1", "hopper_b2", "hopper_b3", "hopper_b4"], baseline="sdpa_flash")}
+         for name in ("hopper_bwd_h100.json", "hopper_bwd_b4_h100.json")}
+    first, second = g["hopper_bwd_h100.json"], g["hopper_bwd_b4_h100.json"]
+    gain = lambda a, b, D, t=first: round(100 * (t[a, D] / t[b, D] - 1))   # noqa: E731
+    assert (gain("hopper_b2", "hopper_b1", 64), gain("hopper_b2", "hopper_b1", 128)) == (10, 13)
+    assert (gain("hopper_b3", "hopper_b2", 64), gain("hopper_b3", "hopper_b2", 128)) == (9, 9)
+    assert (gain("hopper_b4", "hopper_b3", 128, second), gain("hopper_b4", "hopper_b3", 64, second)) == (7, -1)
+    assert "+10% at D = 64, +13% at D = 128" in page and "gained 9% at both head dims" in page
+    assert "gained 7% more at D = 128 and lost 1% at D = 64" in page
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
