@@ -307,3 +307,30 @@ def test_the_registers_the_chapter_quotes_are_ptxas_report():
                           log, re.S)
             assert (int(m.group(2)), int(m.group(1))) == (want, spills.get((rung, D), 0)), (rung, D)
     assert '"b1": "255 / 238"' in src and "16 B spilled at D = 64" in src and "12 B spilled at D = 64" in src
+
+
+def test_ladder_table_takes_a_tensor_pipe_column_from_profile_rows():
+    from flashtut.bench.profile import TENSOR
+
+    rows = [load_committed(n)[0] for n in ("hopper_bwd_h100.json", "hopper_bwd_b4_h100.json")]
+    prof = [{"kind": "profile", "mode": "bwd", "impl": f"hopper_{r}", "D": D, "metrics": {TENSOR: 40.0 + i}}
+            for i, r in enumerate(hb.RUNGS) for D in (64, 128)]
+    header, body = hopper_bwd_plots.ladder_table(rows, {"b1": "255 / 238"}, hopper_bwd_plots.tensor_pipe(prof))
+    table = {row[0]: dict(zip(header, row)) for row in body}
+    assert table["b3"]["tensor pipe %, D = 64 / 128"] == "42 / 42" and table["mma.sync"]["registers"] == "-"
+    assert table["mma.sync"]["tensor pipe %, D = 64 / 128"] == "- / -"
+    with pytest.raises(ValueError, match="sweeps"):
+        hopper_bwd_plots.ladder_table(rows[0], {})
+
+
+def test_show_file_finds_a_section_by_its_markers():
+    from flashtut.notebook import show_file
+
+    shown = show_file("cuda/kernels/bwd_hopper.cu", start="auto issue_dq", end="        };").data
+    lines = shown.splitlines()
+    assert lines[0].strip() == "auto issue_dq = [&]() {" and lines[-1] == "        };"
+    assert "bwdh_wgmma_tt" in shown and "issue_dkdv" not in shown
+    # numbers still work, and a marker no line holds is an error naming the argument
+    assert show_file("cuda/kernels/bwd_hopper.cu", start=1, end=1).data.startswith("// bwd_hopper.cu")
+    with pytest.raises(ValueError, match="end: no line contains"):
+        show_file("cuda/kernels/bwd_hopper.cu", start="auto issue_dq", end="no such line")

@@ -102,3 +102,12 @@ def ladder_table(sweeps, registers: dict, tensor_pipe: dict | None = None, basel
         row.append(registers.get(rung, "-"))
         body.append(row)
     return header, body
+
+
+def tensor_pipe(profile_rows) -> dict:
+    """``{(implementation, D): percent}`` of the tensor pipe's busy share in ``profile`` rows (as
+    ``experiments/hopper_backward/ncu_rungs.py`` writes them), for :func:`ladder_table`."""
+    from ..bench.profile import TENSOR
+
+    return {(r["impl"], r["D"]): r["metrics"][TENSOR] for r in profile_rows
+            if r.get("kind") == "profile" and r.get("mode") == "bwd" and TENSOR in r.get("metrics", {})}
