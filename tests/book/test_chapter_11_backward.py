@@ -96,19 +96,10 @@ def test_q_tile_is_read_k_major_for_st_and_mn_major_for_dk(head_dim):
 
 
 def test_only_the_transposed_scores_are_already_the_a_operand():
-    def hits(rows_are_keys, n):
-        count = 0
-        for t in range(128):
-            for kp in range(n // 16):
-                for reg in range(4):
-                    for half in (0, 1):
-                        j, col = hl.a_fragment_element(t, reg, half)
-                        held = hl.accumulator_element(t, hl.p_register(kp, reg)[half], n)
-                        count += held == ((j, 16 * kp + col) if rows_are_keys else (16 * kp + col, j))
-        return count
-
-    assert hits(True, 64) == 64 * 64 and hits(True, 128) == 64 * 128
-    assert hits(False, 64) == 64                     # the diagonal only
+    assert hbm.a_operand_in_place(True, 64) == 64 * 64 and hbm.a_operand_in_place(True, 128) == 64 * 128
+    assert hbm.a_operand_in_place(False, 64) == 64            # the diagonal only
+    with pytest.raises(ValueError):
+        hbm.a_operand_in_place(True, 96)
 
 
 def test_issue_orders_are_the_rungs_and_keep_every_dependency():

@@ -7,6 +7,7 @@ query blocks of ``BM`` rows (128 at D = 64, 64 at D = 128). This module holds, f
   each rung issues them (``issue_order``); a check that an order keeps every dependency
   (``check_order``); and which products are still on the tensor cores when a step is issued
   (``in_flight_at``);
+* why the scores are computed transposed (``a_operand_in_place``);
 * the operands the backward reads that the forward did not, as addresses and matrix descriptors:
   ``s_t_descriptors`` (S^T = K Q^T: the forward's Q K^T with the roles of the two tiles swapped),
   ``dkdv_b_descriptors`` (Q and dO read again from the same tiles, MN-major, for dK and dV),
@@ -125,6 +126,28 @@ def in_flight_at(order, name: str, steps=STEPS) -> list[str]:
     start = needed[-1] + 1 if needed else 0
     # a step that needs no product waits for none; the release of a stage waits for what read it
     return [s for s in before[start:] if steps[s].unit == "tensor"]
+
+
+# ------------------------------------------------------------------ P^T and dS^T in registers
+
+def a_operand_in_place(rows_are_keys: bool, n: int = 64) -> int:
+    """How many of the 64 x ``n`` values of dV's A operand (P^T: rows = keys, the reduction over ``n``
+    queries) a warpgroup finds already in the thread and register that must hold them, where the
+    scores were computed as S^T = K Q^T (``rows_are_keys``, the kernel's choice) or as S = Q K^T, the
+    forward's: thread t's A register ``reg`` of k-step ``kp`` packs its accumulator registers
+    ``hopper_layout.p_register(kp, reg)``, so the value must be the one those registers hold."""
+    if n not in (64, 128):
+        raise ValueError(f"n must be 64 or 128, got {n!r}")
+    hits = 0
+    for t in range(hl.WARPGROUP_THREADS):
+        for kp in range(n // 16):
+            for reg in range(4):
+                for half in (0, 1):
+                    key, col = hl.a_fragment_element(t, reg, half)   # P^T[key, query]
+                    query = 16 * kp + col
+                    held = hl.accumulator_element(t, hl.p_register(kp, reg)[half], n)
+                    hits += held == ((key, query) if rows_are_keys else (query, key))
+    return hits
 
 
 # ------------------------------------------------------------------ operands in shared memory
