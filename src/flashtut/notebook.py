@@ -54,10 +54,12 @@ def show_source(obj, language: str = "python", collapsed: str | None = None):
     return _collapse(Code(source_of(obj), language=language), collapsed)
 
 
-def show_file(path, language: str | None = None, start: int | None = None, end: int | None = None,
+def show_file(path, language: str | None = None, start: int | str | None = None, end: int | str | None = None,
               collapsed: str | None = None):
     """Display a file shipped in the package (for example a ``.cu`` kernel), optionally lines
-    ``start``..``end`` (1-based, inclusive); with ``collapsed``, folded under that summary line."""
+    ``start``..``end`` (1-based, inclusive; a string stands for the first line that contains it, ``end``
+    searched from ``start`` on, so a section stays shown as the file changes around it); with
+    ``collapsed``, folded under that summary line."""
     from IPython.display import Code
 
     p = Path(path)
@@ -66,10 +68,22 @@ def show_file(path, language: str | None = None, start: int | None = None, end: 
     text = p.read_text()
     if start is not None or end is not None:
         lines = text.splitlines()
+        start, end = _line_of(lines, start, 1, "start"), _line_of(lines, end, _line_of(lines, start, 1, "start"), "end")
         text = "\n".join(lines[(start or 1) - 1:end])
     if language is None:
         language = {".cu": "cuda", ".cuh": "cuda", ".py": "python"}.get(p.suffix, "text")
     return _collapse(Code(text, language=language), collapsed)
+
+
+def _line_of(lines, mark, first: int, name: str):
+    """``mark`` as a 1-based line number: an int as it is, a string the first line from ``first`` on that
+    contains it (ValueError naming ``name`` when none does)."""
+    if mark is None or isinstance(mark, int):
+        return mark
+    for i in range((first or 1) - 1, len(lines)):
+        if mark in lines[i]:
+            return i + 1
+    raise ValueError(f"{name}: no line contains {mark!r}")
 
 
 def collapsed(obj, summary: str):

@@ -7,6 +7,8 @@ kernel's own code by the tests, so that a chapter can show it and a reader can r
 * :mod:`.hopper_layout`: the wgmma fragments, swizzled tiles, tile counts and register budgets of the
   Hopper rungs (chapter 11);
 * :mod:`.hopper_schedule`: the Hopper rungs' barrier protocol, played step by step (chapter 11);
+* :mod:`.hopper_bwd`: the Hopper backward's steps per query block, its MN-major operands and dS^T
+  stores, and the costs of summing dQ (chapter 11b);
 * :mod:`.exp2_poly`: ``ft_exp2_poly``, the exponential on the float32 pipe, operation by operation
   (chapter 11).
 """
