@@ -202,7 +202,7 @@ def test_chapter_shape():
         caption = cells[i + 1][1]
         assert re.match(r"\*Table 11b\.\d+: ", caption) and "\n" not in caption.strip()
         assert "H100" in caption and all(f"`{f}`" in caption for f in files)
-    assert measured == 1
+    assert measured == 2      # the ladder (11b.7) and the protocol through cuda_attention (11b.8)
     # the kernel is shown from the package, never copied into the notebook
     code = "\n".join(src for kind, src, _ in cells if kind == "code")
     assert 'show_file("cuda/kernels/bwd_hopper.cu"' in code and "asm volatile" not in code

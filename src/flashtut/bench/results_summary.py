@@ -47,6 +47,29 @@ def span(values, spec: str = ".2f") -> str:
     return f"{min(values):{spec}} to {max(values):{spec}}"
 
 
+def span_table(rows, mode: str, columns: dict, baseline: str = BASELINE):
+    """Ratios to ``baseline`` as ``"lo to hi"`` spans: one line per head dim and mask, one column per
+    implementation of ``columns`` (name in the rows -> column title), each span over the sequence lengths
+    and dtypes ``rows`` timed for ``mode`` (``"fwd"`` or ``"bwd"``). Returns ``(header, body)``."""
+    _check_rows(rows, "rows")
+    if mode not in ("fwd", "bwd"):
+        raise ValueError(f"mode must be 'fwd' or 'bwd', got {mode!r}")
+    if not columns:
+        raise ValueError("columns: give at least one {implementation: title}")
+    cols = {impl: ratios(rows, impl, baseline, mode=mode) for impl in columns}
+    keys = sorted({(k[2], k[4]) for c in cols.values() for k in c})
+    if not keys:
+        raise ValueError(f"no {mode} case of {', '.join(columns)} with a {baseline} time in the rows")
+    body = []
+    for D, causal in keys:
+        row = [str(D), "yes" if causal else "no"]
+        for impl in columns:
+            vals = [x for k, x in cols[impl].items() if (k[2], k[4]) == (D, causal)]
+            row.append(span(vals) if vals else "-")
+        body.append(row)
+    return ["D", "causal", *columns.values()], body
+
+
 def headline_table(sweep, protocol, N: int | None = None, dtype: str = "float16"):
     """Chapter 9's ratio table: one line per pass, head dim and mask at ``N`` (None: the longest
     sequence ``protocol`` timed) and ``dtype``, one
