@@ -46,8 +46,9 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 #: dtypes the kernels accept (float64 has no fast tensor-core path in Triton: use tiled_attention)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: largest head dimension; smaller ones are padded to the next power of two (at least 16)
-MAX_HEAD_DIM = 128
+#: largest head dimension, as in FlashAttention; every other one is zero-padded inside the kernels
+#: to the next power of two (at least 16): 160, 192 and 224 run as 256
+MAX_HEAD_DIM = 256
 
 
 def interpreting() -> bool:
@@ -99,7 +100,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None
             "float16, bfloat16 or float32 (for float64 use flashtut.tiled_attention)")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {D} is not supported by the Triton kernels; accepted: "
-                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded)")
+                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded to the next one)")
     if do is not None or o is not None or lse is not None:
         check_tensor("do", do)
         check_like("o", o, q)
@@ -183,30 +184,53 @@ def use_configs(**pinned):
         _FORCED.update(saved)
 
 
-def _fixed_config(kernel: str, dtype, device, block_d: int, window: bool = False):
-    """The configuration to launch without a sweep, or None to autotune."""
+def _fixed_configs(kernel: str, dtype, device, block_d: int, window: bool = False):
+    """The configurations to launch without a sweep, in order (the first that fits the GPU's
+    shared memory runs), or None to autotune."""
     if kernel in _FORCED:
-        return _FORCED[kernel]
+        return [_FORCED[kernel]]
     if interpreting():
-        return configs.INTERPRETER[kernel]
+        return [configs.INTERPRETER[kernel]]
     if os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1") == "0":   # e.g. quick GPU tests
         cap = torch.cuda.get_device_capability(device)
-        return configs.search_space(kernel, cap, dtype == torch.float32, block_d, window)[0]
+        return configs.search_space(kernel, cap, dtype == torch.float32, block_d, window)
     return None
+
+
+#: per (kernel, device, compile-time arguments): the index of the first fixed configuration that
+#: launched, so a configuration too big for this GPU's shared memory is tried once only
+_FITS: dict = {}
+
+
+def _launch_fixed(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, device, cands) -> None:
+    tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+    key = (kernel, str(device), tuple(sorted(meta.items())), tuple(cands))
+    for i in range(_FITS.get(key, 0), len(cands)):
+        c = cands[i]
+        grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
+        launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
+        if not interpreting():
+            launch.update(num_warps=c.num_warps, num_stages=c.num_stages)
+        try:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                jit_fn[grid](*args, **launch)
+        except triton.runtime.errors.OutOfResources:
+            # more shared memory than this GPU gives a block (a 99 KB Ada part, a 256-wide head):
+            # the next entry of the list
+            if i + 1 == len(cands):
+                raise
+            continue
+        _FITS[key] = i
+        return
 
 
 def _launch(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, dtype, device):
     """Launch ``jit_fn`` with a grid of ``(cdiv(grid_rows, BLOCK), bh)`` programs, where BLOCK
     is the configuration's BLOCK_M (query-blocked kernels) or BLOCK_N (``dkdv``)."""
     tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
-    c = _fixed_config(kernel, dtype, device, meta["BLOCK_D"], meta["WINDOW"])
-    if c is not None:
-        grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
-        launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
-        if not interpreting():
-            launch.update(num_warps=c.num_warps, num_stages=c.num_stages)
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            jit_fn[grid](*args, **launch)
+    cands = _fixed_configs(kernel, dtype, device, meta["BLOCK_D"], meta["WINDOW"])
+    if cands is not None:
+        _launch_fixed(kernel, jit_fn, grid_rows, bh, args, meta, device, cands)
         return
     capability = torch.cuda.get_device_capability(device)
     tuned = _tuned(kernel, jit_fn, capability, dtype == torch.float32, meta["BLOCK_D"], meta["WINDOW"])
@@ -545,7 +569,7 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
             "float16, bfloat16 or float32 (for float64 use backend='naive')")
     if q.shape[2] > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {q.shape[2]} is not supported by the Triton kernels; accepted: "
-                         f"1 to {MAX_HEAD_DIM}")
+                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded to the next one)")
     _require_runtime(q)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
