@@ -106,6 +106,23 @@ def test_interpreter_head_dims_up_to_256(gen, D, dtype, causal):
 
 
 @pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.parametrize("opts", [dict(tma=True), dict(ws=True)], ids=["tma", "ws"])
+def test_interpreter_backward_options_compute_the_same(gen, opts):
+    """The backward's candidate options (experiments/triton_backward) change how tiles arrive, not
+    the arithmetic: the same gradients, on ragged lengths and a padded head dim."""
+    q, k, v, do = _qkvd(gen, 1, 2, 45, 38, 24, torch.float16)
+    o, lse = tk.triton_forward(q, k, v, True)
+    base = tk.triton_backward(q, k, v, o, lse, do, True)
+    with tk.use_backward_options(**opts):
+        got = tk.triton_backward(q, k, v, o, lse, do, True)
+    for a, b in zip(got, base):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="tma must be True or False"):
+        with tk.use_backward_options(tma="yes"):
+            pass
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
 @pytest.mark.parametrize("causal", [False, True])
 def test_interpreter_autograd_saves_only_qkvo_lse(gen, causal):
     q, k, v, do = _qkvd(gen, 1, 2, 41, 35, 32, torch.float32)
