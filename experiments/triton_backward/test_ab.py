@@ -28,7 +28,7 @@ def test_gate_passes_every_candidate(tiny, tmp_path):
     rows = ab.gate(64, True, "float16", list(ab.CANDIDATES), str(tmp_path), H=1, capability=(9, 0))
     assert [r["candidate"] for r in rows] == list(ab.CANDIDATES)
     assert all(r["passed"] for r in rows), [r["error"] for r in rows]
-    assert ab.gate_failures(str(tmp_path)) == set()
+    assert all(ab.gate_results(str(tmp_path)).values())
 
 
 def test_gate_fails_a_wrong_candidate(tiny, tmp_path, monkeypatch):
@@ -41,4 +41,4 @@ def test_gate_fails_a_wrong_candidate(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(A, "_backward", wrong)
     rows = ab.gate(64, False, "float16", ["base"], str(tmp_path), H=1)
     assert not rows[0]["passed"]
-    assert ab.gate_failures(str(tmp_path)) == {("base", 64, False, "float16")}
+    assert ab.gate_results(str(tmp_path)) == {("base", 64, False, "float16"): False}

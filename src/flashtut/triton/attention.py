@@ -12,7 +12,9 @@ Public functions (``flashtut.triton_attention`` calls the first):
   backend="triton")``: packed sequences of different lengths, ``(total, H, D)``.
 
 ``k``/``v`` may have fewer heads than ``q`` (grouped-query), ``causal`` is ``False``, ``True``/
-``"top-left"`` or ``"bottom-right"``, ``window`` a sliding window (with a causal alignment).
+``"top-left"`` or ``"bottom-right"``, ``window`` a sliding window (with a causal alignment). Head
+dims 1 to 256 (``MAX_HEAD_DIM``, FlashAttention's range); one that is not a power of two runs
+zero-padded to the next (at least 16), so 160, 192 and 224 cost what 256 costs.
 
 The kernels live in ``flashtut.triton.forward`` and ``flashtut.triton.backward``, their search
 space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once
