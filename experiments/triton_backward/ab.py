@@ -32,9 +32,7 @@ Candidates (``CANDIDATES``; the tile tables are ``flashtut.triton.configs``):
   products instead of seven, base tiles.
 * ``tma``: base tiles, the streamed tiles (Q, dO in dK/dV; K, V in dQ) loaded through tensor
   descriptors, Hopper's TMA (``use_backward_options(tma=True)``).
-* ``ws``: base tiles, Triton's automatic warp specialisation of the inner loops
-  (``use_backward_options(ws=True)``).
-* ``tma-ws``: both.
+* ``tma-deep``: both of the above.
 
 Writes ``gate_<class>.json`` (gate), ``triton_backward.json`` (time; results format, kind speed)
 and ``fwd_guard.json`` (fwd-guard) to ``--out-dir``, and prints one summary line per row.
@@ -79,10 +77,10 @@ CANDIDATES = {
     "deep": (lambda D: [A.use_configs(**_deep(D))], False, "32-row/key streamed tiles, deeper pipeline"),
     "fused": (lambda D: [A.use_fused_backward(True)], False, "dQ by float32 atomics in the dK/dV kernel"),
     "tma": (lambda D: [A.use_backward_options(tma=True)], False, "streamed tiles by TMA descriptors"),
-    "ws": (lambda D: [A.use_backward_options(ws=True)], False, "warp-specialised inner loops"),
-    "tma-ws": (lambda D: [A.use_backward_options(tma=True, ws=True)], False, "TMA and warp specialisation"),
+    "tma-deep": (lambda D: [A.use_backward_options(tma=True), A.use_configs(**_deep(D))], False,
+                 "TMA and the deep tiles"),
 }
-HALVES = {"a": ["base", "autotuned", "deep"], "b": ["fused", "tma", "ws", "tma-ws"]}
+HALVES = {"a": ["base", "autotuned", "deep"], "b": ["fused", "tma", "tma-deep"]}
 
 
 @contextlib.contextmanager

@@ -137,7 +137,7 @@ _TUNED: dict = {}
 
 #: what each kernel's autotuner keys on besides the tensors' dtypes (which Triton adds itself)
 _TUNE_KEYS = {"fwd": ["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"]}
-_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32", "TMA", "WS"]
+_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32", "TMA"]
 _TUNE_KEYS["dkdv"] = _TUNE_KEYS["dq"] + ["FUSED_DQ", "GROUPED", "WIDE_ROWS"]
 
 
@@ -331,18 +331,16 @@ def use_fused_backward(enabled: bool = True):
 
 #: the backward kernels' options under measurement (experiments/triton_backward), off unless a
 #: ``use_backward_options`` block turns them on
-BACKWARD_OPTIONS = ("tma", "ws")
 _BWD_OPTIONS: list = []
 
 
 @contextlib.contextmanager
-def use_backward_options(tma: bool = False, ws: bool = False):
-    """Run the backward kernels with candidate options that are being measured, not yet the
+def use_backward_options(tma: bool = False):
+    """Run the backward kernels with a candidate option that is being measured, not yet the
     default: ``tma`` loads the streamed tiles (``Q``, ``dO`` in the dK/dV kernel, ``K``, ``V`` in
     the dQ kernel) through tensor descriptors, Hopper's TMA copies (on a GPU of sm_90 or newer,
-    with 16-byte aligned rows; elsewhere the pointer loads run); ``ws`` asks Triton to
-    warp-specialise the kernels' inner loops."""
-    _BWD_OPTIONS.append(dict(TMA=check_bool("tma", tma), WS=check_bool("ws", ws)))
+    with 16-byte aligned rows; elsewhere the pointer loads run)."""
+    _BWD_OPTIONS.append(dict(TMA=check_bool("tma", tma)))
     try:
         yield
     finally:
@@ -367,7 +365,7 @@ def _tma_fits(tensors) -> bool:
 
 
 def _backward_options(tensors) -> dict:
-    opts = dict(_BWD_OPTIONS[-1]) if _BWD_OPTIONS else dict(TMA=False, WS=False)
+    opts = dict(_BWD_OPTIONS[-1]) if _BWD_OPTIONS else dict(TMA=False)
     if opts["TMA"] and not _tma_fits(tensors):
         opts["TMA"] = False
     if opts["TMA"] and tensors[0].is_cuda:

@@ -107,7 +107,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
                      CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                      PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                      DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr,
-                     WIDE_ROWS: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                     WIDE_ROWS: tl.constexpr, TMA: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     if WIDE_ROWS:
         # row * stride can pass 2**31: the first tile's offset in 64 bits, then
@@ -119,7 +119,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
         if FUSED_DQ:
             dq_ptrs = (dq_base + start.to(tl.int64) * stride_dqn
                        + offs_m0[:, None] * stride_dqn + offs_d[None, :])
-    for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
+    for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m0
         if not WIDE_ROWS:
             # 32-bit offsets from the row numbers, recomputed each tile: pointer
@@ -212,7 +212,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     DS_FP32: tl.constexpr = False, FUSED_DQ: tl.constexpr = False,
                     GROUPED: tl.constexpr = True, WIDE_ROWS: tl.constexpr = True,
-                    TMA: tl.constexpr = False, WS: tl.constexpr = False):
+                    TMA: tl.constexpr = False):
     """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys
     once, summed over the ``group`` query heads that share its key/value head. With
     ``FUSED_DQ`` it also adds its share of ``dQ / scale`` into the float32 ``DQ``
@@ -221,10 +221,9 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
     in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed
     by the caller) is set to 1 by a program whose dK or dV is not finite: the overflow
-    guard. Candidates under measurement (``experiments/triton_backward``): ``TMA`` loads
-    the streamed ``Q`` and ``dO`` tiles through tensor descriptors (Hopper's TMA; the
-    caller checks 16-byte alignment and sets ``triton.set_allocator``), ``WS`` asks the
-    compiler to warp-specialise the query loop."""
+    guard. ``TMA`` (a candidate under measurement, ``experiments/triton_backward``) loads
+    the streamed ``Q`` and ``dO`` tiles through tensor descriptors, Hopper's TMA copies
+    (the caller checks 16-byte alignment and sets ``triton.set_allocator``)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -272,17 +271,17 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
             stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA, WS)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
             stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA, WS)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
             stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA, WS)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
 
     dk = (dk * scale).to(DK.dtype.element_ty)
     dv = dv.to(DV.dtype.element_ty)
@@ -301,11 +300,11 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_
                  offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale, off, window,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                  WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                 DS_FP32: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                 DS_FP32: tl.constexpr, TMA: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_d[None, :]
-    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
+    for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n0
         if TMA:
             k = k_desc.load([start_n, 0])
@@ -351,10 +350,9 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                   WINDOW: tl.constexpr, VARLEN: tl.constexpr,
                   BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DS_FP32: tl.constexpr = False, TMA: tl.constexpr = False,
-                  WS: tl.constexpr = False):
+                  DS_FP32: tl.constexpr = False, TMA: tl.constexpr = False):
     """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows
-    once, and sets ``FLAG`` to 1 when they are not finite. ``TMA`` and ``WS``: as in
+    once, and sets ``FLAG`` to 1 when they are not finite. ``TMA``: as in
     ``bwd_dkdv_kernel``, for the streamed ``K`` and ``V`` tiles."""
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -402,15 +400,15 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
         dq = _dq_key_loop(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
             offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
-            BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA, WS)
+            BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = _dq_key_loop(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
-        BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA, WS)
+        BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = _dq_key_loop(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
-        BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA, WS)
+        BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = (dq * scale).to(DQ.dtype.element_ty)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
              dq, mask=q_ok)
