@@ -70,6 +70,19 @@ def bwd_preprocess_kernel(O, DO, DELTA,
 
 
 @triton.jit
+def tile_descriptors(a_base, b_base, n, head_dim, stride_a, stride_b,
+                     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """TMA descriptors of two streamed ``(n, head_dim)`` operands of one (batch, head), rows
+    ``stride_a``/``stride_b`` apart, read ``(BLOCK, BLOCK_D)`` tiles at a time: rows past ``n``
+    and columns past ``head_dim`` arrive as zeros."""
+    a = tl.make_tensor_descriptor(a_base, shape=[n, head_dim], strides=[stride_a, 1],
+                                  block_shape=[BLOCK, BLOCK_D])
+    b = tl.make_tensor_descriptor(b_base, shape=[n, head_dim], strides=[stride_b, 1],
+                                  block_shape=[BLOCK, BLOCK_D])
+    return a, b
+
+
+@triton.jit
 def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query tiles for keys ``[n0, n0 + BLOCK_N)``: ``[lo, a)`` masked, ``[a, b)`` unmasked,
@@ -260,13 +273,10 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
         delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
         dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
         if TMA:
-            q_desc = tl.make_tensor_descriptor(q_base, shape=[n_q, head_dim], strides=[stride_qn, 1],
-                                               block_shape=[BLOCK_M, BLOCK_D])
-            do_desc = tl.make_tensor_descriptor(do_base, shape=[n_q, head_dim], strides=[stride_don, 1],
-                                                block_shape=[BLOCK_M, BLOCK_D])
+            q_desc, do_desc = tile_descriptors(q_base, do_base, n_q, head_dim, stride_qn, stride_don,
+                                               BLOCK_M, BLOCK_D)
         else:           # unused placeholders
-            q_desc = q_base
-            do_desc = do_base
+            q_desc, do_desc = q_base, do_base
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
             stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
@@ -386,13 +396,10 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if TMA:
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[n_k, head_dim], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[n_k, head_dim], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
+        k_desc, v_desc = tile_descriptors(k_base, v_base, n_k, head_dim, stride_kn, stride_vn,
+                                          BLOCK_N, BLOCK_D)
     else:               # unused placeholders
-        k_desc = k_base
-        v_desc = v_base
+        k_desc, v_desc = k_base, v_base
 
     lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window,
                                  CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
