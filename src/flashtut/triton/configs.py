@@ -76,7 +76,7 @@ FWD = {
                                 (64, 64, 4, 3), (64, 32, 4, 2)]),
     ("hopper", "wide"): _cfgs([(128, 32, 8, 3), (128, 32, 8, 2),
                                (64, 32, 4, 1)]),
-    ("ampere", "wide"): _cfgs([(64, 32, 4, 2), (128, 32, 8, 2),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
                                (64, 32, 4, 1)]),
 }
 # dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
@@ -90,9 +90,9 @@ BWD_DKDV = {
     ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2),
                                 (32, 64, 4, 2), (32, 32, 4, 1)]),
     ("hopper", "wide"): _cfgs([(32, 32, 4, 2), (32, 64, 8, 2),
-                               (16, 32, 4, 1)]),
-    ("ampere", "wide"): _cfgs([(32, 32, 4, 2), (32, 64, 8, 2),
-                               (16, 32, 4, 1)]),
+                               (64, 64, 8, 2)]),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (32, 64, 8, 2),
+                               (32, 32, 4, 2)]),
 }
 # dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
 BWD_DQ = {
@@ -106,7 +106,7 @@ BWD_DQ = {
                                 (32, 32, 4, 1)]),
     ("hopper", "wide"): _cfgs([(128, 32, 8, 2), (64, 64, 8, 2),
                                (64, 32, 4, 2)]),
-    ("ampere", "wide"): _cfgs([(64, 32, 4, 2), (128, 32, 8, 2),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
                                (32, 32, 4, 1)]),
 }
 # The first entry of a list is what runs with autotuning off. A sliding window gives
