@@ -441,6 +441,36 @@ def test_triton_figures_from_committed_data():
         assert fig.axes
 
 
+def test_a_fixed_launch_takes_the_next_tile_that_fits(monkeypatch):
+    """With autotuning off, a tile that asks for more shared memory than the GPU gives a block (a
+    256-wide head on a 99 KB Ada part) is skipped, once and for good; the last one's error is raised."""
+    from triton.runtime.errors import OutOfResources
+    monkeypatch.setattr(tk, "_TOO_BIG", set())
+    launched = []
+
+    class FakeKernel:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                if kw["BLOCK_M"] * kw["BLOCK_N"] > self.limit:
+                    raise OutOfResources(kw["BLOCK_M"] * kw["BLOCK_N"], self.limit, "shared memory")
+                launched.append((grid, kw["BLOCK_M"], kw["BLOCK_N"]))
+            return launch
+    cfg = tk.TileConfig
+    cands = [cfg(128, 64, 8, 3), cfg(64, 64, 4, 2), cfg(32, 32, 4, 1)]
+    meta = dict(BLOCK_D=256, WINDOW=False)
+    dev = torch.device("cpu")
+    tk._launch_fixed("fwd", FakeKernel(4096), 300, 6, [], meta, dev, cands)
+    assert launched == [((5, 6), 64, 64)]                     # cdiv(300, 64) query blocks
+    assert tk._TOO_BIG == {("fwd", dev, cands[0], 256, False)}
+    tk._launch_fixed("fwd", FakeKernel(4096), 300, 6, [], meta, dev, cands)
+    assert len(launched) == 2 and len(tk._TOO_BIG) == 1       # the big tile is not tried again
+    with pytest.raises(OutOfResources):
+        tk._launch_fixed("dq", FakeKernel(100), 300, 6, [], meta, dev, cands)
+
+
 def test_each_search_space_gets_its_own_autotuner():
     """Regression: the D=128 kernels must be tuned over the D=128 list even when a D=64 call
     created an autotuner for the same kernel first."""

@@ -199,16 +199,17 @@ def _fixed_configs(kernel: str, dtype, device, block_d: int, window: bool = Fals
     return None
 
 
-#: per (kernel, device, compile-time arguments): the index of the first fixed configuration that
-#: launched, so a configuration too big for this GPU's shared memory is tried once only
-_FITS: dict = {}
+#: (kernel, device, configuration, compile-time arguments) of every fixed configuration that asked for
+#: more shared memory than its GPU gives a block: skipped from then on (empty on most machines, so
+#: the launch path pays nothing for it)
+_TOO_BIG: set = set()
 
 
 def _launch_fixed(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, device, cands) -> None:
     tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
-    key = (kernel, str(device), tuple(sorted(meta.items())), tuple(cands))
-    for i in range(_FITS.get(key, 0), len(cands)):
-        c = cands[i]
+    for i, c in enumerate(cands):
+        if _TOO_BIG and (kernel, device, c, *meta.values()) in _TOO_BIG:
+            continue
         grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
         launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
         if not interpreting():
@@ -221,8 +222,8 @@ def _launch_fixed(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta
             # the next entry of the list
             if i + 1 == len(cands):
                 raise
+            _TOO_BIG.add((kernel, device, c, *meta.values()))
             continue
-        _FITS[key] = i
         return
 
 
