@@ -193,21 +193,29 @@ def _bench(fn):
     return float(do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
+def _flash():
+    """SDPA restricted to its flash backend (FlashAttention-2 inside PyTorch): the baseline."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+def _provenance():
+    from flashtut.bench.provenance import collect
+    return collect(torch.device(DEVICE), sys.argv)
+
+
 def time_grid(names: list[str], rounds: int, out_dir: str, budget_s: float, dims=DIMS, lengths=LENGTHS,
               dtypes=("float16", "bfloat16"), require_gate: bool = True) -> list[dict]:
     """Time ``names`` on the protocol grid; with ``require_gate`` only the (candidate, class) pairs
     whose gate row in ``out_dir`` passed (a candidate the gate did not reach is not timed: it
     would compile here, on the clock)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from flashtut.bench.provenance import collect
     from flashtut.costs.flops import visible_attention_flops
 
     t_start = time.time()
     gated = gate_results(out_dir)
     rows, lines = [], []
-    prov = collect(torch.device("cuda"), sys.argv)
-    _say(lines, f"{torch.cuda.get_device_name()} torch {torch.__version__}; candidates {', '.join(names)}; "
+    prov = _provenance()
+    _say(lines, f"{prov['device'].get('name')} torch {torch.__version__}; candidates {', '.join(names)}; "
                 f"rounds {rounds}; {'only what passed the gate' if require_gate else 'no gate required'}; "
                 f"failed the gate: {sorted(k for k, ok in gated.items() if not ok) or 'none'}")
     for D in dims:
@@ -221,7 +229,7 @@ def time_grid(names: list[str], rounds: int, out_dir: str, budget_s: float, dims
                     q, k, v, do = _inputs(B, H, N, N, D, DTYPES[dtype_name])
                     flops = visible_attention_flops(B, H, N, N, D, causal, None, "bwd")
                     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.enable_grad():
+                    with _flash(), torch.enable_grad():
                         o_ref = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
                     with torch.enable_grad():
                         o_ours = A.triton_attention(*leaves, causal=causal)
@@ -270,6 +278,7 @@ def time_grid(names: list[str], rounds: int, out_dir: str, budget_s: float, dims
                                 f"{flops / base_ms / 1e9:6.1f} TFLOP/s | " + " | ".join(summary))
                     if picks:
                         _say(lines, f"  autotuned picks: {picks}")
+                    _save(rows, lines, prov, out_dir, names)    # after every case: a run cut off keeps them
                     del q, k, v, do, leaves, o_ref, o_ours
                     torch.cuda.empty_cache()
     return _finish(rows, lines, prov, out_dir, names)
@@ -281,11 +290,16 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _finish(rows, lines, prov, out_dir, names):
+def _save(rows, lines, prov, out_dir, names):
     from flashtut.bench.results import save_results
     os.makedirs(out_dir, exist_ok=True)
     save_results(os.path.join(out_dir, "triton_backward.json"), "speed", rows, prov,
                  {"candidates": {n: CANDIDATES[n][2] for n in names}, "tokens": TOKENS, "hidden": HIDDEN})
+    with open(os.path.join(out_dir, "triton_backward.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _finish(rows, lines, prov, out_dir, names, save: bool = True):
     # per candidate: the ratio range over the cases it ran
     for n in names:
         rs = [r["ratio"] for r in rows if r["candidate"] == n]
@@ -293,49 +307,49 @@ def _finish(rows, lines, prov, out_dir, names):
             gm = math.exp(sum(map(math.log, rs)) / len(rs))
             _say(lines, f"SUMMARY {n:9s} x sdpa-flash: min {min(rs):.3f} gmean {gm:.3f} max {max(rs):.3f} "
                         f"over {len(rs)} cases; >= 1.3 in {sum(r >= 1.3 for r in rs)}")
-    with open(os.path.join(out_dir, "triton_backward.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    if save:
+        _save(rows, lines, prov, out_dir, names)
     return rows
 
 
 # ------------------------------------------------------------------------- fwd-guard ----
 
-def fwd_guard(rounds: int, out_dir: str, N: int = 4096) -> list[dict]:
+def fwd_guard(rounds: int, out_dir: str, N: int = 4096, dims=DIMS, dtypes=DTYPES) -> list[dict]:
     """bfloat16 against float16, the Triton forward through the public call, at N = 4096."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from flashtut.bench.provenance import collect
     from flashtut.bench.results import save_results
     from flashtut.costs.flops import visible_attention_flops
 
     os.environ["FLASHTUT_TRITON_AUTOTUNE"] = "0"
     rows, lines = [], []
-    prov = collect(torch.device("cuda"), sys.argv)
+    prov = _provenance()
     real_guard = A.raise_if_overflowed
-    for D in DIMS:
+    for D in dims:
         for causal in (False, True):
             B, H = TOKENS // N, heads(D)
             flops = visible_attention_flops(B, H, N, N, D, causal, None, "fwd")
-            ins = {n: _inputs(B, H, N, N, D, dt)[:3] for n, dt in DTYPES.items()}
+            ins = {n: _inputs(B, H, N, N, D, dt)[:3] for n, dt in dtypes.items()}
 
             def ours(name):
                 return lambda: A.triton_attention(*ins[name], causal=causal)
 
             def sdpa(name):
                 def run():
-                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    with _flash():
                         torch.nn.functional.scaled_dot_product_attention(*ins[name], is_causal=causal)
                 return run
+
+            slow = "bfloat16" if "bfloat16" in ins else list(ins)[-1]     # a test may pass other dtypes
 
             def unguarded():
                 A.raise_if_overflowed = lambda *a, **kw: None
                 try:
-                    A.triton_attention(*ins["bfloat16"], causal=causal)
+                    A.triton_attention(*ins[slow], causal=causal)
                 finally:
                     A.raise_if_overflowed = real_guard
-            variants = {"triton fp16": ours("float16"), "triton bf16": ours("bfloat16"),
-                        "triton bf16 no guard": unguarded, "sdpa-flash fp16": sdpa("float16"),
-                        "sdpa-flash bf16": sdpa("bfloat16")}
+            fast = "float16" if "float16" in ins else list(ins)[0]
+            variants = {"triton fp16": ours(fast), "triton bf16": ours(slow),
+                        "triton bf16 no guard": unguarded, "sdpa-flash fp16": sdpa(fast),
+                        "sdpa-flash bf16": sdpa(slow)}
             ts = {n: [] for n in variants}
             for _ in range(rounds):
                 for n, fn in variants.items():
@@ -378,9 +392,19 @@ def main(argv=None) -> int:
     t.add_argument("--no-gate", action="store_true", help="time every candidate, gated or not")
     f = sub.add_parser("fwd-guard", help="the forward in bfloat16 against float16 at N = 4096")
     f.add_argument("--rounds", type=int, default=3)
-    for p in (g, t, f):
+    s = sub.add_parser("summary", help="the SUMMARY lines of triton_backward.json (a time run cut off)")
+    for p in (g, t, f, s):
         p.add_argument("--out-dir", default=".gpu_out")
     a = ap.parse_args(argv)
+    if a.cmd == "summary":
+        path = os.path.join(a.out_dir, "triton_backward.json")
+        if not os.path.isfile(path):
+            print(f"summary: no {path}", file=sys.stderr)
+            return 2
+        with open(path) as fh:
+            doc = json.load(fh)
+        _finish(doc["rows"], [], doc["provenance"], a.out_dir, list(doc["config"]["candidates"]), save=False)
+        return 0
     if not torch.cuda.is_available():
         print("ab.py: times and checks CUDA kernels; run it on a CUDA GPU", file=sys.stderr)
         return 2

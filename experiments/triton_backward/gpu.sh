@@ -36,6 +36,7 @@ t=$(( $(left) - ${RESERVE_S:-45} ))
 timeout "$t" python3 "$AB" time --rounds "${ROUNDS:-2}" --budget-s $(( t - 15 )) --out-dir "$OUT" > "$OUT/time.log" 2>&1
 echo "time rc=$?" | tee -a "$LOG"
 grep -E "^D=|^  |SUMMARY|budget" "$OUT/time.log" | tee -a "$LOG"
+grep -q SUMMARY "$OUT/time.log" || timeout 30 python3 "$AB" summary --out-dir "$OUT" 2>&1 | tee -a "$LOG"
 
 stage fwd-guard
 timeout "${T_FWD:-30}" python3 "$AB" fwd-guard --rounds 3 --out-dir "$OUT" > "$OUT/fwd_guard.log" 2>&1
