@@ -8,7 +8,7 @@ Three parts, each a subcommand (``experiments/triton_backward/gpu.sh`` runs them
   gradients by the book's yardstick (``flashtut.bench.accuracy.yardstick``); the ``tma`` candidate
   also on lengths that are not multiples of 16. The shapes keep the timing shapes' compile-time
   specialisations (row strides and lse strides multiples of 16), so the gate fills Triton's cache
-  for the timing process. ``gpu.sh`` runs the 8 classes x 2 halves of the candidates in 16
+  for the timing process. ``gpu.sh`` runs the 8 classes x 3 parts of the candidates in 24
   processes at once.
 * ``time``: the protocol grid (16k tokens, hidden 2048: D = 64 with 32 heads, D = 128 with 16;
   N = 4096 and 16384; float16 and bfloat16; causal and not). Per case SDPA flash's backward and
@@ -70,7 +70,7 @@ def _deep(D):
     return dict(dkdv=T(32, 128, 8, 4), dq=T(128, 32, 8, 4))
 
 
-#: name -> (contexts for head dim D, autotune?, description); the gate's halves split the list
+#: name -> (contexts for head dim D, autotune?, description); the gate's parts split the list
 CANDIDATES = {
     "base": (lambda D: [], False, "shipped first entries"),
     "autotuned": (lambda D: [], True, "autotuner over the shipped lists"),
@@ -80,7 +80,8 @@ CANDIDATES = {
     "tma-deep": (lambda D: [A.use_backward_options(tma=True), A.use_configs(**_deep(D))], False,
                  "TMA and the deep tiles"),
 }
-HALVES = {"a": ["base", "autotuned", "deep"], "b": ["fused", "tma", "tma-deep"]}
+#: the gate's parts, about equal in compilations (``autotuned`` compiles every entry of the lists)
+PARTS = {"a": ["base", "deep"], "b": ["autotuned"], "c": ["tma", "fused", "tma-deep"]}
 
 
 @contextlib.contextmanager
@@ -382,7 +383,7 @@ def main(argv=None) -> int:
     g.add_argument("--D", type=int, choices=DIMS, required=True)
     g.add_argument("--causal", type=int, choices=(0, 1), required=True)
     g.add_argument("--dtype", choices=tuple(DTYPES), required=True)
-    g.add_argument("--half", choices=("a", "b", "all"), default="all")
+    g.add_argument("--part", choices=(*PARTS, "all"), default="all")
     t = sub.add_parser("time", help="the protocol grid, candidates against SDPA flash")
     t.add_argument("--candidates", default=",".join(CANDIDATES))
     t.add_argument("--rounds", type=int, default=2)
@@ -409,7 +410,7 @@ def main(argv=None) -> int:
         print("ab.py: times and checks CUDA kernels; run it on a CUDA GPU", file=sys.stderr)
         return 2
     if a.cmd == "gate":
-        names = HALVES[a.half] if a.half != "all" else list(CANDIDATES)
+        names = PARTS[a.part] if a.part != "all" else list(CANDIDATES)
         rows = gate(a.D, bool(a.causal), a.dtype, names, a.out_dir)
         return 0 if all(r["passed"] for r in rows) else 1
     if a.cmd == "time":

@@ -2,7 +2,7 @@
 # The Triton backward's candidates against SDPA flash on one GPU (experiments/triton_backward/ab.py), from the
 # repository root, at most about 235 s:
 #   OUT=/some/dir bash experiments/triton_backward/gpu.sh
-# 1. gate: 16 processes at once (head dim 64/128 x causal x float16/bfloat16 x two halves of the candidates)
+# 1. gate: 24 processes at once (head dim 64/128 x causal x float16/bfloat16 x three parts of the candidates)
 #    check every candidate's gradients on ragged shapes by the yardstick; this also fills Triton's cache.
 # 2. time: one process, the protocol grid (D 128/64, N 16384/4096, fp16/bf16, causal and not), SDPA flash and
 #    every candidate that passed the gate, interleaved rounds; ratios = SDPA flash's time / the candidate's.
@@ -21,15 +21,15 @@ AB=experiments/triton_backward/ab.py
 stage info
 machine_info
 stage gate
-for D in 128 64; do for c in 0 1; do for dt in float16 bfloat16; do for h in a b; do
-    timeout "${T_GATE:-100}" python3 "$AB" gate --D "$D" --causal "$c" --dtype "$dt" --half "$h" --out-dir "$OUT" \
+for D in 128 64; do for c in 0 1; do for dt in float16 bfloat16; do for h in a b c; do
+    timeout "${T_GATE:-100}" python3 "$AB" gate --D "$D" --causal "$c" --dtype "$dt" --part "$h" --out-dir "$OUT" \
         > "$OUT/gate_${D}_${c}_${dt}_${h}.log" 2>&1 &
 done; done; done; done
 wait
 grep -h "^gate" "$OUT"/gate_*.log | sort > "$OUT/gate_summary.txt"
 grep "FAIL" "$OUT/gate_summary.txt" | tee -a "$LOG"
 echo "gate: $(grep -c PASS "$OUT/gate_summary.txt") pass, $(grep -c FAIL "$OUT/gate_summary.txt") fail" \
-     "of 8 classes x 7 candidates (missing rows: cut off by T_GATE)" | tee -a "$LOG"
+     "of 8 classes x 6 candidates (missing rows: cut off by T_GATE)" | tee -a "$LOG"
 
 stage time
 t=$(( $(left) - ${RESERVE_S:-45} ))
