@@ -234,9 +234,10 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
     in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed
     by the caller) is set to 1 by a program whose dK or dV is not finite: the overflow
-    guard. ``TMA`` (a candidate under measurement, ``experiments/triton_backward``) loads
-    the streamed ``Q`` and ``dO`` tiles through tensor descriptors, Hopper's TMA copies
-    (the caller checks 16-byte alignment and sets ``triton.set_allocator``)."""
+    guard. ``TMA`` (a candidate under measurement, in
+    ``experiments/triton_backward``) loads the streamed ``Q`` and ``dO`` tiles through
+    tensor descriptors, Hopper's TMA copies (the caller checks 16-byte alignment and
+    sets ``triton.set_allocator``)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -273,23 +274,23 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
         delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
         dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
         if TMA:
-            q_desc, do_desc = tile_descriptors(q_base, do_base, n_q, head_dim, stride_qn, stride_don,
-                                               BLOCK_M, BLOCK_D)
+            q_desc, do_desc = tile_descriptors(q_base, do_base, n_q, head_dim,
+                                               stride_qn, stride_don, BLOCK_M, BLOCK_D)
         else:           # unused placeholders
             q_desc, do_desc = q_base, do_base
         dk, dv = _dkdv_query_loop(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
-            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
             CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
         dk, dv = _dkdv_query_loop(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
-            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
             CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
         dk, dv = _dkdv_query_loop(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, q_desc, do_desc,
-            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
             CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
 
@@ -396,8 +397,8 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if TMA:
-        k_desc, v_desc = tile_descriptors(k_base, v_base, n_k, head_dim, stride_kn, stride_vn,
-                                          BLOCK_N, BLOCK_D)
+        k_desc, v_desc = tile_descriptors(k_base, v_base, n_k, head_dim, stride_kn,
+                                          stride_vn, BLOCK_N, BLOCK_D)
     else:               # unused placeholders
         k_desc, v_desc = k_base, v_base
 
@@ -405,15 +406,18 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                                  CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     if WINDOW:
         dq = _dq_key_loop(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
+            stride_kn, stride_vn,
             offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
             BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = _dq_key_loop(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
+        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
+        stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
         BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = _dq_key_loop(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
+        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
+        stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
         BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
     dq = (dq * scale).to(DQ.dtype.element_ty)

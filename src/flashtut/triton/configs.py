@@ -11,11 +11,11 @@ the hardware:
   program, 4 or 8 warps (one or two warpgroups), 3-4 stages.
 * Ampere/Ada (sm_80..89, 100-164 KB shared memory): the same shapes with fewer stages,
   and a smaller fallback that fits the 100 KB parts.
-* Head dims above 128 (160 to 256, padded to 256): a 256-wide tile row takes twice the
-  shared memory and registers of a 128-wide one, so the tiles shrink (``BLOCK_N = 32`` or
-  64 keys, two stages) to fit the 227 KB of a Hopper block, the 163 KB of an A100's and
-  the 99 KB of the Ampere/Ada parts (sm_86/89); when the first entry does not fit a GPU,
-  the launch takes the next one that does.
+* Head dims above 128 (160 to 256, padded to 256): a 256-wide tile row takes twice
+  the shared memory and registers of a 128-wide one, so the tiles shrink (32 or 64
+  keys, two stages) to fit the 227 KB of a Hopper block, the 163 KB of an A100's and
+  the 99 KB of the Ampere/Ada parts (sm_86/89); when the first entry does not fit a
+  GPU, the launch takes the next one that does.
 * float32 inputs use exact fp32 dot products (no tensor cores), whose tiles take twice
   the shared memory and registers: small tiles only.
 * The interpreter (CPU) gets one tiny fixed configuration, no sweep: it runs each
@@ -130,7 +130,7 @@ FP32 = {
     "dkdv": _cfgs([(32, 64, 4, 2), (32, 32, 4, 1)]),
     "dq": _cfgs([(64, 32, 4, 2), (32, 32, 4, 1)]),
 }
-# float32 with a head dim above 128: a 256-wide float32 row is 1 KB, so the smallest tiles
+# float32 with a head dim above 128: a 256-wide float32 row is 1 KB: the smallest tiles
 FP32_WIDE = {
     "fwd": _cfgs([(32, 16, 4, 1), (16, 16, 4, 1)]),
     "dkdv": _cfgs([(16, 32, 4, 1), (16, 16, 4, 1)]),
