@@ -56,7 +56,8 @@ def triton_attention(q, k, v, causal=False, scale: float | None = None, window: 
     probabilities from the saved log-sum-exp. CUDA tensors, or CPU tensors when
     ``TRITON_INTERPRET=1`` was set before ``flashtut`` (and ``triton``) were imported.
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query); ``causal`` is ``False``,
-    ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window.
+    ``True``/``"top-left"`` or ``"bottom-right"``; ``window`` is a sliding window. Head dims 1 to
+    256, as FlashAttention (those that are not a power of two run zero-padded to the next one).
     A PyTorch custom operator: ``torch.compile(model, fullgraph=True)`` compiles a model calling
     it without graph breaks once the kernel module is loaded (any eager call, or
     ``import flashtut.triton.attention``, before the first compiled call).

@@ -87,6 +87,42 @@ def test_interpreter_forward_backward(gen, case, dtype):
     _assert_yardstick(f"interpreter {case} {dtype}", q, k, v, o, causal, scale, (dq, dk, dv), do)
 
 
+# head dims above 128, as FlashAttention accepts them: 256, and dims padded to it (multiples of 8 and 16)
+WIDE_CASES = [(160, torch.float16, True), (192, torch.float32, False), (200, torch.float16, False),
+              (224, torch.float16, True), (256, torch.float32, True), (256, torch.float16, False)]
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter tests; the GPU tests cover CUDA")
+@pytest.mark.parametrize("D, dtype, causal", WIDE_CASES, ids=lambda x: str(x).replace("torch.", ""))
+def test_interpreter_head_dims_up_to_256(gen, D, dtype, causal):
+    q, k, v, do = _qkvd(gen, 1, 2, 37, 29, D, dtype)
+    o, lse = tk.triton_forward(q, k, v, causal)
+    dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, causal)
+    _, rlse, *_ = _reference(q, k, v, do, causal, None)
+    assert _maxerr(lse[..., 8:] if causal else lse, rlse[..., 8:] if causal else rlse) < 1e-4
+    for got, like in ((o, q), (dq, q), (dk, k), (dv, v)):
+        assert got.dtype == dtype and got.shape == like.shape
+    _assert_yardstick(f"interpreter D={D} {dtype} causal={causal}", q, k, v, o, causal, None, (dq, dk, dv), do)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.parametrize("causal", [False, True])
+def test_interpreter_tma_option_computes_the_same(gen, causal):
+    """The backward's TMA candidate (experiments/triton_backward) changes how tiles arrive, not the
+    arithmetic: the same gradients, on ragged lengths (rows past the end arrive as zeros) and a
+    padded head dim (so do the columns past D)."""
+    q, k, v, do = _qkvd(gen, 1, 2, 45, 38, 24, torch.float16)
+    o, lse = tk.triton_forward(q, k, v, causal)
+    base = tk.triton_backward(q, k, v, o, lse, do, causal)
+    with tk.use_backward_options(tma=True):
+        got = tk.triton_backward(q, k, v, o, lse, do, causal)
+    for a, b in zip(got, base):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="tma must be True or False"):
+        with tk.use_backward_options(tma="yes"):
+            pass
+
+
 @pytest.mark.skipif(not CPU, reason="interpreter test")
 @pytest.mark.parametrize("causal", [False, True])
 def test_interpreter_autograd_saves_only_qkvo_lse(gen, causal):
@@ -159,8 +195,8 @@ def test_rejects_non_tensor():
     (dict(k=torch.randn(1, 1, 5, 32)), "head dim D must match"),
     (dict(q=torch.randn(1, 1, 4, 16, dtype=torch.float64), k=torch.randn(1, 1, 5, 16, dtype=torch.float64),
           v=torch.randn(1, 1, 5, 16, dtype=torch.float64)), "accept float16, bfloat16 or float32"),
-    (dict(q=torch.randn(1, 1, 4, 192), k=torch.randn(1, 1, 5, 192), v=torch.randn(1, 1, 5, 192)),
-     "head dim D = 192 is not supported"),
+    (dict(q=torch.randn(1, 1, 4, 264), k=torch.randn(1, 1, 5, 264), v=torch.randn(1, 1, 5, 264)),
+     "head dim D = 264 is not supported.*1 to 256"),
     (dict(k=torch.randn(1, 1, 5, 16, dtype=torch.float16)), "share one dtype"),
 ])
 def test_rejects_bad_inputs(bad, match):
@@ -232,8 +268,15 @@ def test_search_space_and_buckets():
     for kernel in ("fwd", "dkdv", "dq"):
         for cap in ((8, 0), (8, 9), (9, 0)):
             for fp32 in (False, True):
-                for bd in (16, 64, 128):
+                for bd in (16, 64, 128, 256):
                     assert tconfigs.search_space(kernel, cap, fp32, bd)
+    # the 256-wide head dims get their own, smaller tiles: the 128-wide lists do not fit or spill there
+    for kernel in ("fwd", "dkdv", "dq"):
+        for cap in ((8, 0), (9, 0)):
+            wide = tconfigs.search_space(kernel, cap, False, 256)
+            assert wide != tconfigs.search_space(kernel, cap, False, 128)
+            assert all(c.block_n <= 64 and c.num_stages <= 3 for c in wide)
+    assert [tconfigs.head_dim_class(bd) for bd in (16, 64, 128, 256)] == ["small", "small", "large", "wide"]
     assert [tconfigs.length_bucket(n) for n in (1, 128, 129, 4096, 5000)] == [128, 128, 256, 4096, 8192]
 
 
@@ -277,6 +320,48 @@ def test_gpu_every_config_in_search_space_is_correct(kernel, D):
             dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
         errs = [_maxerr(a, b) for a, b in zip((o, dq, dk, dv), (ref[0], ref[2], ref[3], ref[4]))]
         assert max(errs) < 2e-2, f"{cfg}: {errs}"
+
+
+# every padded width with float16, the unpadded 256 and one padded width with each dtype
+GPU_WIDE = ([(torch.float16, D) for D in (160, 192, 200, 224, 256)]
+            + [(dt, D) for dt in (torch.bfloat16, torch.float32) for D in (200, 256)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype, D", GPU_WIDE, ids=lambda x: str(x).replace("torch.", ""))
+def test_gpu_head_dims_up_to_256(dtype, D, causal):
+    """Head dims above 128 (FlashAttention's up to 256): the forward and the autograd backward."""
+    gen = torch.Generator().manual_seed(D + causal)
+    q, k, v, do = _qkvd(gen, 2, 3, 700, 523, D, dtype, "cuda")
+    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+    o = flashtut.triton_attention(q, k, v, causal="bottom-right" if causal else False)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    _assert_yardstick(f"gpu {dtype} D={D} causal={causal}", q, k, v, o.detach(),
+                      "bottom-right" if causal else False, None, (dq, dk, dv), do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+def test_gpu_every_wide_config_is_correct(kernel):
+    """Every entry of the D = 256 lists that fits this GPU computes the same function."""
+    from triton.runtime.errors import OutOfResources
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, do = _qkvd(gen, 1, 2, 517, 389, 256, torch.float16, "cuda")
+    ref = _reference(q, k, v, do, True, None)
+    cap = torch.cuda.get_device_capability()
+    ran = 0
+    for cfg in tconfigs.search_space(kernel, cap, False, 256):
+        try:
+            with tk.use_configs(**{kernel: cfg}):
+                o, lse = tk.triton_forward(q, k, v, True)
+                dq, dk, dv = tk.triton_backward(q, k, v, o, lse, do, True)
+        except OutOfResources:
+            continue
+        ran += 1
+        errs = [_maxerr(a, b) for a, b in zip((o, dq, dk, dv), (ref[0], ref[2], ref[3], ref[4]))]
+        assert max(errs) < 2e-2, f"{cfg}: {errs}"
+    assert ran, "no D = 256 configuration fits this GPU"
 
 
 @pytest.mark.gpu
@@ -354,6 +439,36 @@ def test_triton_figures_from_committed_data():
                 triton_plots.speed_vs_n_figure(sweep),
                 triton_plots.program_grid_figure(130, 100, 32, 32, causal=True)):
         assert fig.axes
+
+
+def test_a_fixed_launch_takes_the_next_tile_that_fits(monkeypatch):
+    """With autotuning off, a tile that asks for more shared memory than the GPU gives a block (a
+    256-wide head on a 99 KB Ada part) is skipped, once and for good; the last one's error is raised."""
+    from triton.runtime.errors import OutOfResources
+    monkeypatch.setattr(tk, "_TOO_BIG", set())
+    launched = []
+
+    class FakeKernel:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                if kw["BLOCK_M"] * kw["BLOCK_N"] > self.limit:
+                    raise OutOfResources(kw["BLOCK_M"] * kw["BLOCK_N"], self.limit, "shared memory")
+                launched.append((grid, kw["BLOCK_M"], kw["BLOCK_N"]))
+            return launch
+    cfg = tk.TileConfig
+    cands = [cfg(128, 64, 8, 3), cfg(64, 64, 4, 2), cfg(32, 32, 4, 1)]
+    meta = dict(BLOCK_D=256, WINDOW=False)
+    dev = torch.device("cpu")
+    tk._launch_fixed("fwd", FakeKernel(4096), 300, 6, [], meta, dev, cands)
+    assert launched == [((5, 6), 64, 64)]                     # cdiv(300, 64) query blocks
+    assert tk._TOO_BIG == {("fwd", dev, cands[0], 256, False)}
+    tk._launch_fixed("fwd", FakeKernel(4096), 300, 6, [], meta, dev, cands)
+    assert len(launched) == 2 and len(tk._TOO_BIG) == 1       # the big tile is not tried again
+    with pytest.raises(OutOfResources):
+        tk._launch_fixed("dq", FakeKernel(100), 300, 6, [], meta, dev, cands)
 
 
 def test_each_search_space_gets_its_own_autotuner():

@@ -12,7 +12,9 @@ Public functions (``flashtut.triton_attention`` calls the first):
   backend="triton")``: packed sequences of different lengths, ``(total, H, D)``.
 
 ``k``/``v`` may have fewer heads than ``q`` (grouped-query), ``causal`` is ``False``, ``True``/
-``"top-left"`` or ``"bottom-right"``, ``window`` a sliding window (with a causal alignment).
+``"top-left"`` or ``"bottom-right"``, ``window`` a sliding window (with a causal alignment). Head
+dims 1 to 256 (``MAX_HEAD_DIM``, FlashAttention's range); one that is not a power of two runs
+zero-padded to the next (at least 16), so 160, 192 and 224 cost what 256 costs.
 
 The kernels live in ``flashtut.triton.forward`` and ``flashtut.triton.backward``, their search
 space in ``flashtut.triton.configs``. On a CUDA GPU (sm_80 or newer) each kernel is autotuned once
@@ -46,8 +48,9 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 #: dtypes the kernels accept (float64 has no fast tensor-core path in Triton: use tiled_attention)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: largest head dimension; smaller ones are padded to the next power of two (at least 16)
-MAX_HEAD_DIM = 128
+#: largest head dimension, as in FlashAttention; every other one is zero-padded inside the kernels
+#: to the next power of two (at least 16): 160, 192 and 224 run as 256
+MAX_HEAD_DIM = 256
 
 
 def interpreting() -> bool:
@@ -99,7 +102,7 @@ def _check_inputs(q, k, v, causal, scale, o=None, lse=None, do=None, window=None
             "float16, bfloat16 or float32 (for float64 use flashtut.tiled_attention)")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {D} is not supported by the Triton kernels; accepted: "
-                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded)")
+                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded to the next one)")
     if do is not None or o is not None or lse is not None:
         check_tensor("do", do)
         check_like("o", o, q)
@@ -134,7 +137,7 @@ _TUNED: dict = {}
 
 #: what each kernel's autotuner keys on besides the tensors' dtypes (which Triton adds itself)
 _TUNE_KEYS = {"fwd": ["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"]}
-_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32"]
+_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32", "TMA"]
 _TUNE_KEYS["dkdv"] = _TUNE_KEYS["dq"] + ["FUSED_DQ", "GROUPED", "WIDE_ROWS"]
 
 
@@ -183,30 +186,54 @@ def use_configs(**pinned):
         _FORCED.update(saved)
 
 
-def _fixed_config(kernel: str, dtype, device, block_d: int, window: bool = False):
-    """The configuration to launch without a sweep, or None to autotune."""
+def _fixed_configs(kernel: str, dtype, device, block_d: int, window: bool = False):
+    """The configurations to launch without a sweep, in order (the first that fits the GPU's
+    shared memory runs), or None to autotune."""
     if kernel in _FORCED:
-        return _FORCED[kernel]
+        return [_FORCED[kernel]]
     if interpreting():
-        return configs.INTERPRETER[kernel]
+        return [configs.INTERPRETER[kernel]]
     if os.environ.get("FLASHTUT_TRITON_AUTOTUNE", "1") == "0":   # e.g. quick GPU tests
         cap = torch.cuda.get_device_capability(device)
-        return configs.search_space(kernel, cap, dtype == torch.float32, block_d, window)[0]
+        return configs.search_space(kernel, cap, dtype == torch.float32, block_d, window)
     return None
+
+
+#: (kernel, device, configuration, compile-time arguments) of every fixed configuration that asked for
+#: more shared memory than its GPU gives a block: skipped from then on (empty on most machines, so
+#: the launch path pays nothing for it)
+_TOO_BIG: set = set()
+
+
+def _launch_fixed(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, device, cands) -> None:
+    tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+    for i, c in enumerate(cands):
+        if _TOO_BIG and (kernel, device, c, *meta.values()) in _TOO_BIG:
+            continue
+        grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
+        launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
+        if not interpreting():
+            launch.update(num_warps=c.num_warps, num_stages=c.num_stages)
+        try:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                jit_fn[grid](*args, **launch)
+        except triton.runtime.errors.OutOfResources:
+            # more shared memory than this GPU gives a block (a 99 KB Ada part, a 256-wide head):
+            # the next entry of the list
+            if i + 1 == len(cands):
+                raise
+            _TOO_BIG.add((kernel, device, c, *meta.values()))
+            continue
+        return
 
 
 def _launch(kernel: str, jit_fn, grid_rows: int, bh: int, args: list, meta: dict, dtype, device):
     """Launch ``jit_fn`` with a grid of ``(cdiv(grid_rows, BLOCK), bh)`` programs, where BLOCK
     is the configuration's BLOCK_M (query-blocked kernels) or BLOCK_N (``dkdv``)."""
     tile_key = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
-    c = _fixed_config(kernel, dtype, device, meta["BLOCK_D"], meta["WINDOW"])
-    if c is not None:
-        grid = (triton.cdiv(grid_rows, c.block_m if tile_key == "BLOCK_M" else c.block_n), bh)
-        launch = dict(meta, BLOCK_M=c.block_m, BLOCK_N=c.block_n)
-        if not interpreting():
-            launch.update(num_warps=c.num_warps, num_stages=c.num_stages)
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            jit_fn[grid](*args, **launch)
+    cands = _fixed_configs(kernel, dtype, device, meta["BLOCK_D"], meta["WINDOW"])
+    if cands is not None:
+        _launch_fixed(kernel, jit_fn, grid_rows, bh, args, meta, device, cands)
         return
     capability = torch.cuda.get_device_capability(device)
     tuned = _tuned(kernel, jit_fn, capability, dtype == torch.float32, meta["BLOCK_D"], meta["WINDOW"])
@@ -303,6 +330,50 @@ def use_fused_backward(enabled: bool = True):
         _FUSED_DQ.pop()
 
 
+#: the backward kernels' options under measurement (experiments/triton_backward), off unless a
+#: ``use_backward_options`` block turns them on
+_BWD_OPTIONS: list = []
+
+
+@contextlib.contextmanager
+def use_backward_options(tma: bool = False):
+    """Run the backward kernels with a candidate option that is being measured, not yet the
+    default: ``tma`` loads the streamed tiles (``Q``, ``dO`` in the dK/dV kernel, ``K``, ``V`` in
+    the dQ kernel) through tensor descriptors, Hopper's TMA copies (on a GPU of sm_90 or newer,
+    with 16-byte aligned rows; elsewhere the pointer loads run)."""
+    _BWD_OPTIONS.append(dict(TMA=check_bool("tma", tma)))
+    try:
+        yield
+    finally:
+        _BWD_OPTIONS.pop()
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    # device-side tensor descriptors live in a global scratch buffer that Triton asks for
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_fits(tensors) -> bool:
+    """Whether TMA can copy tiles of these tensors: a GPU of sm_90 or newer (or the interpreter),
+    16-byte aligned base addresses and row strides (other than the unit stride along D)."""
+    t0 = tensors[0]
+    if t0.is_cuda and torch.cuda.get_device_capability(t0.device)[0] < 9:
+        return False
+    if not t0.is_cuda and not interpreting():
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
+               for t in tensors)
+
+
+def _backward_options(tensors) -> dict:
+    opts = dict(_BWD_OPTIONS[-1]) if _BWD_OPTIONS else dict(TMA=False)
+    if opts["TMA"] and not _tma_fits(tensors):
+        opts["TMA"] = False
+    if opts["TMA"] and tensors[0].is_cuda:
+        triton.set_allocator(_tma_scratch)
+    return opts
+
+
 def _fused_dq(q: torch.Tensor, mask, ds_fp32: bool) -> bool:
     if _FUSED_DQ:
         return _FUSED_DQ[-1]
@@ -346,7 +417,8 @@ class _BackwardPlan:
             self.dq_acc = self.dk                    # an unused argument: never read or written
         bucket = configs.length_bucket(max(L.Nq, L.Nk))
         self.meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
-                         DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32)
+                         DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32,
+                         **_backward_options((q, k, v, do)))
         # the dK/dV kernel addresses query rows (of one sequence) in 32 bits unless row * stride,
         # padded by the largest tile, can reach 2**31
         row_stride = max(_strides(t)[2] for t in (q, do, self.dq_acc))
@@ -545,7 +617,7 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
             "float16, bfloat16 or float32 (for float64 use backend='naive')")
     if q.shape[2] > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {q.shape[2]} is not supported by the Triton kernels; accepted: "
-                         f"1 to {MAX_HEAD_DIM}")
+                         f"1 to {MAX_HEAD_DIM} (dims that are not a power of two are zero-padded to the next one)")
     _require_runtime(q)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
@@ -564,5 +636,6 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
-           "best_configs", "use_configs", "use_fused_backward", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
+           "best_configs", "use_configs", "use_fused_backward", "use_backward_options", "TileConfig",
+           "KERNEL_DTYPES", "MAX_HEAD_DIM",
            "varlen_attention", "varlen_triton"]

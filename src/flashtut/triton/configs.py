@@ -11,6 +11,11 @@ the hardware:
   program, 4 or 8 warps (one or two warpgroups), 3-4 stages.
 * Ampere/Ada (sm_80..89, 100-164 KB shared memory): the same shapes with fewer stages,
   and a smaller fallback that fits the 100 KB parts.
+* Head dims above 128 (160 to 256, padded to 256): a 256-wide tile row takes twice
+  the shared memory and registers of a 128-wide one, so the tiles shrink (32 or 64
+  keys, two stages) to fit the 227 KB of a Hopper block, the 163 KB of an A100's and
+  the 99 KB of the Ampere/Ada parts (sm_86/89); when the first entry does not fit a
+  GPU, the launch takes the next one that does.
 * float32 inputs use exact fp32 dot products (no tensor cores), whose tiles take twice
   the shared memory and registers: small tiles only.
 * The interpreter (CPU) gets one tiny fixed configuration, no sweep: it runs each
@@ -55,9 +60,11 @@ def _cfgs(rows):
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim
-# class ("small": D <= 64, "large": D = 128). Entries that spill registers (ptxas -v,
-# sm_90a/sm_80, triton 3.7) were left out: a spilled accumulator costs more than any
-# tile shape gains.
+# class ("small": D <= 64, "large": D <= 128, "wide": D <= 256, see ``head_dim_class``).
+# Entries that spill registers (ptxas -v, sm_90a/sm_80, triton 3.7) were left out: a
+# spilled accumulator costs more than any tile shape gains. The "wide" lists come from
+# that report alone (experiments/triton_backward/resources.py; shared memory and spills
+# per tile in book/perflog_triton.md), not yet from a timing.
 FWD = {
     ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3),
                                 (128, 64, 8, 3), (128, 64, 8, 4)]),
@@ -67,6 +74,10 @@ FWD = {
                                 (64, 64, 4, 3), (64, 32, 4, 2)]),
     ("ampere", "large"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3),
                                 (64, 64, 4, 3), (64, 32, 4, 2)]),
+    ("hopper", "wide"): _cfgs([(128, 32, 8, 3), (128, 32, 8, 2),
+                               (64, 32, 4, 1)]),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
+                               (64, 32, 4, 1)]),
 }
 # dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
 BWD_DKDV = {
@@ -78,6 +89,10 @@ BWD_DKDV = {
                                 (32, 64, 4, 2), (32, 32, 4, 1)]),
     ("ampere", "large"): _cfgs([(64, 64, 8, 2), (32, 128, 8, 2),
                                 (32, 64, 4, 2), (32, 32, 4, 1)]),
+    ("hopper", "wide"): _cfgs([(32, 32, 4, 2), (32, 64, 8, 2),
+                               (64, 64, 8, 2)]),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (32, 64, 8, 2),
+                               (32, 32, 4, 2)]),
 }
 # dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
 BWD_DQ = {
@@ -89,6 +104,10 @@ BWD_DQ = {
                                 (64, 32, 4, 2), (32, 32, 4, 1)]),
     ("ampere", "large"): _cfgs([(64, 64, 4, 2), (128, 32, 8, 2),
                                 (32, 32, 4, 1)]),
+    ("hopper", "wide"): _cfgs([(128, 32, 8, 2), (64, 64, 8, 2),
+                               (64, 32, 4, 2)]),
+    ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
+                               (32, 32, 4, 1)]),
 }
 # The first entry of a list is what runs with autotuning off. A sliding window gives
 # every dK/dV program the same short query range, and its best tile differs from the
@@ -111,6 +130,12 @@ FP32 = {
     "dkdv": _cfgs([(32, 64, 4, 2), (32, 32, 4, 1)]),
     "dq": _cfgs([(64, 32, 4, 2), (32, 32, 4, 1)]),
 }
+# float32 with a head dim above 128: a 256-wide float32 row is 1 KB: the smallest tiles
+FP32_WIDE = {
+    "fwd": _cfgs([(32, 16, 4, 1), (16, 16, 4, 1)]),
+    "dkdv": _cfgs([(16, 32, 4, 1), (16, 16, 4, 1)]),
+    "dq": _cfgs([(32, 16, 4, 1), (16, 16, 4, 1)]),
+}
 # the interpreter: one fixed, tiny, deterministic choice per kernel
 INTERPRETER = {
     "fwd": TileConfig(16, 16, 1, 1),
@@ -125,16 +150,25 @@ def generation(capability: tuple[int, int]) -> str:
     return "hopper" if capability[0] >= 9 else "ampere"
 
 
+def head_dim_class(block_d: int) -> str:
+    """The tile tables' head-dim class of a padded head dim: ``"small"`` (up to 64),
+    ``"large"`` (128) or ``"wide"`` (256)."""
+    if block_d <= 64:
+        return "small"
+    return "large" if block_d <= 128 else "wide"
+
+
 def search_space(kernel: str, capability: tuple[int, int], fp32: bool, block_d: int,
                  window: bool = False) -> list[TileConfig]:
     """The configurations the autotuner times for ``kernel`` (``"fwd"``, ``"dkdv"``,
     ``"dq"``), first the one used when autotuning is off (``window``: the sliding
     window's first choice, ``WINDOW_FIRST``, moved to the front). Head dims of 32 or
     less time only two: their tiles are cheap and those sizes are not where the time
-    goes."""
+    goes. With autotuning off, a launch takes the first entry that fits the GPU's
+    shared memory."""
     if fp32:
-        return list(FP32[kernel])
-    gen, size = generation(capability), "small" if block_d <= 64 else "large"
+        return list(FP32[kernel]) if block_d <= 128 else list(FP32_WIDE[kernel])
+    gen, size = generation(capability), head_dim_class(block_d)
     space = list(_TABLES[kernel][gen, size])
     first = WINDOW_FIRST.get((kernel, gen, size)) if window else None
     if first is not None:
