@@ -1,7 +1,7 @@
 """A small world of CPU processes on gloo, for the tests and the chapter: ``run_world(fn, world)``.
 
-Each rank is a fresh process (``torch.multiprocessing`` with the ``spawn`` start method, which works
-in a script, under pytest and in a Jupyter kernel) that joins a gloo process group through a file
+Each rank is a fresh process (``torch.multiprocessing`` with the ``forkserver`` start method where
+the platform has it, else ``spawn``: both work in a script, under pytest and in a Jupyter kernel) that joins a gloo process group through a file
 store in a temporary folder (no port to pick), runs ``fn(rank, world, *args)`` and sends back what
 it returned. ``fn`` must be importable by name (a function of a module, not one defined in a
 notebook cell). Every process group gets ``timeout``: a rank that raises or stops leaves its peers a
@@ -58,6 +58,18 @@ class WorldError(RuntimeError):
         super().__init__("ranks failed: " + "; ".join(f"rank {r}: {e}" for r, e in first.items()))
 
 
+def _start_method() -> str:
+    """``forkserver`` where the platform has it: one server process imports torch once, and every
+    rank of every world after the first is a cheap fork of it (a fresh ``spawn`` pays the import of
+    torch per rank, seconds each); ``spawn`` elsewhere."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", __name__])
+    return "forkserver"
+
+
 def run_world(fn, world: int, *args, timeout: float = 30.0):
     """Run ``fn(rank, world, *args)`` on ``world`` CPU processes joined in a gloo group whose
     operations time out after ``timeout`` seconds; return the list of what each rank returned, in
@@ -68,13 +80,14 @@ def run_world(fn, world: int, *args, timeout: float = 30.0):
     timeout = check_number("timeout", timeout, 0.0)
     if not callable(fn):
         raise TypeError(f"fn must be a function fn(rank, world, *args), got {type(fn).__name__}")
-    ctx = mp.get_context("spawn")
+    method = _start_method()
+    ctx = mp.get_context(method)
     results = ctx.Queue()
     folder = tempfile.mkdtemp(prefix="flashtut_world_")
     try:
         procs = mp.start_processes(_rank_main, args=(fn, world, os.path.join(folder, "store"), timeout, results,
                                                      args),
-                                   nprocs=world, join=False, start_method="spawn")
+                                   nprocs=world, join=False, start_method=method)
         got: dict[int, tuple[bool, object]] = {}
         # generous: starting Python and torch in each process, then the work, then one timeout
         deadline = time.monotonic() + 120 + 3 * timeout
