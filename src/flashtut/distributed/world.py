@@ -50,10 +50,11 @@ def _rank_main(rank: int, fn, world: int, store: str, timeout_s: float, results,
 
 
 class WorldError(RuntimeError):
-    """One or more ranks of :func:`run_world` failed; ``errors`` maps each rank to its error text."""
+    """One or more ranks of :func:`run_world` failed; ``errors`` maps each failed rank to its error
+    text, ``results`` each rank that finished to what it returned."""
 
-    def __init__(self, errors: dict[int, str]):
-        self.errors = errors
+    def __init__(self, errors: dict[int, str], results: dict | None = None):
+        self.errors, self.results = errors, results or {}
         first = {r: e.splitlines()[0] for r, e in sorted(errors.items())}
         super().__init__("ranks failed: " + "; ".join(f"rank {r}: {e}" for r, e in first.items()))
 
@@ -106,7 +107,7 @@ def run_world(fn, world: int, *args, timeout: float = 30.0):
         errors.update({r: "ended without a result (killed, or past the deadline)" for r in range(world)
                        if r not in got})
         if errors:
-            raise WorldError(errors)
+            raise WorldError(errors, {r: _unpack(payload) for r, (ok, payload) in got.items() if ok})
         return [_unpack(got[r][1]) for r in range(world)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
