@@ -16,12 +16,13 @@ the rule of chapter 04. The package sits above the kernels it calls:
 from __future__ import annotations
 
 from .balance import SCHEMES, balance_table, imbalance, tiles, work_per_rank
-from .ring import (RingAttention, agree, ring_attention, ring_backward_local, ring_forward_local)
+from .ring import (RingAttention, agree, local_backward, local_forward, ring_attention, ring_backward_local,
+                   ring_forward_local)
 from .schedule import Step, ring_schedule
 from .sharding import shard, shard_ranges, unshard
 from .training import ring_backend, sharded_loss, train_step
 from .world import WorldError, run_world
 
 __all__ = ["ring_attention", "shard", "unshard", "shard_ranges", "ring_schedule", "Step", "RingAttention",
-           "agree", "ring_forward_local", "ring_backward_local", "work_per_rank", "balance_table", "imbalance",
+           "agree", "ring_forward_local", "ring_backward_local", "local_forward", "local_backward", "work_per_rank", "balance_table", "imbalance",
            "tiles", "SCHEMES", "run_world", "WorldError", "ring_backend", "sharded_loss", "train_step"]

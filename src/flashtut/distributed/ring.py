@@ -278,43 +278,62 @@ def _local_layouts(n: int, world: int, causal, scale: float, backend: str) -> li
             for r in range(world)]
 
 
-def ring_forward_local(q, k, v, world: int, causal=False, scale: float | None = None, backend: str = "auto"):
-    """Every rank's steps of the ring in one process, step by step (rank ``r`` at step ``t`` uses the
-    shard of rank ``r - t``, exactly what the network would have brought it). Takes and returns
-    whole sequences: ``(o, lse)`` in the original order, ``o`` in ``q``'s dtype."""
-    _, _, N, _, D = check_qkv(q, k, v, gqa=True)
-    check_world(0, world)
-    scale = check_scale(scale, D)
-    layouts = _local_layouts(N, world, causal, scale, resolve_backend(backend, q))
-    qs, ks, vs = ([shard(x, r, world, causal) for r in range(world)] for x in (q, k, v))
+def local_forward(qs, ks, vs, causal=False, scale: float | None = None, backend: str = "auto"):
+    """Every rank's steps of the ring in one process, on the list of every rank's shards (rank ``r``
+    at step ``t`` uses the shards of rank ``r - t``, exactly what the network would have brought
+    it). Returns each rank's ``(o, lse)`` in the accumulation dtype."""
+    world = len(qs)
+    n = sum(x.shape[2] for x in qs)
+    scale = check_scale(scale, qs[0].shape[-1])
+    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
     states = [empty_state(x) for x in qs]
     for t in range(world):
         for r, lay in enumerate(layouts):
             src = lay.steps[t].source
             forward_step(*states[r], qs[r], ks[src], vs[src], lay.steps[t], scale, lay.backend)
+    return states
+
+
+def local_backward(qs, ks, vs, os_, lses, dos, causal=False, scale: float | None = None, backend: str = "auto"):
+    """The backward's steps of every rank in one process, on lists of shards: each rank's
+    ``(dq, dk, dv)`` in the accumulation dtype."""
+    world = len(qs)
+    n = sum(x.shape[2] for x in qs)
+    scale = check_scale(scale, qs[0].shape[-1])
+    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
+    acc_t = accum_dtype(qs[0].dtype)
+    grads = [tuple(torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in (q, k, v))
+             for q, k, v in zip(qs, ks, vs)]
+    for t in range(world):
+        for r, lay in enumerate(layouts):
+            src = lay.steps[t].source
+            backward_step(grads[r][0], grads[src][1], grads[src][2], qs[r], ks[src], vs[src], os_[r], lses[r],
+                          dos[r], lay.steps[t], scale, lay.backend)
+    return grads
+
+
+def ring_forward_local(q, k, v, world: int, causal=False, scale: float | None = None, backend: str = "auto"):
+    """:func:`local_forward` on whole sequences: shards them, runs every rank's steps, and returns
+    ``(o, lse)`` in the original order, ``o`` in ``q``'s dtype."""
+    check_qkv(q, k, v, gqa=True)
+    check_world(0, world)
+    states = local_forward(*([shard(x, r, world, causal) for r in range(world)] for x in (q, k, v)),
+                           causal=causal, scale=scale, backend=backend)
     o = unshard([s[0].to(q.dtype) for s in states], causal)
     return o, unshard([s[1][..., None] for s in states], causal)[..., 0]
 
 
 def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: float | None = None,
                         backend: str = "auto"):
-    """The backward's steps of every rank in one process: ``(dq, dk, dv)`` of whole sequences."""
-    _, _, N, _, D = check_qkv(q, k, v, gqa=True)
-    scale = check_scale(scale, D)
-    layouts = _local_layouts(N, world, causal, scale, resolve_backend(backend, q))
-    acc_t = accum_dtype(q.dtype)
-    qs, ks, vs, os_, dos = ([shard(x, r, world, causal) for r in range(world)] for x in (q, k, v, o, do))
-    lses = [shard(lse[..., None], r, world, causal)[..., 0] for r in range(world)]
-    dqs = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in qs]
-    dks = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in ks]
-    dvs = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in vs]
-    for t in range(world):
-        for r, lay in enumerate(layouts):
-            src = lay.steps[t].source
-            backward_step(dqs[r], dks[src], dvs[src], qs[r], ks[src], vs[src], os_[r], lses[r], dos[r],
-                          lay.steps[t], scale, lay.backend)
-    return tuple(unshard([g.to(x.dtype) for g in gs], causal) for gs, x in ((dqs, q), (dks, k), (dvs, v)))
+    """:func:`local_backward` on whole sequences: ``(dq, dk, dv)`` in the original order."""
+    check_qkv(q, k, v, gqa=True)
+    check_world(0, world)
+    cut = [[shard(x, r, world, causal) for r in range(world)] for x in (q, k, v, o, lse[..., None], do)]
+    cut[4] = [x[..., 0] for x in cut[4]]
+    grads = local_backward(*cut, causal=causal, scale=scale, backend=backend)
+    return tuple(unshard([g[i].to(x.dtype) for g in grads], causal) for i, x in enumerate((q, k, v)))
 
 
 __all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "ring_forward", "ring_backward",
-           "forward_step", "backward_step", "empty_state", "ring_forward_local", "ring_backward_local"]
+           "forward_step", "backward_step", "empty_state", "local_forward", "local_backward", "ring_forward_local",
+           "ring_backward_local"]
