@@ -168,7 +168,7 @@ def agree(q, k, v, causal=False, scale=None, group=None, backend: str = "auto") 
 
 # -- the ring over torch.distributed -----------------------------------------------------------
 
-def _exchange(layout: RingLayout, sends, recv_rows: int, tag: int):
+def exchange(layout: RingLayout, sends, recv_rows: int, tag: int):
     """Post the sends of ``sends`` to the next rank and the receives of as many tensors of
     ``recv_rows`` rows from the previous one; returns ``(works, received)`` (not yet waited on)."""
     recvs = [torch.empty((*t.shape[:2], recv_rows, t.shape[3]), dtype=t.dtype, device=t.device) for t in sends]
@@ -197,7 +197,7 @@ def ring_forward(q, k, v, layout: RingLayout):
     for t, step in enumerate(layout.steps):
         last = t == layout.world - 1
         if not last:    # the next shard travels while this one is computed
-            works, (nxt_k, nxt_v) = _exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
         forward_step(o, lse, q, cur_k, cur_v, step, layout.scale, layout.backend)
         if not last:
             _wait(works, layout, f"the K/V shard of step {t + 1} from rank {layout.prev}")
@@ -215,7 +215,7 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
     for t, step in enumerate(layout.steps):
         last = t == layout.world - 1
         if not last:
-            works, (nxt_k, nxt_v) = _exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
         dk = torch.zeros(cur_k.shape, dtype=acc_t, device=q.device)
         dv = torch.zeros(cur_v.shape, dtype=acc_t, device=q.device)
         backward_step(dq, dk, dv, q, cur_k, cur_v, o, lse, do, step, layout.scale, layout.backend)
@@ -225,7 +225,7 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
             dv += grad_in[1]
         if layout.world > 1:          # on to the next rank; after the last step it arrives home
             grad_sent = (dk, dv)      # kept alive until the send is waited on
-            grad_works, grad_in = _exchange(layout, grad_sent, _source_rows(layout, t + 1), 4 * t + 2)
+            grad_works, grad_in = exchange(layout, grad_sent, _source_rows(layout, t + 1), 4 * t + 2)
         if not last:
             _wait(works, layout, f"the K/V shard of step {t + 1} from rank {layout.prev}")
             cur_k, cur_v = nxt_k, nxt_v
@@ -334,6 +334,6 @@ def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: fl
     return tuple(unshard([g[i].to(x.dtype) for g in grads], causal) for i, x in enumerate((q, k, v)))
 
 
-__all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "ring_forward", "ring_backward",
+__all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "exchange", "ring_forward", "ring_backward",
            "forward_step", "backward_step", "empty_state", "local_forward", "local_backward", "ring_forward_local",
            "ring_backward_local"]
