@@ -182,13 +182,13 @@ def main(argv=None) -> int:
                             yardstick_ratio=errs[0].item() / max(errs[1].item(), 1e-30),
                             rel_err_dq=errs[2].item(), tiles_per_rank=work, imbalance=imbalance(work))
                 # the backward moves the K/V shard (input dtype) and its dK/dV (float32): three times the bytes
-                comm = {"fwd": med["comm"], "bwd": 3 * med["comm"]}
+                comm_ms = {"fwd": med["comm"], "bwd": 3 * med["comm"]}
                 for mode, ring_ms, comp_ms in (("fwd", med["fwd"], med["cfwd"]), ("bwd", med["bwd"], med["cbwd"])):
-                    hidden = min(1.0, max(0.0, 1 - (ring_ms - comp_ms) / max(comm[mode], 1e-9)))
+                    hidden = min(1.0, max(0.0, 1 - (ring_ms - comp_ms) / max(comm_ms[mode], 1e-9)))
                     f = 4 * B * H * n * n * D / (2 if causal else 1) * (2.5 if mode == "bwd" else 1.0)
                     rows.append(dict(base, impl="ring-nccl", mode=mode, ms=ring_ms,
                                      tflops=f / world / ring_ms / 1e9, compute_ms=comp_ms,
-                                     efficiency=comp_ms / ring_ms, comm_ms=comm[mode], comm_hidden=hidden))
+                                     efficiency=comp_ms / ring_ms, comm_ms=comm_ms[mode], comm_hidden=hidden))
                 if rank == 0:
                     r_f, r_b = rows[-2], rows[-1]
                     print(f"{str(dtype)[6:]:8} N={n:8} causal={causal!s:5} x{world}: fwd {r_f['ms']:8.1f} ms "
