@@ -11,11 +11,12 @@ the rule of chapter 04. The package sits above the kernels it calls:
 * ``ring``: :func:`ring_attention` (autograd), its forward and backward over ``batch_isend_irecv``,
   and the same steps run in one process;
 * ``world``: :func:`run_world`, a world of CPU processes on gloo for tests and the chapter;
-* ``training``: a training step of chapter 12's GPT with its sequence sharded.
+* ``training``: a training step of chapter 12's GPT with its sequence sharded;
+* ``demo``: what each rank runs in the chapter's small gloo worlds.
 """
 from __future__ import annotations
 
-from .balance import SCHEMES, balance_table, imbalance, tiles, work_per_rank
+from .balance import SCHEMES, balance_table, imbalance, row_owner, tiles, work_per_rank
 from .ring import (RingAttention, agree, local_backward, local_forward, ring_attention, ring_backward_local,
                    ring_forward_local)
 from .schedule import Step, ring_schedule
@@ -25,4 +26,4 @@ from .world import WorldError, run_world
 
 __all__ = ["ring_attention", "shard", "unshard", "shard_ranges", "ring_schedule", "Step", "RingAttention",
            "agree", "ring_forward_local", "ring_backward_local", "local_forward", "local_backward", "work_per_rank", "balance_table", "imbalance",
-           "tiles", "SCHEMES", "run_world", "WorldError", "ring_backend", "sharded_loss", "train_step"]
+           "tiles", "row_owner", "SCHEMES", "run_world", "WorldError", "ring_backend", "sharded_loss", "train_step"]

@@ -36,6 +36,21 @@ def tiles(n_q: int, n_k: int, block: int = 64, offset: int | None = None) -> int
     return total
 
 
+def row_owner(n: int, world: int, scheme: str = "zigzag") -> list[int]:
+    """The rank holding each of the ``n`` sequence positions under ``scheme`` (its queries are that
+    rank's to compute)."""
+    check_world(0, world)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(map(repr, SCHEMES))}, got {scheme!r}")
+    if scheme == "striped":
+        return [i % world for i in range(n)]
+    owner = [0] * n
+    for r in range(world):
+        for b, e in shard_ranges(n, r, world, scheme == "zigzag"):
+            owner[b:e] = [r] * (e - b)
+    return owner
+
+
 def work_per_rank(n: int, world: int, scheme: str = "zigzag", causal: bool = True, block: int = 64) -> list[int]:
     """Tiles of ``block x block`` each rank computes over the whole ring for a sequence of ``n``
     rows cut by ``scheme``: the sum over its ``world`` steps of the tiles its query shard computes
@@ -87,4 +102,4 @@ def balance_table(n: int, worlds=(2, 4, 8), block: int = 64, causal: bool = True
     return rows
 
 
-__all__ = ["SCHEMES", "tiles", "work_per_rank", "imbalance", "balance_table"]
+__all__ = ["SCHEMES", "tiles", "row_owner", "work_per_rank", "imbalance", "balance_table"]
