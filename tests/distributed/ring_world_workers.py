@@ -8,8 +8,6 @@ import torch
 
 import flashtut
 from flashtut.distributed import ring, ring_attention, shard
-from flashtut.distributed.training import train_step
-from flashtut.model import GPT, GPTConfig
 
 #: (causal, q heads, k/v heads, head dim, scale) of every case each world runs
 CASES = [(False, 4, 2, 12, None), (True, 4, 2, 12, None), (True, 3, 3, 7, 0.7), ("bottom-right", 2, 1, 16, None),
@@ -77,34 +75,3 @@ def failures(rank, world):
     return seen
 
 
-class SGD:
-    """Plain gradient descent with momentum, written out: a torch.optim optimizer imports torch._dynamo
-    when built, which costs each fresh rank process seconds."""
-
-    def __init__(self, params, lr=0.05, momentum=0.9):
-        self.params, self.lr, self.momentum = list(params), lr, momentum
-        self.velocity = [torch.zeros_like(p) for p in self.params]
-
-    @torch.no_grad()
-    def step(self):
-        for p, v in zip(self.params, self.velocity):
-            v.mul_(self.momentum).add_(p.grad)
-            p.sub_(self.lr * v)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-
-def train_two_steps(rank, world, idx, targets, config):
-    """Two steps of chapter 12's GPT (float64) with the sequence sharded; the losses and the weights
-    after the steps."""
-    model = GPT(config, attention_backend="naive", seed=0).double()
-    opt = SGD(model.parameters())
-    mine = [shard(t, rank, world, True, dim=1) for t in (idx, targets)]
-    losses = [train_step(model, opt, *mine) for _ in range(2)]
-    return losses, {n: p.detach() for n, p in model.named_parameters()}
-
-
-def small_gpt():
-    return GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2)

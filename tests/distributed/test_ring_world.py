@@ -9,7 +9,7 @@ import torch
 
 import flashtut
 import ring_world_workers as workers
-from flashtut.distributed import WorldError, ring_attention, run_world
+from flashtut.distributed import WorldError, demo, ring_attention, run_world
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -45,24 +45,14 @@ def test_a_failing_rank_does_not_hang_the_others():
 
 
 def test_the_sharded_gpt_trains_like_one_process():
-    config = workers.small_gpt()
     g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, config.vocab_size, (2, 27), generator=g)
-    targets = torch.randint(0, config.vocab_size, (2, 27), generator=g)
+    idx = torch.randint(0, demo.tiny_gpt().vocab_size, (2, 27), generator=g)
+    targets = torch.randint(0, demo.tiny_gpt().vocab_size, (2, 27), generator=g)
     targets[0, 5] = -100                       # ignored, as padding is
-    model = workers.GPT(config, attention_backend="naive", seed=0).double()
-    opt = workers.SGD(model.parameters())
-    want = []
-    for _ in range(2):
-        _, loss = model(idx, targets)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
-    for losses, params in run_world(workers.train_two_steps, 3, idx, targets, config, timeout=60):
+    want = demo.one_process_training(idx, targets)
+    assert want[2] < want[0]                   # it trains
+    for losses in run_world(demo.sharded_training, 3, idx, targets, timeout=60):
         assert losses == pytest.approx(want, rel=1e-12, abs=0)
-        for name, p in model.named_parameters():
-            torch.testing.assert_close(params[name], p.detach(), rtol=1e-9, atol=1e-12)
 
 
 def test_without_a_process_group_the_error_says_what_to_do():
