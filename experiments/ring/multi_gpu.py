@@ -186,7 +186,7 @@ def main(argv=None) -> int:
                 for mode, ring_ms, comp_ms in (("fwd", med["fwd"], med["cfwd"]), ("bwd", med["bwd"], med["cbwd"])):
                     hidden = min(1.0, max(0.0, 1 - (ring_ms - comp_ms) / max(comm_ms[mode], 1e-9)))
                     f = 4 * B * H * n * n * D / (2 if causal else 1) * (2.5 if mode == "bwd" else 1.0)
-                    rows.append(dict(base, impl="ring-nccl", mode=mode, ms=ring_ms,
+                    rows.append(dict(base, impl=f"ring-nccl-x{world}", mode=mode, ms=ring_ms,
                                      tflops=f / world / ring_ms / 1e9, compute_ms=comp_ms,
                                      efficiency=comp_ms / ring_ms, comm_ms=comm_ms[mode], comm_hidden=hidden))
                 if rank == 0:
