@@ -58,11 +58,13 @@ class RingLayout:
 # -- one step, shared by the distributed ring and the one-process simulation ------------------
 
 def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
-    """Run ``step``'s kernel and merge its partial state into the running ``(o, lse)`` (in place)."""
+    """Run ``step``'s kernel; merge its partial state into the running ``(o, lse)``, in
+    place."""
     qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
-    o_p, lse_p = shard_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], step.causal, scale, backend)
-    o[:, :, qs], lse[:, :, qs] = merge_attention_states(o[:, :, qs], lse[:, :, qs], o_p.to(o.dtype),
-                                                        lse_p.to(lse.dtype))
+    o_p, lse_p = shard_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], step.causal,
+                               scale, backend)
+    o[:, :, qs], lse[:, :, qs] = merge_attention_states(
+        o[:, :, qs], lse[:, :, qs], o_p.to(o.dtype), lse_p.to(lse.dtype))
 
 
 def backward_step(dq, dk, dv, q, k, v, o, lse, do, step: Step, scale: float, backend: str) -> None:
@@ -182,7 +184,7 @@ def _wait(works, layout: RingLayout, what: str) -> None:
         for w in works:
             w.wait()
     except RuntimeError as exc:
-        raise _timed_out(layout.rank, what, exc) from exc
+        raise _timed_out(layout.rank, f"{what} from rank {layout.prev}", exc) from exc
 
 
 def _source_rows(layout: RingLayout, t: int) -> int:
@@ -190,47 +192,50 @@ def _source_rows(layout: RingLayout, t: int) -> int:
 
 
 def ring_forward(q, k, v, layout: RingLayout):
-    """This rank's ``(o, lse)`` over the whole sequence: ``o`` in ``q``'s dtype, ``lse`` in the
-    accumulation dtype."""
+    """This rank's ``(o, lse)`` over the whole sequence: ``o`` in ``q``'s dtype,
+    ``lse`` in the accumulation dtype."""
     o, lse = empty_state(q)
     cur_k, cur_v = k, v
     for t, step in enumerate(layout.steps):
         last = t == layout.world - 1
         if not last:    # the next shard travels while this one is computed
-            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
+            rows = _source_rows(layout, t + 1)
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
         forward_step(o, lse, q, cur_k, cur_v, step, layout.scale, layout.backend)
         if not last:
-            _wait(works, layout, f"the K/V shard of step {t + 1} from rank {layout.prev}")
+            _wait(works, layout, f"the K/V shard of step {t + 1}")
             cur_k, cur_v = nxt_k, nxt_v
     return o.to(q.dtype), lse
 
 
 def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
-    """This rank's ``(dq, dk, dv)``: ``dq`` of its queries, ``dk``, ``dv`` of its own key/value shard
-    (summed over every rank's queries as it travelled the ring)."""
+    """This rank's ``(dq, dk, dv)``: ``dq`` of its queries; ``dk``, ``dv`` of its own
+    key/value shard, summed over every rank's queries as it travelled the ring."""
     acc_t = accum_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
     cur_k, cur_v = k, v
     grad_works, grad_in = [], None
     for t, step in enumerate(layout.steps):
         last = t == layout.world - 1
+        rows = _source_rows(layout, t + 1)
         if not last:
-            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), _source_rows(layout, t + 1), 4 * t)
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
         dk = torch.zeros(cur_k.shape, dtype=acc_t, device=q.device)
         dv = torch.zeros(cur_v.shape, dtype=acc_t, device=q.device)
-        backward_step(dq, dk, dv, q, cur_k, cur_v, o, lse, do, step, layout.scale, layout.backend)
-        if grad_in is not None:       # what the ranks before this one added to this shard's gradient
-            _wait(grad_works, layout, f"the dK/dV of step {t} from rank {layout.prev}")
+        backward_step(dq, dk, dv, q, cur_k, cur_v, o, lse, do, step, layout.scale,
+                      layout.backend)
+        if grad_in is not None:   # what the ranks before added to this shard's gradient
+            _wait(grad_works, layout, f"the dK/dV of step {t}")
             dk += grad_in[0]
             dv += grad_in[1]
-        if layout.world > 1:          # on to the next rank; after the last step it arrives home
-            grad_sent = (dk, dv)      # kept alive until the send is waited on
-            grad_works, grad_in = exchange(layout, grad_sent, _source_rows(layout, t + 1), 4 * t + 2)
+        if layout.world > 1:      # on to the next rank; after the last step, home
+            grad_sent = (dk, dv)  # kept alive until the send is waited on
+            grad_works, grad_in = exchange(layout, grad_sent, rows, 4 * t + 2)
         if not last:
-            _wait(works, layout, f"the K/V shard of step {t + 1} from rank {layout.prev}")
+            _wait(works, layout, f"the K/V shard of step {t + 1}")
             cur_k, cur_v = nxt_k, nxt_v
     if layout.world > 1:
-        _wait(grad_works, layout, f"this rank's own dK/dV, home from rank {layout.prev}")
+        _wait(grad_works, layout, "this rank's own dK/dV, home")
         dk, dv = grad_in
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

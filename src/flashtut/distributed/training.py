@@ -48,16 +48,16 @@ def sharded_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor, group=Non
     return ce / max(count, 1), count
 
 
-def train_step(model: GPT, optimizer: torch.optim.Optimizer, idx: torch.Tensor, targets: torch.Tensor,
+def train_step(model: GPT, optimizer, idx: torch.Tensor, targets: torch.Tensor,
                group=None) -> float:
-    """One optimiser step of every rank on the whole sequence: returns the global loss (the same on
-    every rank, and the same as one process's)."""
+    """One optimiser step of every rank on the whole sequence: returns the global
+    loss (the same on every rank, and the same as one process's)."""
     loss, _ = sharded_loss(model, idx, targets, group)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)           # each weight's gradient summed over the ranks
+    dist.all_reduce(flat, group=group)    # each weight's gradient, summed over ranks
     at = 0
     for g in grads:
         g.copy_(flat[at:at + g.numel()].view_as(g))
