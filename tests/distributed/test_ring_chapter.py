@@ -34,3 +34,50 @@ def test_shown_listings_fit_the_page(fn):
     # chapter 14 displays these with show_source: the listing box holds 88 characters
     long = [line for line in inspect.getsource(fn).splitlines() if len(line) > 88]
     assert not long, long
+
+
+# -- exercise 14.1: the zigzag step plan ------------------------------------------------------
+
+def test_the_solution_passes_the_checker():
+    from flashtut.exercises import ch14
+
+    assert ch14.check_step_plan(ch14.solution_step_plan)
+    # and it is what the library's ring runs
+    for world, n in ch14.CASES:
+        for r in range(world):
+            for s in ring_schedule(r, world, n, True):
+                assert ch14.solution_step_plan(r, s.source, world, n) == (s.q_rows, s.kv_rows, s.causal)
+
+
+def _every_pair_causal(rank, source, world, n):
+    # one causal call per pair of whole shards: hides pairs a later key's early chunk should meet
+    from flashtut.exercises import ch14
+
+    lengths = [sum(e - b for b, e in ch14.shard_ranges(n, r, world, True)) for r in (rank, source)]
+    return (0, lengths[0]), (0, lengths[1]), lengths[0] == lengths[1]
+
+
+def _full_everywhere(rank, source, world, n):
+    from flashtut.exercises import ch14
+
+    mine, theirs = (sum(e - b for b, e in ch14.shard_ranges(n, r, world, True)) for r in (rank, source))
+    return (0, mine), (0, theirs), False
+
+
+def _skips_later_ranks(rank, source, world, n):
+    from flashtut.exercises import ch14
+
+    return ch14.solution_step_plan(rank, source, world, n) if source <= rank else ((0, 0), (0, 0), False)
+
+
+@pytest.mark.parametrize("plan, says", [
+    (_every_pair_causal, "causal mask hides"), (_full_everywhere, "which the causal mask hides"),
+    (_skips_later_ranks, "never"), (lambda r, s, w, n: (0, 1), "expected (q_rows, kv_rows, causal)"),
+    (lambda r, s, w, n: ((0, 10 ** 6), (0, 1), False), "outside"),
+    (lambda r, s, w, n: ((0, 2), (0, 3), True), "square"),
+])
+def test_wrong_plans_fail_and_say_why(plan, says):
+    from flashtut.exercises import ch14
+
+    res = ch14.check_step_plan(plan)
+    assert not res and says in res.message, res.message
