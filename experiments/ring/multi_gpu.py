@@ -104,7 +104,10 @@ def main(argv=None) -> int:
     for n in (int(x) for x in args.sizes.split(",")):
         for causal in (True, False):
             for dtype in (torch.float16, torch.bfloat16):
-                if time.monotonic() - start > args.budget_s:
+                # every rank must take the same decision, or the ranks that go on wait forever
+                over = torch.tensor([float(time.monotonic() - start > args.budget_s)], device=dev)
+                dist.all_reduce(over, op=dist.ReduceOp.MAX)
+                if over.item():
                     continue
                 g = torch.Generator(device=dev).manual_seed(n)
                 full = [torch.randn(B, H, n, D, device=dev, dtype=dtype, generator=g) for _ in range(4)]
