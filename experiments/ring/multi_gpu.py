@@ -41,10 +41,17 @@ ROWS = 64          # sampled query rows per rank for the error against the float
 
 
 def timed(fn, reps: int) -> list[float]:
-    """Milliseconds of each of ``reps`` calls (one warm-up first), every rank starting together."""
+    """Milliseconds of each of ``reps`` calls (one warm-up first), every rank starting together
+    (CUDA events; the wall clock for the CPU smoke run)."""
     fn()
     out = []
     for _ in range(reps):
+        if not torch.cuda.is_available():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+            continue
         torch.cuda.synchronize()
         dist.barrier()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,8 +63,8 @@ def timed(fn, reps: int) -> list[float]:
     return out
 
 
-def slowest(ms: float) -> float:
-    t = torch.tensor([ms], device="cuda", dtype=torch.float64)
+def slowest(ms: float, dev) -> float:
+    t = torch.tensor([ms], device=dev, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
@@ -91,13 +98,21 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="131072,262144,524288,1048576")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU processes on gloo at tiny sizes (checks the script, times nothing real)")
     args = ap.parse_args(argv)
     local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    global H, D
+    if args.smoke:
+        H, D = 2, 16
+        dist.init_process_group("gloo")
+        dev, gpu = torch.device("cpu"), "cpu"
+    else:
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        dev = torch.device("cuda", local)
+        gpu = torch.cuda.get_device_name(dev).split()[-1].lower().replace("-", "")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cuda", local)
-    gpu = torch.cuda.get_device_name(dev).split()[-1].lower().replace("-", "")
     path = f"{args.out_dir}/ring_multi_gpu_{gpu}_x{world}.json"
     start = time.monotonic()
     rows, profiled = [], False
@@ -142,10 +157,10 @@ def main(argv=None) -> int:
                 o_c = o_acc.to(dtype)
 
                 def compute_bwd():
-                    dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
+                    dq = torch.zeros(q.shape, dtype=lse.dtype, device=dev)
                     for step in layout.steps:
                         kk, vv = kvs[0][step.source], kvs[1][step.source]
-                        dk = torch.zeros(kk.shape, dtype=torch.float32, device=dev)
+                        dk = torch.zeros(kk.shape, dtype=lse.dtype, device=dev)
                         dv = torch.zeros_like(dk)
                         backward_step(dq, dk, dv, q, kk, vv, o_c, lse, do, step, layout.scale, layout.backend)
                 c_fwd = timed(compute_fwd, reps)
@@ -162,9 +177,11 @@ def main(argv=None) -> int:
                 if causal and not profiled and world > 1:
                     profiled = True
                     from torch.profiler import ProfilerActivity, profile
-                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+                    with profile(activities=acts) as prof:
                         ring_fwd().backward(do)
-                        torch.cuda.synchronize()
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize()
                     if rank == 0:
                         prof.export_chrome_trace(f"{args.out_dir}/ring_timeline_rank0.json")
                 # errors of sampled rows against float32 over the whole sequence
@@ -178,7 +195,7 @@ def main(argv=None) -> int:
                 errs = torch.tensor([err, err_low, err_dq], device=dev, dtype=torch.float64)
                 dist.all_reduce(errs, op=dist.ReduceOp.MAX)
                 work = work_per_rank(n, world, "zigzag", causal)
-                med = {k_: slowest(statistics.median(v_)) for k_, v_ in
+                med = {k_: slowest(statistics.median(v_), dev) for k_, v_ in
                        dict(fwd=t_fwd, bwd=t_bwd, cfwd=c_fwd, cbwd=c_bwd, comm=t_comm).items()}
                 base = dict(B=B, H=H, N=n, D=D, dtype=str(dtype)[6:], causal=causal, world=world, gpu=gpu,
                             max_abs_err_o=errs[0].item(), max_abs_err_o_input_precision=errs[1].item(),
@@ -204,7 +221,8 @@ def main(argv=None) -> int:
                                  {"B": B, "H": H, "D": D, "world": world, "backend": "nccl",
                                   "targets": "efficiency >= 0.85 at N >= 128k; imbalance <= 0.05; yardstick <= 2"})
                 del q, k, v, do, kvs, qa, ka, va, o, k_full, v_full, o_acc, o_c, lse
-                torch.cuda.empty_cache()
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
     if rank == 0:
         ok = [r for r in rows if r["mode"] == "fwd"]
         print(f"summary: {len(ok)} cases on {world} GPUs; efficiency >= 0.85 in "
