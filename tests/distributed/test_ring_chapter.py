@@ -81,3 +81,15 @@ def test_wrong_plans_fail_and_say_why(plan, says):
 
     res = ch14.check_step_plan(plan)
     assert not res and says in res.message, res.message
+
+
+def test_the_checker_takes_numpy_numbers():
+    import numpy as np
+
+    from flashtut.exercises import ch14
+
+    def numpy_plan(rank, source, world, n):
+        (a, b), (c, d), causal = ch14.solution_step_plan(rank, source, world, n)
+        return (np.int64(a), np.int64(b)), (np.int32(c), np.int32(d)), np.bool_(causal)
+    assert ch14.check_step_plan(numpy_plan)
+    assert not ch14.check_step_plan(lambda r, s, w, n: ((0, 1), (0, 1), 1))

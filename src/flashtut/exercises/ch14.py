@@ -4,6 +4,9 @@ the causal mask lets through is scored exactly once, no hidden pair is scored, a
 kernel call with a mask the kernels have (none, or top-left causal on a square)."""
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
 from ..distributed.sharding import shard_ranges
@@ -19,9 +22,9 @@ def _positions(n: int, rank: int, world: int) -> torch.Tensor:
 
 def _rows(value, name: str, limit: int):
     if not (isinstance(value, (tuple, list)) and len(value) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in value)):
+            and all(isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) for x in value)):
         return None, f"{name} must be a pair of ints (start, end), got {value!r}"
-    lo, hi = value
+    lo, hi = (int(x) for x in value)
     if not 0 <= lo <= hi <= limit:
         return None, f"{name} = {value} is outside 0..{limit} (the shard has {limit} rows)"
     return (lo, hi), None
@@ -50,8 +53,9 @@ def check_step_plan(plan) -> CheckResult:
                 if why or why2:
                     return CheckResult(False, f"✗ {label}: {why or why2}")
                 causal = got[2]
-                if not isinstance(causal, bool):
+                if not isinstance(causal, (bool, np.bool_)):
                     return CheckResult(False, f"✗ {label}: causal must be True or False, got {causal!r}")
+                causal = bool(causal)
                 qi = pos[rank][q_rows[0]:q_rows[1]]
                 kj = pos[source][kv_rows[0]:kv_rows[1]]
                 if causal and len(qi) != len(kj):
