@@ -12,9 +12,9 @@ export FLASHTUT_TRITON_AUTOTUNE=0
 stage info
 machine_info
 stage compute_path
-timeout "${T_BENCH:-170}" python3 experiments/ring/compute_path.py --out-dir "$OUT" --budget-s "${BUDGET_S:-120}" \
+timeout "${T_BENCH:-160}" python3 experiments/ring/compute_path.py --out-dir "$OUT" --budget-s "${BUDGET_S:-110}" \
     > "$OUT/compute_path.log" 2>&1
 echo "compute_path rc=$?" | tee -a "$LOG"
 grep -E "ratio|summary" "$OUT/compute_path.log" | tee -a "$LOG"
 stage tests
-gpu_tests "${T_TESTS:-50}" "$OUT/gpu_tests.log" tests/distributed
+gpu_tests "${T_TESTS:-65}" "$OUT/gpu_tests.log" tests/distributed
