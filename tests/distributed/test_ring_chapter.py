@@ -93,3 +93,15 @@ def test_the_checker_takes_numpy_numbers():
         return (np.int64(a), np.int64(b)), (np.int32(c), np.int32(d)), np.bool_(causal)
     assert ch14.check_step_plan(numpy_plan)
     assert not ch14.check_step_plan(lambda r, s, w, n: ((0, 1), (0, 1), 1))
+
+
+def test_the_chapter_quotes_the_balance_it_computes():
+    import json
+    from pathlib import Path
+
+    from flashtut.distributed import balance_table
+
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "14_ring_attention.ipynb").read_text())
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    worst = next(r for r in balance_table(131072, worlds=(8,)) if r["scheme"] == "contiguous")
+    assert f"the busiest of 8 GPUs work {1 + worst['imbalance']:.2f} times an even share" in text

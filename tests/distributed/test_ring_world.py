@@ -12,7 +12,7 @@ import ring_world_workers as workers
 from flashtut.distributed import WorldError, demo, ring_attention, run_world
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ring_matches_one_process(world):
     for rank, cases in enumerate(run_world(workers.check_against_one_process, world, timeout=60)):
         for case, err in zip(workers.CASES, cases):
