@@ -88,11 +88,13 @@ def empty_state(q: torch.Tensor):
 # -- agreeing on the layout --------------------------------------------------------------------
 
 def _comm_device(q, group) -> torch.device:
-    if isinstance(q, torch.Tensor) and q.device.type != "meta":
+    """Where the group's collectives take their tensors: the GPU for NCCL (``q``'s, when it is on
+    one), the CPU for gloo."""
+    if dist.get_backend(group) != "nccl":
+        return torch.device("cpu")
+    if isinstance(q, torch.Tensor) and q.is_cuda:
         return q.device
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _timed_out(layout_rank: int, what: str, exc: BaseException) -> RuntimeError:
