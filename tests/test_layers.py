@@ -24,7 +24,7 @@ LAYERS = (
     ("results data", ("flashtut.results_data", "flashtut.repository")),
     ("figures", ("flashtut.figures",)),
     ("tools for readers", ("flashtut.exercises", "flashtut.notebook", "flashtut.colab",
-                                             "flashtut.model")),
+                                             "flashtut.model", "flashtut.distributed")),
 )
 #: the public facade re-exports the layers; entry points (``python -m``) sit above everything
 FACADE = "flashtut"

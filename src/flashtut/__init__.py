@@ -11,8 +11,8 @@ Nine layers, bottom up; each imports only from the layers below it (``tests/test
 5. bench: everything that times or measures, and the one results format (``bench``)
 6. results data: the committed measurements the chapters draw (``results_data``)
 7. figures: drawing only (``figures``)
-8. tools for readers: exercise checkers, notebook helpers, the Colab cell, chapter 12's GPT
-   (``exercises``, ``notebook``, ``colab``, ``model``)
+8. tools for readers: exercise checkers, notebook helpers, the Colab cell, chapter 12's GPT, ring
+   attention over several processes (``exercises``, ``notebook``, ``colab``, ``model``, ``distributed``)
 9. notebooks and book pages: the narrative around all of it (outside the package)
 
 This module is the public facade: it re-exports the names of the API reference.
@@ -98,6 +98,14 @@ def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: in
     return attention.cuda_attention(q, k, v, causal=causal, scale=scale, window=window,
                                     deterministic=deterministic, forward_kernel=forward_kernel,
                                     backward_kernel=backward_kernel)
+
+
+def __getattr__(name: str):
+    # ``flashtut.distributed`` (ring attention) loads on first use: it imports torch.distributed
+    if name == "distributed":
+        import importlib
+        return importlib.import_module(f"{__name__}.distributed")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -1,0 +1,346 @@
+"""Ring attention (Liu et al., 2023): attention over a sequence cut across the ranks of a process
+group, with the merge of chapter 04 combining what each rank computes.
+
+Each rank holds a shard of the queries, keys and values (:func:`flashtut.distributed.shard`). At
+step ``t`` it holds the key/value shard of rank ``r - t`` and:
+
+1. posts the send of that shard to rank ``r + 1`` and the receive of the next one from ``r - 1``
+   (``torch.distributed.batch_isend_irecv``: the transfer runs while the rank computes);
+2. runs the kernel on its queries against the shard it holds (:mod:`flashtut.distributed.schedule`
+   says which rows meet which under the zigzag cut), which returns a partial state ``(o, lse)``;
+3. merges that state into its running one with :func:`flashtut.merge_attention_states`, the rule
+   chapter 04 proves associative (so the order the shards arrive in does not matter);
+4. waits for the transfer, and takes the received shard for the next step.
+
+After ``world`` steps every query has met every key. The backward runs the same ring: each step's
+kernel gets the final output and the whole row's log-sum-exp, returns this pair's ``dq`` (kept) and
+``dk``, ``dv`` (added to the gradient of the key/value shard it belongs to), and the gradient travels
+on with its shard, one step behind it, until it arrives home after the last step.
+
+:func:`ring_attention` is the autograd entry point; :func:`ring_forward_local` and
+:func:`ring_backward_local` run the same steps for all ranks in one process, without the network:
+what the chapter draws and what one GPU times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..checks import FLOAT_DTYPES, accum_dtype, check_causal, check_qkv, check_scale
+from ..decode import merge_attention_states
+from .kernels import resolve_backend, shard_backward, shard_forward
+from .schedule import Step, ring_schedule
+from .sharding import check_world, shard, shard_ranges, unshard
+
+#: per-rank fields that every rank must agree on (compared after one all_gather)
+_AGREED = ("B", "H", "Hkv", "D", "dtype", "causal", "scale")
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """What every rank agreed on before the ring starts: its place in the group, the global length
+    ``n``, every rank's shard length, the mask, the scale, the kernel backend and its own steps."""
+    rank: int
+    world: int
+    n: int
+    lengths: tuple[int, ...]
+    causal: bool
+    scale: float
+    backend: str
+    steps: tuple[Step, ...]
+    prev: int = 0          # global ranks of the neighbours (what P2POp takes)
+    next: int = 0
+    group: object = None
+
+
+# -- one step, shared by the distributed ring and the one-process simulation ------------------
+
+def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
+    """Run ``step``'s kernel; merge its partial state into the running ``(o, lse)``, in
+    place."""
+    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
+    o_p, lse_p = shard_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], step.causal,
+                               scale, backend)
+    o[:, :, qs], lse[:, :, qs] = merge_attention_states(
+        o[:, :, qs], lse[:, :, qs], o_p.to(o.dtype), lse_p.to(lse.dtype))
+
+
+def backward_step(dq, dk, dv, q, k, v, o, lse, do, step: Step, scale: float, backend: str) -> None:
+    """Add ``step``'s share of the gradients: to ``dq`` (this rank's queries) and to ``dk``, ``dv``
+    (the gradient of the key/value shard held at this step), in place."""
+    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
+    dq_p, dk_p, dv_p = shard_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], o[:, :, qs], lse[:, :, qs],
+                                      do[:, :, qs], step.causal, scale, backend)
+    dq[:, :, qs] += dq_p
+    dk[:, :, ks] += dk_p
+    dv[:, :, ks] += dv_p
+
+
+def empty_state(q: torch.Tensor):
+    """The running state before any key: ``o = 0``, ``lse = -inf``, in the accumulation dtype."""
+    acc_t = accum_dtype(q.dtype)
+    return (torch.zeros(q.shape, dtype=acc_t, device=q.device),
+            torch.full(q.shape[:-1], float("-inf"), dtype=acc_t, device=q.device))
+
+
+# -- agreeing on the layout --------------------------------------------------------------------
+
+def _comm_device(q, group) -> torch.device:
+    """Where the group's collectives take their tensors: the GPU for NCCL (``q``'s, when it is on
+    one), the CPU for gloo."""
+    if dist.get_backend(group) != "nccl":
+        return torch.device("cpu")
+    if isinstance(q, torch.Tensor) and q.is_cuda:
+        return q.device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _timed_out(layout_rank: int, what: str, exc: BaseException) -> RuntimeError:
+    return RuntimeError(
+        f"ring_attention on rank {layout_rank}: {what} did not complete ({type(exc).__name__}: {exc}). "
+        "A rank that raised, stopped or never called ring_attention leaves its peers waiting until the "
+        "process group's timeout (init_process_group(..., timeout=...)); look for the error of another rank")
+
+
+def agree(q, k, v, causal=False, scale=None, group=None, backend: str = "auto") -> RingLayout:
+    """Check this rank's inputs, then agree with every rank of ``group`` on one layout.
+
+    One ``all_gather`` of a few integers carries each rank's shapes, dtype, mask and scale, and
+    whether its inputs were valid: a rank with bad inputs raises its own ``ValueError``/``TypeError``
+    and the others a ``RuntimeError`` naming it, so no rank is left waiting in the ring. Ranks that
+    disagree (shapes, dtype, mask, scale, or shard lengths that :func:`shard` would not give) raise
+    ``ValueError`` naming what differs, on every rank.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("ring_attention needs an initialised process group: call "
+                           "torch.distributed.init_process_group('gloo' or 'nccl', ...) on every rank first "
+                           "(flashtut.distributed.run_world does it for a world of CPU processes)")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the process group it passed")
+    error, meta = None, [0] * (2 + len(_AGREED))
+    try:
+        B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
+        if Nq != Nk:
+            raise ValueError(f"q has {Nq} rows and k, v have {Nk}: each rank passes its shards of one sequence "
+                             "(shard(x, rank, world, causal) of q, k and v), which have equal lengths")
+        alignment = check_causal(causal)
+        scale = check_scale(scale, D)
+        backend = resolve_backend(backend, q)
+        scale_bits = int(torch.tensor(scale, dtype=torch.float64).view(torch.int64).item())
+        meta = [0, Nq, B, H, k.shape[1], D, FLOAT_DTYPES.index(q.dtype), int(alignment is not None), scale_bits]
+    except (TypeError, ValueError) as exc:
+        error, meta[0] = exc, 1
+    mine = torch.tensor(meta, dtype=torch.int64, device=_comm_device(q, group))
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    try:
+        dist.all_gather(gathered, mine, group=group)
+    except RuntimeError as exc:
+        raise _timed_out(rank, "agreeing on the shapes with every rank (all_gather)", exc) from exc
+    if error is not None:
+        raise error
+    rows = [g.tolist() for g in gathered]
+    bad = [i for i, row in enumerate(rows) if row[0]]
+    if bad:
+        raise RuntimeError(f"ring_attention: rank(s) {bad} rejected their inputs (their own error says why); "
+                           f"the inputs of rank {rank} were fine")
+    for f, name in enumerate(_AGREED, start=2):
+        values = [row[f] for row in rows]
+        if len(set(values)) > 1:
+            if name == "dtype":
+                values = [str(FLOAT_DTYPES[x]).replace("torch.", "") for x in values]
+            elif name == "scale":
+                values = [torch.tensor(x).view(torch.float64).item() for x in values]
+            raise ValueError(f"{name} differs between ranks ({', '.join(f'rank {i}: {x}' for i, x in enumerate(values))}); "
+                             "every rank must pass shards of the same q, k, v with the same causal and scale")
+    lengths = tuple(row[1] for row in rows)
+    n, is_causal = sum(lengths), bool(rows[0][7])
+    for r, got in enumerate(lengths):
+        want = sum(e - b for b, e in shard_ranges(n, r, world, is_causal)) if n >= (2 * world if is_causal else world) \
+            else None
+        if got != want:
+            raise ValueError(f"rank {r} holds {got} rows, but shard(x, {r}, {world}, causal={is_causal}) of the "
+                             f"{n} rows of all ranks gives {want}: pass the shards that "
+                             "flashtut.distributed.shard returns")
+    steps = tuple(ring_schedule(rank, world, n, is_causal))
+    glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    return RingLayout(rank, world, n, lengths, is_causal, scale, backend, steps,
+                      glob((rank - 1) % world), glob((rank + 1) % world), group)
+
+
+# -- the ring over torch.distributed -----------------------------------------------------------
+
+def exchange(layout: RingLayout, sends, recv_rows: int, tag: int):
+    """Post the sends of ``sends`` to the next rank and the receives of as many tensors of
+    ``recv_rows`` rows from the previous one; returns ``(works, received)`` (not yet waited on)."""
+    recvs = [torch.empty((*t.shape[:2], recv_rows, t.shape[3]), dtype=t.dtype, device=t.device) for t in sends]
+    ops = [dist.P2POp(dist.isend, t, layout.next, layout.group, tag + i) for i, t in enumerate(sends)]
+    ops += [dist.P2POp(dist.irecv, t, layout.prev, layout.group, tag + i) for i, t in enumerate(recvs)]
+    return dist.batch_isend_irecv(ops), recvs
+
+
+def _wait(works, layout: RingLayout, what: str) -> None:
+    try:
+        for w in works:
+            w.wait()
+    except RuntimeError as exc:
+        raise _timed_out(layout.rank, f"{what} from rank {layout.prev}", exc) from exc
+
+
+def _source_rows(layout: RingLayout, t: int) -> int:
+    return layout.lengths[(layout.rank - t) % layout.world]
+
+
+def ring_forward(q, k, v, layout: RingLayout):
+    """This rank's ``(o, lse)`` over the whole sequence: ``o`` in ``q``'s dtype,
+    ``lse`` in the accumulation dtype."""
+    o, lse = empty_state(q)
+    cur_k, cur_v = k, v
+    for t, step in enumerate(layout.steps):
+        last = t == layout.world - 1
+        if not last:    # the next shard travels while this one is computed
+            rows = _source_rows(layout, t + 1)
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
+        forward_step(o, lse, q, cur_k, cur_v, step, layout.scale, layout.backend)
+        if not last:
+            _wait(works, layout, f"the K/V shard of step {t + 1}")
+            cur_k, cur_v = nxt_k, nxt_v
+    return o.to(q.dtype), lse
+
+
+def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
+    """This rank's ``(dq, dk, dv)``: ``dq`` of its queries; ``dk``, ``dv`` of its own
+    key/value shard, summed over every rank's queries as it travelled the ring."""
+    acc_t = accum_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    cur_k, cur_v = k, v
+    grad_works, grad_in = [], None
+    for t, step in enumerate(layout.steps):
+        last = t == layout.world - 1
+        rows = _source_rows(layout, t + 1)
+        if not last:
+            works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
+        dk = torch.zeros(cur_k.shape, dtype=acc_t, device=q.device)
+        dv = torch.zeros(cur_v.shape, dtype=acc_t, device=q.device)
+        backward_step(dq, dk, dv, q, cur_k, cur_v, o, lse, do, step, layout.scale,
+                      layout.backend)
+        if grad_in is not None:   # what the ranks before added to this shard's gradient
+            _wait(grad_works, layout, f"the dK/dV of step {t}")
+            dk += grad_in[0]
+            dv += grad_in[1]
+        if layout.world > 1:      # on to the next rank; after the last step, home
+            grad_sent = (dk, dv)  # kept alive until the send is waited on
+            grad_works, grad_in = exchange(layout, grad_sent, rows, 4 * t + 2)
+        if not last:
+            _wait(works, layout, f"the K/V shard of step {t + 1}")
+            cur_k, cur_v = nxt_k, nxt_v
+    if layout.world > 1:
+        _wait(grad_works, layout, "this rank's own dK/dV, home")
+        dk, dv = grad_in
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class RingAttention(torch.autograd.Function):
+    """Autograd node of :func:`ring_attention`: saves this rank's ``q, k, v, o`` and ``lse``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: RingLayout):
+        o, lse = ring_forward(q, k, v, layout)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.layout = layout
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(q, k, v, o, lse, do.contiguous(), ctx.layout)
+        return dq, dk, dv, None
+
+
+def ring_attention(q, k, v, causal=False, scale: float | None = None, group=None):
+    """Attention over a sequence sharded across the ranks of ``group`` (``None``: the default
+    group), differentiable.
+
+    Every rank passes its own shards ``(B, H, n_r, D)`` of ``q`` and ``(B, Hkv, n_r, D)`` of ``k``
+    and ``v``, cut by :func:`flashtut.distributed.shard` with the same ``causal`` (``False``,
+    ``True``, ``"top-left"`` or ``"bottom-right"``: one mask for a whole sequence), and gets back
+    its shard of the output of attention over the whole sequence, in ``q``'s dtype. ``k``/``v`` may
+    have fewer heads than ``q`` (grouped-query). Works on gloo (CPU tensors, any float dtype; the
+    tiled PyTorch loops run each step) and NCCL (CUDA tensors; the Triton kernels run each step)
+    process groups. Bad inputs on any rank raise on every rank (see :func:`agree`); a rank that
+    stops leaves the others a ``RuntimeError`` after the group's timeout.
+    """
+    layout = agree(q, k, v, causal, scale, group)
+    return RingAttention.apply(q, k, v, layout)
+
+
+# -- the same steps in one process -------------------------------------------------------------
+
+def _local_layouts(n: int, world: int, causal, scale: float, backend: str) -> list[RingLayout]:
+    causal = check_causal(causal) is not None
+    lengths = tuple(sum(e - b for b, e in shard_ranges(n, r, world, causal)) for r in range(world))
+    return [RingLayout(r, world, n, lengths, causal, scale, backend, tuple(ring_schedule(r, world, n, causal)))
+            for r in range(world)]
+
+
+def local_forward(qs, ks, vs, causal=False, scale: float | None = None, backend: str = "auto"):
+    """Every rank's steps of the ring in one process, on the list of every rank's shards (rank ``r``
+    at step ``t`` uses the shards of rank ``r - t``, exactly what the network would have brought
+    it). Returns each rank's ``(o, lse)`` in the accumulation dtype."""
+    world = len(qs)
+    n = sum(x.shape[2] for x in qs)
+    scale = check_scale(scale, qs[0].shape[-1])
+    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
+    states = [empty_state(x) for x in qs]
+    for t in range(world):
+        for r, lay in enumerate(layouts):
+            src = lay.steps[t].source
+            forward_step(*states[r], qs[r], ks[src], vs[src], lay.steps[t], scale, lay.backend)
+    return states
+
+
+def local_backward(qs, ks, vs, os_, lses, dos, causal=False, scale: float | None = None, backend: str = "auto"):
+    """The backward's steps of every rank in one process, on lists of shards: each rank's
+    ``(dq, dk, dv)`` in the accumulation dtype."""
+    world = len(qs)
+    n = sum(x.shape[2] for x in qs)
+    scale = check_scale(scale, qs[0].shape[-1])
+    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
+    acc_t = accum_dtype(qs[0].dtype)
+    grads = [tuple(torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in (q, k, v))
+             for q, k, v in zip(qs, ks, vs)]
+    for t in range(world):
+        for r, lay in enumerate(layouts):
+            src = lay.steps[t].source
+            backward_step(grads[r][0], grads[src][1], grads[src][2], qs[r], ks[src], vs[src], os_[r], lses[r],
+                          dos[r], lay.steps[t], scale, lay.backend)
+    return grads
+
+
+def ring_forward_local(q, k, v, world: int, causal=False, scale: float | None = None, backend: str = "auto"):
+    """:func:`local_forward` on whole sequences: shards them, runs every rank's steps, and returns
+    ``(o, lse)`` in the original order, ``o`` in ``q``'s dtype."""
+    check_qkv(q, k, v, gqa=True)
+    check_world(0, world)
+    states = local_forward(*([shard(x, r, world, causal) for r in range(world)] for x in (q, k, v)),
+                           causal=causal, scale=scale, backend=backend)
+    o = unshard([s[0].to(q.dtype) for s in states], causal)
+    return o, unshard([s[1][..., None] for s in states], causal)[..., 0]
+
+
+def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: float | None = None,
+                        backend: str = "auto"):
+    """:func:`local_backward` on whole sequences: ``(dq, dk, dv)`` in the original order."""
+    check_qkv(q, k, v, gqa=True)
+    check_world(0, world)
+    cut = [[shard(x, r, world, causal) for r in range(world)] for x in (q, k, v, o, lse[..., None], do)]
+    cut[4] = [x[..., 0] for x in cut[4]]
+    grads = local_backward(*cut, causal=causal, scale=scale, backend=backend)
+    return tuple(unshard([g[i].to(x.dtype) for g in grads], causal) for i, x in enumerate((q, k, v)))
+
+
+__all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "exchange", "ring_forward", "ring_backward",
+           "forward_step", "backward_step", "empty_state", "local_forward", "local_backward", "ring_forward_local",
+           "ring_backward_local"]
