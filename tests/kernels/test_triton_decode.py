@@ -255,3 +255,37 @@ def test_gpu_generate_batch_graph_replays_the_eager_step(gen, layout):
     ref = m.generate_batch(gpt, prompts, 12, kernel="sdpa", layout="dense", cuda_graph=True)
     agree = sum(int((e[-12:] == r[-12:]).sum()) for e, r in zip(eager, ref))
     assert agree >= 0.9 * 12 * len(prompts)
+
+
+# ---------------------------------------------------------------- the measurements' machinery ----
+
+@pytest.mark.skipif(not CPU, reason="interpreter test of the machinery; the GPU runs it at size")
+def test_bench_decode_rows_load_and_summarize(tmp_path):
+    from flashtut.bench import results
+    from flashtut.bench.decode import run_decode, summarize, summary_table
+
+    rows = run_decode("cpu", [70], [2], [torch.float32], H=4, Hkv=2, D=16, page_sizes=(32, 8))
+    path = results.save_results(tmp_path / "decode.json", "decode", rows, {"device": {"name": "cpu"}})
+    loaded = results.load_results(path)["rows"]
+    kernel = [r for r in loaded if r["kind"] == "decode"]
+    assert [(r["layout"], r["page_size"]) for r in kernel] == [("contiguous", None), ("paged", 32), ("paged", 8)]
+    assert all(r["status"] == "ok" and r["passed"] and r["gb_per_s"] > 0 for r in kernel)
+    assert kernel[0]["bytes"] == 2 * 2 * 70 * 2 * 16 * 4 + 2 * 2 * 4 * 16 * 4
+    (s,) = summarize(loaded)
+    assert s["B"] == 2 and s["N"] == 70 and set(s["paged_cost"]) == {32, 8} and s["vs_sdpa"] is None
+    assert "| float32 | 2 | 70 |" in summary_table(loaded)
+    bad = dict(kernel[0], what="prefill")
+    assert "what" in results.check_row(bad)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test of the machinery")
+def test_measure_serving_rows():
+    from flashtut.model.paged_decoding import measure_serving, mixed_lengths
+
+    assert mixed_lengths(5, 160)[-1] == 160 and min(mixed_lengths(5, 160)) >= 10
+    cfg = m.GPTConfig(n_layer=1, d_model=32, n_head=4, n_kv_head=2)
+    rows = measure_serving("cpu", prompts=(9,), batches=("mixed-2",), config=cfg, dtype=torch.float32,
+                           new_tokens=3, reference_tokens=2)
+    assert [r["method"] for r in rows] == ["sdpa dense", "pytorch reference", "triton paged, eager", "triton paged"]
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["batch"] == 2 for r in rows)
+    assert all(r["same_tokens"] == 1.0 for r in rows[1:])

@@ -50,7 +50,7 @@ def time_graph(calls, device, replays: int = 20, warmup: int = 3) -> float:
     device = torch.device(device)
     if device.type != "cuda":
         times = []
-        for _ in range(max(3, replays // 4)):
+        for _ in range(max(2, replays // 10)):
             t0 = time.perf_counter()
             for c in calls:
                 c()
@@ -125,7 +125,7 @@ def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sd
     itemsize = torch.finfo(dtype).bits // 8
     splits = choose_num_splits(B, Hkv, N, device) if device.type == "cuda" else 1
     must = decode_step_bytes([N] * B, H, Hkv, D, itemsize)
-    copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / must["must"])))
+    copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / must["must"]))) if device.type == "cuda" else 1
     base = dict(kind="decode", what="kernel", B=B, H=H, Hkv=Hkv, N=N, D=D, Nq=1,
                 dtype=str(dtype).replace("torch.", ""), bytes=must["must"], copies=copies)
     rows = []

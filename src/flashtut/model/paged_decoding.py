@@ -256,4 +256,80 @@ class _Clock:
         return self._t - t
 
 
-__all__ = ["DecodeCache", "generate_batch", "KERNELS", "LAYOUTS"]
+# -- the measurement of chapter 12's serving loop ----------------------------------------------------
+
+#: (label, kernel, layout, cuda_graph): what :func:`measure_serving` compares
+SERVING_METHODS = (("sdpa dense", "sdpa", "dense", True),
+                   ("pytorch reference", "reference", "paged", False),
+                   ("triton paged, eager", "triton", "paged", False),
+                   ("triton paged", "triton", "paged", True))
+
+
+def mixed_lengths(batch: int, longest: int, seed: int = 0) -> list[int]:
+    """``batch`` prompt lengths spread log-uniformly from ``longest / 16`` to ``longest`` (the last
+    exactly ``longest``): a serving-like batch of very different requests."""
+    gen = torch.Generator().manual_seed(seed)
+    low = max(1, longest // 16)
+    u = torch.rand(batch - 1, generator=gen).tolist()
+    return [max(1, int(math.exp(math.log(low) + t * (math.log(longest) - math.log(low))))) for t in u] + [longest]
+
+
+def serving_config():
+    """The model the serving measurement runs: the attention shape of the decode benchmark (32 query
+    heads over 8 key/value heads, D = 128) in a 2-layer GPT with a small MLP, so that at long
+    prompts the step's time is the cache's, as in a large model's attention layers."""
+    from .gpt import GPTConfig
+
+    return GPTConfig(n_layer=2, d_model=4096, n_head=32, n_kv_head=8, mlp_ratio=1)
+
+
+def measure_serving(device, prompts=(1024, 4096, 16384, 65536), batches=("1", "mixed-32"), config=None,
+                    dtype=torch.bfloat16, new_tokens: int = 32, reference_tokens: int = 3, seed: int = 0,
+                    methods=SERVING_METHODS, on_row=None) -> list[dict]:
+    """Rows (``kind`` ``"model"``, ``section`` ``"generation"``) of decode tokens per second: for each
+    prompt length and batch (``"1"``, or ``"mixed-N"``: ``N`` prompts of :func:`mixed_lengths`), each
+    method of :data:`SERVING_METHODS` generates after the same prompts; the time of the decode steps
+    (the prefill excluded: every method prefills alike) gives ``tokens_per_s = batch * steps / s``.
+    The PyTorch reference runs ``reference_tokens`` tokens (it is slow); ``same_tokens`` is the
+    fraction of new tokens equal to the SDPA baseline's (greedy choices may differ at near-ties)."""
+    from ..bench.memory import is_oom, release_cached
+
+    device = torch.device(device)
+    config = config or serving_config()
+    model = GPT(config, attention_backend="sdpa", seed=seed).to(device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for batch in batches:
+        for P in prompts:
+            lengths = [P] if batch == "1" else mixed_lengths(int(batch.split("-")[1]), P, seed)
+            prompt = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in lengths]
+            baseline = None
+            for label, kernel, layout, graph in methods:
+                graph = graph and device.type == "cuda"      # the CPU (tests) runs every step eagerly
+                n_new = reference_tokens if kernel == "reference" else new_tokens
+                row = dict(kind="model", section="generation", backend="sdpa", method=label, layout=f"batch {batch}",
+                           prompt=P, batch=len(lengths), cache_tokens=sum(lengths), new_tokens=n_new,
+                           dtype=str(dtype).replace("torch.", ""), cuda_graph=graph)
+                try:
+                    t = {}
+                    out = generate_batch(model, prompt, n_new, kernel=kernel, layout=layout, cuda_graph=graph,
+                                         timings=t)
+                    new = torch.stack([o[-n_new:] for o in out])
+                    if kernel == "sdpa":
+                        baseline = new
+                    if baseline is not None and kernel != "sdpa":
+                        k = min(n_new, baseline.shape[1])
+                        row["same_tokens"] = float((new[:, :k] == baseline[:, :k]).float().mean())
+                    row.update(status="ok", ms=1e3 * t["decode_s"] / t["steps"],
+                               tokens_per_s=len(lengths) * t["steps"] / t["decode_s"], prefill_s=t["prefill_s"])
+                except Exception as e:                          # noqa: BLE001 - reported in the row
+                    row.update(status="oom" if is_oom(e) else "error", error=f"{type(e).__name__}: {e}"[:300])
+                release_cached(device)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    return rows
+
+
+__all__ = ["DecodeCache", "generate_batch", "measure_serving", "mixed_lengths", "serving_config", "KERNELS",
+           "LAYOUTS", "SERVING_METHODS"]

@@ -87,16 +87,16 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         table.stride(0),
         o.stride(0), o.stride(1), o.stride(2),
-        Hkv, group, Nq, D, scale * LOG2E,
-        NUM_SPLITS=num_splits, PAGED=paged, PAGE=page if paged else 1,
+        Hkv, group, Nq, D, scale * LOG2E, num_splits,
+        SINGLE=num_splits == 1, PAGED=paged, PAGE=page if paged else 1,
         TILE_IN_PAGE=paged and page % BLOCK_N == 0,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4 if big else 1, num_stages=3 if big else 1)
     if num_splits > 1:
         decode_kernels.decode_merge_kernel[(B * H * Nq,)](
-            o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2), H, Nq, D,
-            NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2), H, Nq, D, num_splits,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
             num_warps=4 if big else 1)
     return (o, lse) if return_lse else o
 

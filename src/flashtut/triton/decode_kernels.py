@@ -46,20 +46,21 @@ def _key_place(b, start_n, pos, TABLE, stride_tb, n_k,
     return b, pos.to(tl.int64)
 
 
-@triton.jit(do_not_specialize=["n_q", "group"])
+@triton.jit(do_not_specialize=["n_q", "group", "num_splits"])
 def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
                         stride_qb, stride_qh, stride_qn,
                         stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn,
                         stride_tb,
                         stride_ob, stride_oh, stride_on,
-                        n_kv_heads, group, n_q, head_dim, qk_scale,
-                        NUM_SPLITS: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
+                        n_kv_heads, group, n_q, head_dim, qk_scale, num_splits,
+                        SINGLE: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                         TILE_IN_PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid ``(NUM_SPLITS, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Partial states ``OP``
+    """Grid ``(num_splits, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Partial states ``OP``
     ``(B, H, Nq, S, D)`` and ``LP`` ``(B, H, Nq, S)`` are float32, log-sum-exp in base 2; with
-    ``NUM_SPLITS == 1`` the program writes ``O`` ``(B, H, Nq, D)`` instead."""
+    one split (``SINGLE``) the program writes ``O`` ``(B, H, Nq, D)`` and the natural-log
+    log-sum-exp ``LP`` ``(B, H, Nq)`` instead."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // n_kv_heads).to(tl.int64)
@@ -79,7 +80,7 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     last_key = n_k - n_q + qi
 
     # this split's keys: [start, end), a multiple of BLOCK_N keys each
-    chunk = tl.cdiv(tl.cdiv(n_k, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(n_k, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, n_k)
 
@@ -110,21 +111,21 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     l_safe = tl.where(seen, l_i, 1.0)
     acc = acc / l_safe[:, None]
     out_ok = row_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
+    if SINGLE:
         tl.store(O + b * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_on + offs_d[None, :],
                  acc.to(O.dtype.element_ty), mask=out_ok)
         lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2_C, float("-inf"))
         tl.store(LP + (b * n_kv_heads * group + head) * n_q + qi, lse, mask=row_ok)
     else:
         # OP is (B, H, Nq, S, D) and LP (B, H, Nq, S), contiguous
-        state = ((b * n_kv_heads * group + head) * n_q + qi) * NUM_SPLITS + split
+        state = ((b * n_kv_heads * group + head) * n_q + qi) * num_splits + split
         tl.store(OP + state[:, None] * head_dim + offs_d[None, :], acc, mask=out_ok)
         tl.store(LP + state, tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf")), mask=row_ok)
 
 
-@triton.jit
-def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_heads, n_q, head_dim,
-                        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])
+def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_heads, n_q, head_dim, num_splits,
+                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid ``(B * H * Nq,)``: merge the ``S`` partial states of one query row into ``O`` (the
     output dtype) and ``LSE`` (float32, natural log)."""
     row = tl.program_id(0).to(tl.int64)
@@ -134,13 +135,13 @@ def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_heads
     b = bh // n_heads
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     d_ok = offs_d < head_dim
-    lse = tl.load(LP + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    lse = tl.load(LP + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)                    # finite: every row sees key 0, in the first split
     w = tl.math.exp2(lse - m)             # an empty split weighs exp2(-inf) = 0
     total = tl.sum(w, 0)
-    o = tl.load(OP + (row * NUM_SPLITS + offs_s)[:, None] * head_dim + offs_d[None, :],
+    o = tl.load(OP + (row * num_splits + offs_s)[:, None] * head_dim + offs_d[None, :],
                 mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / total
     tl.store(O + b * stride_ob + h * stride_oh + qi * stride_on + offs_d, out.to(O.dtype.element_ty), mask=d_ok)
