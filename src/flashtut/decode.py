@@ -335,7 +335,7 @@ def decode_attention_reference(q, k_cache, v_cache, cache_seqlens, block_table=N
 
 
 def decode_num_splits(batch: int, kv_heads: int, n_keys: int, num_sms: int,
-                      programs_per_sm: int = 4, min_keys_per_split: int = 512,
+                      programs_per_sm: int = 4, min_keys_per_split: int = 256,
                       max_splits: int = 64) -> int:
     """The split count of the decode kernel: :func:`suggest_num_splits` applied to its launch.
 

@@ -438,12 +438,12 @@ def test_an_unused_table_entry_may_be_anything(gen):
 def test_decode_num_splits_fills_the_gpu_without_tiny_splits():
     assert decode_num_splits(1, 8, 65536, 132) == 64          # capped by max_splits
     assert decode_num_splits(32, 8, 65536, 132) == 3          # 256 programs: 3 splits fill 4 per SM
-    assert decode_num_splits(1, 8, 1024, 132) == 2            # never below 512 keys a split
+    assert decode_num_splits(1, 8, 1024, 132) == 4            # never below 256 keys a split
     assert decode_num_splits(1, 8, 100, 132) == 1
     assert decode_num_splits(64, 8, 65536, 132) == 2
     for b in (1, 2, 4, 8, 16, 32, 64, 128):
         s = decode_num_splits(b, 8, 16384, 132)
-        assert s == 1 or b * 8 * (s - 1) < 4 * 132 <= b * 8 * s or s == 16384 // 512
+        assert s == 1 or b * 8 * (s - 1) < 4 * 132 <= b * 8 * s or s == 64
 
 
 # -- the paged cache -------------------------------------------------------------------------------
@@ -493,3 +493,27 @@ def test_paged_cache_errors_name_the_argument(gen):
         kwargs = dict(num_pages=3, page_size=4, kv_heads=1, head_dim=8, batch=2) | bad
         with pytest.raises(ValueError, match=next(iter(bad))):
             PagedKVCache(**kwargs)
+
+
+def test_decode_figures_draw_the_rule_and_the_rows():
+    from flashtut.figures import decode_plots
+
+    fig = decode_plots.plot_decode_splits(num_sms=132, kv_heads=8, batches=(1, 32), lengths=(1024, 65536))
+    (a, b) = fig.axes
+    assert [list(line.get_ydata()) for line in a.lines] == [[4, 2], [64, 3]]
+    assert list(b.lines[1].get_ydata()) == [8 * 64 / 132, 32 * 8 * 3 / 132]
+    rows = [dict(kind="decode", status="ok", dtype="bfloat16", B=1, N=n, impl=i, layout=lay, page_size=p,
+                 ms=ms, gb_per_s=g)
+            for n in (1024, 4096)
+            for i, lay, p, ms, g in [("triton-decode", "contiguous", None, 1.0, 2400.0),
+                                     ("triton-decode", "paged", 64, 1.1, 2200.0),
+                                     ("sdpa-flash", "dense", None, 2.0, 1200.0),
+                                     ("sdpa-cudnn-rows", "dense", None, 1.5, 1600.0)]]
+    fig = decode_plots.plot_decode_bandwidth(rows, 3000.0)
+    ys = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].lines if not line.get_label().startswith("_")}
+    assert ys == {"triton (contiguous)": [0.8, 0.8], "triton (paged, 64)": [2200 / 3000] * 2,
+                  "SDPA, best form": [1600 / 3000] * 2}
+    with pytest.raises(ValueError, match="copy_gb_per_s"):
+        decode_plots.plot_decode_bandwidth(rows, 0)
+    with pytest.raises(ValueError, match="float16"):
+        decode_plots.plot_decode_bandwidth(rows, 3000.0, dtype="float16")
