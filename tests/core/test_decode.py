@@ -500,7 +500,7 @@ def test_decode_figures_draw_the_rule_and_the_rows():
 
     fig = decode_plots.plot_decode_splits(num_sms=132, kv_heads=8, batches=(1, 32), lengths=(1024, 65536))
     (a, b) = fig.axes
-    assert [list(line.get_ydata()) for line in a.lines] == [[4, 2], [64, 3]]
+    assert [list(line.get_ydata()) for line in a.lines] == [[4, 3], [64, 3]]
     assert list(b.lines[1].get_ydata()) == [8 * 64 / 132, 32 * 8 * 3 / 132]
     rows = [dict(kind="decode", status="ok", dtype="bfloat16", B=1, N=n, impl=i, layout=lay, page_size=p,
                  ms=ms, gb_per_s=g)
