@@ -289,3 +289,18 @@ def test_measure_serving_rows():
     assert [r["method"] for r in rows] == ["sdpa dense", "pytorch reference", "triton paged, eager", "triton paged"]
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["batch"] == 2 for r in rows)
     assert all(r["same_tokens"] == 1.0 for r in rows[1:])
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")          # the interpreter's NumPy overflow warnings
+def test_non_finite_inputs_and_overflow_are_named(gen):
+    p = make_problem(gen, [20, 9], 4, 2, 1, 16, 8, torch.float32)
+    k = p["k_pool"].clone()
+    k[int(p["table"][0, 1]), 0, 3, 2] = float("nan")
+    with pytest.raises(ValueError, match="k_cache"):
+        flashtut.decode_attention(p["q"], k, p["v_pool"], p["seqlens"], p["table"])
+    with pytest.raises(ValueError, match="overflow"):
+        flashtut.decode_attention(p["q"] * 1e19, p["k_pool"] * 1e19, p["v_pool"], p["seqlens"], p["table"])
+    with pytest.raises(ValueError, match="overflow"):
+        flashtut.decode_attention(p["q"] * 1e19, p["k_pool"] * 1e19, p["v_pool"], p["seqlens"], p["table"],
+                                  backend="reference")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import output_health, raise_if_overflowed
 from ..constants import LOG2E
 from ..decode import check_decode_inputs, decode_num_splits
 from .attention import MAX_HEAD_DIM, _require_runtime, interpreting
@@ -129,8 +130,12 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
                                                                 q.device)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be an integer from 1 to 256, got {num_splits!r}")
-    return decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
-                         num_splits, return_lse=return_lse)
+    o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
+                           num_splits, return_lse=True)
+    # the guard of every attention path: every row sees key 0, so every lse must be finite
+    raise_if_overflowed(lse + output_health(o), q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]),
+                        inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    return (o, lse) if return_lse else o
 
 
 def _unit_d(t):
