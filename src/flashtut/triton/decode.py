@@ -91,9 +91,10 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         Hkv, group, Nq, D, scale * LOG2E, num_splits,
         SINGLE=num_splits == 1, PAGED=paged, PAGE=page if paged else 1,
         TILE_IN_PAGE=paged and page % BLOCK_N == 0,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, EVEN_D=block_d == D,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if big else 1, num_stages=3 if big else 1)
+        # three tiles of K and V in flight per program (two in float32: 128 KiB of shared memory)
+        num_warps=4 if big else 1, num_stages=(2 if q.dtype == torch.float32 else 3) if big else 1)
     if num_splits > 1:
         decode_kernels.decode_merge_kernel[(B * H * Nq,)](
             o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2), H, Nq, D, num_splits,

@@ -39,11 +39,15 @@ def _key_place(b, start_n, pos, TABLE, stride_tb, n_k,
     the page) and ``row`` its third."""
     if PAGED:
         if TILE_IN_PAGE:      # the whole tile is in the page of its first key
-            page = tl.load(TABLE + b * stride_tb + start_n // PAGE).to(tl.int64)
+            page = tl.load(TABLE + b * stride_tb + start_n // PAGE)
         else:                 # one table entry per key (in L1 after the first read)
-            page = tl.load(TABLE + b * stride_tb + pos // PAGE, mask=pos < n_k, other=0).to(tl.int64)
-        return page, (pos % PAGE).to(tl.int64)
-    return b, pos.to(tl.int64)
+            page = tl.load(TABLE + b * stride_tb + pos // PAGE, mask=pos < n_k, other=0)
+        blk = page.to(tl.int64)
+        row = (pos % PAGE).to(tl.int64)
+    else:
+        blk = b
+        row = pos.to(tl.int64)
+    return blk, row
 
 
 @triton.jit(do_not_specialize=["n_q", "group", "num_splits"])
@@ -56,7 +60,7 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
                         n_kv_heads, group, n_q, head_dim, qk_scale, num_splits,
                         SINGLE: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                         TILE_IN_PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                        BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid ``(num_splits, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Partial states ``OP``
     ``(B, H, Nq, S, D)`` and ``LP`` ``(B, H, Nq, S)`` are float32, log-sum-exp in base 2; with
     one split (``SINGLE``) the program writes ``O`` ``(B, H, Nq, D)`` and the natural-log
@@ -73,7 +77,8 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     head = h_kv * group + rows // n_q
     qi = rows % n_q
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < head_dim
+    # no mask along D when D is the tile's width: the loads stay 16-byte vectors
+    d_ok = (offs_d < BLOCK_D) if EVEN_D else (offs_d < head_dim)
     q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # bottom-right: query i is position n_k - n_q + i and sees keys j <= that
@@ -94,7 +99,10 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
         pos = start_n + offs_n
         key_ok = pos < end
         blk, row = _key_place(b, start_n, pos, TABLE, stride_tb, n_k, PAGED, PAGE, TILE_IN_PAGE)
-        kv_ok = key_ok[:, None] & d_ok[None, :]
+        if EVEN_D:
+            kv_ok = key_ok[:, None]
+        else:
+            kv_ok = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_head + (blk * stride_kb + row * stride_kn)[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
         v = tl.load(v_head + (blk * stride_vb + row * stride_vn)[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)          # (BLOCK_M, BLOCK_N)
