@@ -304,3 +304,55 @@ def test_non_finite_inputs_and_overflow_are_named(gen):
     with pytest.raises(ValueError, match="overflow"):
         flashtut.decode_attention(p["q"] * 1e19, p["k_pool"] * 1e19, p["v_pool"], p["seqlens"], p["table"],
                                   backend="reference")
+
+
+# ---------------------------------------------------------------- compiled for a GPU, without one ----
+
+_COMPILE = r'''
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashtut.triton import decode_kernels as dk
+
+arch = int(sys.argv[1])
+def build(fn, types, constexprs, stages):
+    src = ASTSource(fn=fn, signature=types, constexprs=constexprs)
+    triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": stages})
+
+consts = ("SINGLE", "PAGED", "PAGE", "TILE_IN_PAGE", "BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "DOT_PREC")
+built = 0
+variants = [("fp16", False, 1, True, 128), ("fp16", True, 64, False, 128), ("fp16", True, 16, False, 80),
+            ("bf16", True, 64, False, 128), ("fp32", False, 1, False, 128)]
+for dtype, paged, page, single, d in variants:
+        types = {}
+        for n in dk.decode_split_kernel.arg_names:
+            types[n] = ("*" + dtype if n in ("Q", "K", "V", "O") else "*fp32" if n in ("OP", "LP")
+                        else "*i32" if n in ("SEQLENS", "TABLE") else "fp32" if n == "qk_scale"
+                        else "constexpr" if n in consts else "i32")
+        build(dk.decode_split_kernel, types,
+              dict(SINGLE=single, PAGED=paged, PAGE=page, TILE_IN_PAGE=paged and page % 64 == 0, BLOCK_M=16,
+                   BLOCK_N=64, BLOCK_D=128, EVEN_D=d == 128, DOT_PREC="ieee" if dtype == "fp32" else "tf32"),
+              2 if dtype == "fp32" else 3)
+        built += 1
+types = {n: "*fp32" if n in ("OP", "LP", "LSE") else "*bf16" if n == "O" else
+         "constexpr" if n in ("BLOCK_S", "BLOCK_D") else "i32" for n in dk.decode_merge_kernel.arg_names}
+build(dk.decode_merge_kernel, types, dict(BLOCK_S=64, BLOCK_D=128), 1)
+print("built", built + 1)
+'''
+
+
+def test_the_kernels_compile_for_the_gpu_without_one(tmp_path, arch=90):
+    # the interpreter accepts code the compiler rejects (a return type that differs between branches,
+    # for one): compile every variant the launch uses in a process without
+    # TRITON_INTERPRET, as Triton does on a GPU (sm_90; the GPU tests cover the rest)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(Path(flashtut.__file__).parents[1]))
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "built 6" in done.stdout, done.stderr[-3000:]
