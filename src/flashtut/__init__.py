@@ -25,7 +25,7 @@ from .checks import accum_dtype
 from .reference import attention_lse, causal_mask, naive_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
 from .tiled import tiled_attention, tiled_attention_backward
-from .decode import merge_attention_states, split_kv_attention
+from .decode import decode_attention_reference, merge_attention_states, split_kv_attention
 
 from .version import __version__
 
@@ -83,6 +83,28 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale: f
                                       window=window, backend=backend)
 
 
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale: float | None = None,
+                     backend: str = "triton"):
+    """A few new queries per sequence against each sequence's KV cache, contiguous or paged.
+
+    ``q`` ``(B, H, Nq, D)`` holds the last ``Nq`` positions of each sequence (bottom-right
+    aligned); the cache holds all ``cache_seqlens[b]`` positions (int32 ``(B,)``), the new ones
+    included. Contiguous: ``k_cache``/``v_cache`` ``(B, Hkv, Nmax, D)``, ``block_table`` None.
+    Paged: ``(num_pages, Hkv, page_size, D)`` and an int32 ``(B, max_pages)`` table; position ``p``
+    of sequence ``b`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``.
+    Returns ``(B, H, Nq, D)``. ``backend``: ``"reference"`` (PyTorch split-KV, any device and
+    dtype, ``flashtut.decode``) or ``"triton"`` (the split-KV kernel, ``flashtut.triton.decode``).
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be 'reference' or 'triton', got {type(backend).__name__}")
+    if backend == "reference":
+        return decode_attention_reference(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    if backend != "triton":
+        raise ValueError(f"backend must be 'reference' or 'triton', got {backend!r}")
+    kernels = _load_kernel_module("triton.decode", "triton", _TRITON_HOW)
+    return kernels.triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+
+
 def cuda_attention(q, k, v, causal=False, scale: float | None = None, window: int | None = None, *,
                    deterministic: bool = False, forward_kernel: str = "auto", backward_kernel: str = "auto"):
     """Fused CUDA C attention compiled with NVRTC and launched through CuPy (``flashtut.cuda``).
@@ -113,5 +135,5 @@ __all__ = [
     "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
     "tiled_attention", "tiled_attention_backward",
     "split_kv_attention", "merge_attention_states",
-    "triton_attention", "cuda_attention", "varlen_attention",
+    "triton_attention", "cuda_attention", "varlen_attention", "decode_attention",
 ]

@@ -222,5 +222,136 @@ def suggest_num_splits(batch: int, heads: int, n_queries: int, n_keys: int,
     return max(1, min(wanted, cap))
 
 
+
+
+# -- decoding over a KV cache, contiguous or paged -------------------------------------------------
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None):
+    """Check the arguments of :func:`decode_attention` (the API reference's rules) and return
+    ``(lengths, scale)``: the cache lengths as a list of ints and the resolved scale.
+
+    Contiguous cache: ``k_cache``/``v_cache`` are ``(B, Hkv, Nmax, D)`` and ``block_table`` is
+    None. Paged cache: ``(num_pages, Hkv, page_size, D)`` with an int32 ``(B, max_pages)`` table.
+    Every length must hold the ``Nq`` new queries and fit the cache (``Nmax``, or the table's
+    ``max_pages * page_size``); the table entries a sequence uses must name pages of the pool.
+    Bad input: ``TypeError`` (not a tensor) or ``ValueError`` naming the argument.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        check_tensor(name, t)
+    if block_table is not None:
+        check_tensor("block_table", block_table)
+    if q.dim() != 4:
+        raise ValueError(f"q must be a 4-D tensor (B, H, Nq, D), got shape {tuple(q.shape)}")
+    paged = block_table is not None
+    layout = "(num_pages, Hkv, page_size, D)" if paged else "(B, Hkv, Nmax, D)"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor {layout}, got shape {tuple(t.shape)}")
+    check_float_dtype("q", q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_float_dtype(name, t)
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have the dtype of q, {str(q.dtype).replace('torch.', '')}, "
+                             f"got {str(t.dtype).replace('torch.', '')}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device} like q, got {t.device}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must have one shape {layout}, "
+                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    B, H, Nq, D = q.shape
+    n0, Hkv, n2, Dk = k_cache.shape
+    if B < 1 or H < 1 or Nq < 1 or D < 1:
+        raise ValueError(f"q must have at least one batch entry, head, query and feature, "
+                         f"got shape {tuple(q.shape)}")
+    if Dk != D:
+        raise ValueError(f"head dim D must match: q has D = {D}, k_cache has {Dk}")
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"heads: q has H = {H} heads and k_cache, v_cache have Hkv = {Hkv}; accepted: "
+                         "Hkv dividing H (query head h uses key/value head h // (H // Hkv))")
+    if n0 < 1 or n2 < 1:
+        raise ValueError(f"k_cache must have at least one {'page and row' if paged else 'sequence and position'}, "
+                         f"got shape {tuple(k_cache.shape)}")
+    if not paged and n0 != B:
+        raise ValueError(f"k_cache must have q's batch B = {B} as its first dim (contiguous cache, "
+                         f"block_table None), got {n0}")
+    scale = check_scale(scale, D)
+    if cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"cache_seqlens must have dtype int32, got {str(cache_seqlens.dtype).replace('torch.', '')}")
+    if tuple(cache_seqlens.shape) != (B,):
+        raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens must be on {q.device} like q, got {cache_seqlens.device}")
+    lengths = cache_seqlens.tolist()
+    if paged:
+        if block_table.dtype != torch.int32:
+            raise ValueError(f"block_table must have dtype int32, got {str(block_table.dtype).replace('torch.', '')}")
+        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"block_table must have shape (B, max_pages) = ({B}, >= 1), "
+                             f"got {tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table must be on {q.device} like q, got {block_table.device}")
+        capacity, what = block_table.shape[1] * n2, f"max_pages * page_size = {block_table.shape[1]} * {n2}"
+    else:
+        capacity, what = n2, "Nmax"
+    for b, n in enumerate(lengths):
+        if n < Nq:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is shorter than the Nq = {Nq} new queries "
+                             "(the cache holds them too): accepted Nq <= cache_seqlens[b]")
+        if n > capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is past the cache's {what} = {capacity} positions")
+    if paged:
+        table = block_table.tolist()
+        for b, n in enumerate(lengths):
+            used = table[b][:-(-n // n2)]
+            bad = [p for p in used if not 0 <= p < n0]
+            if bad:
+                raise ValueError(f"block_table[{b}] names page {bad[0]}, outside the pool of "
+                                 f"{n0} pages (accepted 0 to {n0 - 1})")
+    return lengths, scale
+
+
+def gather_cache(cache, b: int, length: int, block_table=None):
+    """The first ``length`` positions of sequence ``b``, ``(Hkv, length, D)``: a slice of a
+    contiguous ``(B, Hkv, Nmax, D)`` cache, or its pages, in table order, for a paged one."""
+    if block_table is None:
+        return cache[b, :, :length]
+    page_size = cache.shape[2]
+    pages = block_table[b, :-(-length // page_size)].long()
+    rows = cache[pages]                            # (n_pages, Hkv, page_size, D)
+    return rows.transpose(0, 1).reshape(cache.shape[1], -1, cache.shape[3])[:, :length]
+
+
+def decode_attention_reference(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None,
+                               num_splits: int = 1):
+    """``decode_attention(..., backend="reference")``: for each sequence, gather its
+    ``cache_seqlens[b]`` cached positions (through the block table when paged) and run
+    :func:`split_kv_attention` with the bottom-right alignment. Any dtype, any device."""
+    lengths, scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    out = [split_kv_attention(q[b:b + 1], gather_cache(k_cache, b, n, block_table)[None],
+                              gather_cache(v_cache, b, n, block_table)[None], num_splits,
+                              causal="bottom-right", scale=scale)
+           for b, n in enumerate(lengths)]
+    return torch.cat(out, dim=0)
+
+
+def decode_num_splits(batch: int, kv_heads: int, n_keys: int, num_sms: int,
+                      programs_per_sm: int = 4, min_keys_per_split: int = 256,
+                      max_splits: int = 64) -> int:
+    """The split count of the decode kernel: :func:`suggest_num_splits` applied to its launch.
+
+    The kernel packs every query head of a key/value group into one program (the group shares
+    each K/V tile), so a split-free launch has ``batch * kv_heads`` programs. A memory-bound
+    kernel needs several programs resident per SM to keep enough loads in flight, so the target
+    is ``programs_per_sm * num_sms`` programs; a split shorter than ``min_keys_per_split`` keys
+    costs more in merge and launch than it brings, and ``max_splits`` bounds the partial-state
+    buffer. Batch 1 over 8 KV heads at 64k keys on 132 SMs: 64 splits; batch 32: 3.
+    """
+    wanted = suggest_num_splits(batch, kv_heads, 1, n_keys, check_block("num_sms", num_sms)
+                                * check_block("programs_per_sm", programs_per_sm),
+                                min_keys_per_split=min_keys_per_split)
+    return min(wanted, check_block("max_splits", max_splits))
+
+
 __all__ = ["split_kv_attention", "merge_attention_states", "empty_attention_state",
-           "split_bounds", "suggest_num_splits"]
+           "split_bounds", "suggest_num_splits", "check_decode_inputs", "gather_cache",
+           "decode_attention_reference", "decode_num_splits"]

@@ -307,3 +307,213 @@ def test_split_kv_reads_a_grouped_query_kv_cache(gen, Hkv, Nq, Nk, num_splits, w
             want = torch.softmax(s, -1) @ v[:, h // (4 // Hkv), lo:hi]
             torch.testing.assert_close(o[:, h, i:i + 1], want, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(lse[:, h, i], torch.logsumexp(s, -1)[:, 0], rtol=1e-12, atol=1e-12)
+
+
+# -- decoding over a KV cache, contiguous or paged (flashtut.decode_attention) ----------------------
+
+from flashtut.decode import check_decode_inputs, decode_num_splits, gather_cache  # noqa: E402
+from flashtut.paged_cache import PagedKVCache  # noqa: E402
+
+
+def paged_problem(gen, lengths, H, Hkv, Nq, D, page_size, dtype=torch.float64, spare_pages=3):
+    """Random queries and a paged cache holding ``lengths[b]`` positions of each sequence, its
+    pages scattered over the pool in a random order; also the same cache laid out contiguously.
+    Returns ``q, k_pool, v_pool, seqlens, table, k_dense, v_dense``."""
+    B = len(lengths)
+    need = [-(-n // page_size) for n in lengths]
+    num_pages = sum(need) + spare_pages
+    max_pages = max(need) + 1
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    table = torch.full((B, max_pages), num_pages + 7, dtype=torch.int32)   # unused entries: never read
+    k_pool = torch.randn(num_pages, Hkv, page_size, D, generator=gen, dtype=torch.float64)
+    v_pool = torch.randn(num_pages, Hkv, page_size, D, generator=gen, dtype=torch.float64)
+    for b in range(B):
+        table[b, :need[b]] = torch.tensor(order[:need[b]], dtype=torch.int32)
+        order = order[need[b]:]
+    nmax = max(lengths) + 2
+    k_dense = torch.randn(B, Hkv, nmax, D, generator=gen, dtype=torch.float64)
+    v_dense = torch.randn(B, Hkv, nmax, D, generator=gen, dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        k_dense[b, :, :n] = gather_cache(k_pool, b, n, table)
+        v_dense[b, :, :n] = gather_cache(v_pool, b, n, table)
+    q = 1.5 * torch.randn(B, H, Nq, D, generator=gen, dtype=torch.float64)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    return [t.to(dtype) if t.is_floating_point() else t
+            for t in (q, k_pool, v_pool, seqlens, table, k_dense, v_dense)]
+
+
+def per_sequence_naive(q, k_dense, v_dense, lengths, scale=None):
+    return torch.cat([flashtut.naive_attention(q[b:b + 1], k_dense[b:b + 1, :, :n], v_dense[b:b + 1, :, :n],
+                                               causal="bottom-right", scale=scale)
+                      for b, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("lengths,H,Hkv,Nq,page_size", [
+    ([1, 37, 16, 70], 4, 2, 1, 16),    # a one-token cache, a full page, lengths no page divides
+    ([5, 5, 12], 6, 1, 5, 4),          # multi-query; Nq = the whole one-token-short cache
+    ([33, 8, 9], 8, 8, 3, 8),          # one page exactly full, one with a single row used
+    ([19], 32, 8, 16, 7),              # GQA 32/8, Nq 16, a page size no power of two
+])
+def test_decode_reference_matches_naive_per_sequence(gen, lengths, H, Hkv, Nq, page_size):
+    q, kp, vp, sl, table, kd, vd = paged_problem(gen, lengths, H, Hkv, Nq, 24, page_size)
+    want = per_sequence_naive(q, kd, vd, lengths, scale=0.4)
+    paged = flashtut.decode_attention(q, kp, vp, sl, table, scale=0.4, backend="reference")
+    dense = flashtut.decode_attention(q, kd, vd, sl, scale=0.4, backend="reference")
+    torch.testing.assert_close(paged, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dense, want, rtol=1e-12, atol=1e-12)
+    assert paged.shape == q.shape and paged.dtype == q.dtype
+
+
+def test_decode_reference_low_precision_keeps_dtype(gen):
+    q, kp, vp, sl, table, kd, vd = paged_problem(gen, [9, 30], 4, 2, 2, 16, 8, dtype=torch.bfloat16)
+    o = flashtut.decode_attention(q, kp, vp, sl, table, backend="reference")
+    want = per_sequence_naive(q.double(), kd.double(), vd.double(), [9, 30])
+    assert o.dtype == torch.bfloat16
+    assert (o.double() - want).abs().max() < 2e-2
+
+
+def test_decode_reference_reads_only_the_used_part_of_the_cache(gen):
+    # positions past cache_seqlens and pages the table does not name must not matter
+    q, kp, vp, sl, table, kd, vd = paged_problem(gen, [10, 3], 4, 2, 1, 16, 4)
+    before = flashtut.decode_attention(q, kp, vp, sl, table, backend="reference")
+    used = {int(p) for b, n in enumerate([10, 3]) for p in table[b, :-(-n // 4)]}
+    kp2, vp2 = kp.clone(), vp.clone()
+    for p in set(range(kp.shape[0])) - used:
+        kp2[p], vp2[p] = 1e4, float("nan")
+    kp2[int(table[1, 0]), :, 3] = 1e4      # the row after sequence 1's last position
+    torch.testing.assert_close(flashtut.decode_attention(q, kp2, vp2, sl, table, backend="reference"), before)
+    kd2 = kd.clone()
+    kd2[0, :, 10:] = 1e4
+    torch.testing.assert_close(flashtut.decode_attention(q, kd2, vd, sl, backend="reference"),
+                               flashtut.decode_attention(q, kd, vd, sl, backend="reference"))
+
+
+def _decode_args(gen):
+    q, kp, vp, sl, table, _, _ = paged_problem(gen, [6, 11], 4, 2, 2, 8, 4, dtype=torch.float32)
+    return dict(q=q, k_cache=kp, v_cache=vp, cache_seqlens=sl, block_table=table)
+
+
+@pytest.mark.parametrize("change,err,name", [
+    (lambda a: a.update(q=a["q"][0]), ValueError, "q"),
+    (lambda a: a.update(q=[1.0]), TypeError, "q"),
+    (lambda a: a.update(k_cache=a["k_cache"].double()), ValueError, "k_cache"),
+    (lambda a: a.update(v_cache=a["v_cache"][:, :, :3]), ValueError, "v_cache"),
+    (lambda a: a.update(q=a["q"][:, :3]), ValueError, "heads"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"].long()), ValueError, "cache_seqlens"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), ValueError, "cache_seqlens"),
+    (lambda a: a.update(cache_seqlens=torch.tensor([1, 11], dtype=torch.int32)), ValueError, r"cache_seqlens\[0\]"),
+    (lambda a: a.update(cache_seqlens=torch.tensor([6, 17], dtype=torch.int32)), ValueError, r"cache_seqlens\[1\]"),
+    (lambda a: a.update(block_table=a["block_table"].long()), ValueError, "block_table"),
+    (lambda a: a.update(block_table=a["block_table"][:1]), ValueError, "block_table"),
+    (lambda a: a["block_table"].__setitem__((1, 2), 99), ValueError, r"block_table\[1\]"),
+    (lambda a: a["block_table"].__setitem__((0, 0), -1), ValueError, r"block_table\[0\]"),
+    (lambda a: a.update(block_table=None), ValueError, "k_cache"),
+    (lambda a: a.update(scale=-1.0), ValueError, "scale"),
+])
+def test_decode_bad_inputs_name_the_argument(gen, change, err, name):
+    args = _decode_args(gen)
+    change(args)
+    for backend in ("reference", "triton"):
+        with pytest.raises(err, match=name):
+            flashtut.decode_attention(**args, backend=backend)
+
+
+def test_decode_contiguous_length_past_nmax_and_bad_backend(gen):
+    q = torch.randn(2, 4, 1, 8, generator=gen)
+    k = torch.randn(2, 2, 5, 8, generator=gen)
+    with pytest.raises(ValueError, match="Nmax"):
+        flashtut.decode_attention(q, k, k, torch.tensor([5, 6], dtype=torch.int32), backend="reference")
+    with pytest.raises(ValueError, match="backend"):
+        flashtut.decode_attention(q, k, k, torch.tensor([5, 4], dtype=torch.int32), backend="cuda")
+    with pytest.raises(TypeError, match="backend"):
+        flashtut.decode_attention(q, k, k, torch.tensor([5, 4], dtype=torch.int32), backend=None)
+
+
+def test_an_unused_table_entry_may_be_anything(gen):
+    args = _decode_args(gen)
+    args["block_table"][0, -1] = -5          # sequence 0 holds 6 positions: 2 pages of 4, 3 entries
+    assert check_decode_inputs(**args)[0] == [6, 11]
+
+
+def test_decode_num_splits_fills_the_gpu_without_tiny_splits():
+    assert decode_num_splits(1, 8, 65536, 132) == 64          # capped by max_splits
+    assert decode_num_splits(32, 8, 65536, 132) == 3          # 256 programs: 3 splits fill 4 per SM
+    assert decode_num_splits(1, 8, 1024, 132) == 4            # never below 256 keys a split
+    assert decode_num_splits(1, 8, 100, 132) == 1
+    assert decode_num_splits(64, 8, 65536, 132) == 2
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        s = decode_num_splits(b, 8, 16384, 132)
+        assert s == 1 or b * 8 * (s - 1) < 4 * 132 <= b * 8 * s or s == 64
+
+
+# -- the paged cache -------------------------------------------------------------------------------
+
+def test_paged_cache_append_allocates_pages_and_reads_back(gen):
+    cache = PagedKVCache(num_pages=12, page_size=8, kv_heads=2, head_dim=16, batch=3, max_pages=4, layers=2)
+    written = [[[], []] for _ in range(3)]
+    for seqs, T in [([0], 5), ([1], 17), ([2], 1), (None, 1), (None, 2), ([1], 3), ([0], 11)]:
+        ss = [0, 1, 2] if seqs is None else seqs
+        for layer in range(2):
+            k = torch.randn(len(ss), 2, T, 16, generator=gen)
+            v = torch.randn(len(ss), 2, T, 16, generator=gen)
+            cache.append(k, v, layer=layer, seqs=seqs)
+            if layer == 1:
+                for i, s in enumerate(ss):
+                    written[s][0].append(k[i])
+                    written[s][1].append(v[i])
+    assert cache.lengths == [19, 23, 4] and cache.seqlens.tolist() == [19, 23, 4]
+    assert [len(p) for p in cache.pages] == [3, 3, 1] and cache.free_pages == 12 - 7
+    held = [p for pages in cache.pages for p in pages]
+    assert len(set(held)) == len(held)                       # no page handed out twice
+    for s in range(3):
+        k, v = cache.gather(1, s)
+        assert torch.equal(k, torch.cat(written[s][0], 1)) and torch.equal(v, torch.cat(written[s][1], 1))
+        assert cache.block_table[s, :len(cache.pages[s])].tolist() == cache.pages[s]
+    cache.release(1)
+    assert cache.free_pages == 12 - 4 and cache.lengths[1] == 0
+
+
+def test_paged_cache_errors_name_the_argument(gen):
+    cache = PagedKVCache(num_pages=3, page_size=4, kv_heads=1, head_dim=8, batch=2, max_pages=2)
+    kv = torch.randn(1, 1, 9, 8, generator=gen)
+    with pytest.raises(ValueError, match="max_pages"):
+        cache.append(kv, kv, seqs=[0])
+    cache.append(kv[:, :, :8], kv[:, :, :8], seqs=[0])
+    with pytest.raises(ValueError, match="num_pages"):
+        cache.append(kv[:, :, :5], kv[:, :, :5], seqs=[1])
+    with pytest.raises(ValueError, match="k must be"):
+        cache.append(kv[:, :, :1, :4], kv[:, :, :1, :4], seqs=[1])
+    with pytest.raises(ValueError, match="seqs"):
+        cache.append(kv[:, :, :1], kv[:, :, :1], seqs=[2])
+    with pytest.raises(ValueError, match="layer"):
+        cache.append(kv[:, :, :1], kv[:, :, :1], layer=1, seqs=[1])
+    with pytest.raises(TypeError, match="k"):
+        cache.append("k", kv, seqs=[1])
+    for bad in (dict(num_pages=0), dict(page_size=2.5), dict(batch=-1)):
+        kwargs = dict(num_pages=3, page_size=4, kv_heads=1, head_dim=8, batch=2) | bad
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PagedKVCache(**kwargs)
+
+
+def test_decode_figures_draw_the_rule_and_the_rows():
+    from flashtut.figures import decode_plots
+
+    fig = decode_plots.plot_decode_splits(num_sms=132, kv_heads=8, batches=(1, 32), lengths=(1024, 65536))
+    (a, b) = fig.axes
+    assert [list(line.get_ydata()) for line in a.lines] == [[4, 3], [64, 3]]
+    assert list(b.lines[1].get_ydata()) == [8 * 64 / 132, 32 * 8 * 3 / 132]
+    rows = [dict(kind="decode", status="ok", dtype="bfloat16", B=1, N=n, impl=i, layout=lay, page_size=p,
+                 ms=ms, gb_per_s=g)
+            for n in (1024, 4096)
+            for i, lay, p, ms, g in [("triton-decode", "contiguous", None, 1.0, 2400.0),
+                                     ("triton-decode", "paged", 64, 1.1, 2200.0),
+                                     ("sdpa-flash", "dense", None, 2.0, 1200.0),
+                                     ("sdpa-cudnn-rows", "dense", None, 1.5, 1600.0)]]
+    fig = decode_plots.plot_decode_bandwidth(rows, 3000.0)
+    ys = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].lines if not line.get_label().startswith("_")}
+    assert ys == {"triton (contiguous)": [0.8, 0.8], "triton (paged, 64)": [2200 / 3000] * 2,
+                  "SDPA, best form": [1600 / 3000] * 2}
+    with pytest.raises(ValueError, match="copy_gb_per_s"):
+        decode_plots.plot_decode_bandwidth(rows, 0)
+    with pytest.raises(ValueError, match="float16"):
+        decode_plots.plot_decode_bandwidth(rows, 3000.0, dtype="float16")

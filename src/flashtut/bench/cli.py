@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   python -m flashtut.bench roofline --out roofline.json
   python -m flashtut.bench run --preset cuda-ladder --out ladder.json      # presets: see run --help
   python -m flashtut.bench host --label after --out host.json
+  python -m flashtut.bench decode --lengths 1024,4096,16384,65536 --batch 1,32 --out decode.json
   python -m flashtut.figures plot speed.json memory.json roofline.json --out-dir figures   # draw them
 """
 
@@ -331,6 +332,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", metavar="FILE.json", type=output_file)
 
+    p = sub.add_parser("decode", help="decode attention over a KV cache: bandwidth fraction, paged cost, x SDPA",
+                       description="One new query per sequence against caches of --lengths positions: the Triton "
+                                   "split-KV kernel over a contiguous and a paged cache, and SDPA's fused backends "
+                                   "on the dense cache; bytes per step over time against the copy bandwidth "
+                                   "measured in the same run. Each checked, then timed by CUDA-graph replays.")
+    p.add_argument("--device", type=_device, default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--lengths", type=_int_list, default=[1024, 4096, 16384, 65536], help="cache lengths")
+    p.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes")
+    p.add_argument("--dtype", type=_dtype_list, default=None, help="default float16,bfloat16 (float32 on the CPU)")
+    p.add_argument("--heads", type=_positive_int, default=32, help="query heads (default 32)")
+    p.add_argument("--kv-heads", type=_positive_int, default=8, help="key/value heads (default 8)")
+    p.add_argument("-D", "--head-dim", type=_positive_int, default=128, help="head dim (default 128)")
+    p.add_argument("--page-sizes", type=_int_list, default=[64, 16],
+                   help="page sizes of the paged rows; each must divide the largest (default 64,16)")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--out", metavar="FILE.json", type=output_file)
+
     p = sub.add_parser("sass", help="instruction counts (SASS) of compiled kernels: ours and SDPA flash",
                        description="Count the instructions (HGMMA, HMMA, UTMALDG, LDGSTS, LDSM ...) in the "
                                    "machine code of our Triton kernels (the cubins of Triton cache folders), "
@@ -623,6 +641,35 @@ def _cmd_real_models(parser, args, argv) -> int:
     return 1 if any(r["status"] in ("failed", "error") for r in saver.rows) else 0
 
 
+def _cmd_decode(parser, args, argv) -> int:
+    from .decode import run_decode, summary_table
+
+    if args.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("decode on a CPU runs Triton through its interpreter, which must be chosen before triton "
+                     "is imported: TRITON_INTERPRET=1 python -m flashtut.bench decode --device cpu ...")
+    if args.heads % args.kv_heads:
+        parser.error(f"argument --kv-heads: {args.kv_heads} does not divide --heads {args.heads}")
+    if args.head_dim > 128:
+        parser.error(f"argument -D/--head-dim: the decode kernel takes 1 to 128, got {args.head_dim}")
+    big = max(args.page_sizes)
+    if any(big % p for p in args.page_sizes):
+        parser.error(f"argument --page-sizes: each must divide the largest ({big}), got {args.page_sizes}")
+    dtypes = args.dtype or ([torch.float16, torch.bfloat16] if args.device.type == "cuda" else [torch.float32])
+    config = {"lengths": args.lengths, "batch": args.batch, "dtypes": [dtype_name(d) for d in dtypes],
+              "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
+              "page_sizes": args.page_sizes, "seed": args.seed}
+    saver = _Saver(args.out, "decode", collect(args.device, argv), config, every_s=0.0)
+    try:
+        run_decode(args.device, args.lengths, args.batch, dtypes, args.heads, args.kv_heads, args.head_dim,
+                   tuple(args.page_sizes), args.seed, on_row=saver)
+    finally:
+        saver.flush()
+    print(summary_table(saver.rows))
+    if args.out:
+        print(f"wrote {len(saver.rows)} rows to {args.out}")
+    return 1 if any(r.get("status") in ("failed", "error") for r in saver.rows) else 0
+
+
 def _cmd_sass(parser, args, argv) -> int:
     from . import sass
 
@@ -727,6 +774,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_real_models(parser, args, argv)
     if args.command == "sass":
         return _cmd_sass(parser, args, argv)
+    if args.command == "decode":
+        return _cmd_decode(parser, args, argv)
     if args.command == "profile":
         return _cmd_profile(parser, args, argv)
     return _cmd_roofline(parser, args, argv)

@@ -1,7 +1,7 @@
 """JSON files of benchmark results: one schema for every measurement the book commits.
 
 A file is ``{"schema": "flashtut.bench/1", "kind": "speed" | "memory" | "roofline" | "host" | "model" | "compile" | "sass"
-| "profile",
+| "profile" | "decode",
 "provenance": {...}, "config": {...}, "rows": [...]}``. Rows are flat dicts (one measurement
 each) so a notebook can filter them with a list comprehension or load them into a DataFrame.
 ``check_row`` says what each kind of row must hold; :func:`load_results` checks every row and
@@ -17,7 +17,9 @@ import math
 from pathlib import Path
 
 SCHEMA = "flashtut.bench/1"
-KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass", "profile")
+KINDS = ("speed", "memory", "roofline", "host", "model", "compile", "sass", "profile", "decode")
+#: what a ``decode`` row measured (``flashtut.bench.decode``): one decode-attention call over a KV cache
+DECODE_WHATS = ("kernel",)
 #: what a ``compile`` row timed (``experiments/compile_time``): one NVRTC build, or a whole
 #: first call (compile + load + launch) of ``cuda_attention``'s forward or backward
 COMPILE_WHATS = ("nvrtc", "first-call")
@@ -79,7 +81,8 @@ def check_row(row, kind: str | None = None) -> str | None:
     optional_numbers = {"speed": ("tflops", "ms"), "memory": ("peak_extra_bytes",),
                         "roofline": ("tflops", "gb_per_s", "ms"), "host": (),
                         "model": ("tokens_per_s", "peak_extra_bytes", "ms", "flops"),
-                        "compile": ("seconds",), "sass": (), "profile": ()}[kind]
+                        "compile": ("seconds",), "sass": (), "profile": (),
+                        "decode": ("ms", "gb_per_s", "bytes")}[kind]
     for key in optional_numbers:
         if row.get(key) is not None and not (_number(row[key]) and row[key] >= 0):
             return f"{key}: got {row[key]!r}; accepted: a non-negative number or null"
@@ -146,6 +149,16 @@ def check_row(row, kind: str | None = None) -> str | None:
                 return f"{key}: got {row.get(key)!r}; accepted: a string"
         if status == "ok" and row.get("seconds") is None:
             return "seconds: missing in a row whose status is 'ok'"
+    if kind == "decode":         # flashtut.bench.decode: decode attention over a KV cache
+        if row.get("what") not in DECODE_WHATS:
+            return f"what: got {row.get('what')!r}; accepted: {', '.join(map(repr, DECODE_WHATS))}"
+        if not isinstance(row.get("impl"), str) or not isinstance(row.get("dtype"), str):
+            return f"impl, dtype: got {row.get('impl')!r}, {row.get('dtype')!r}; accepted: names"
+        for key in ("B", "H", "Hkv", "N", "D"):
+            if not _count(row.get(key)):
+                return f"{key}: got {row.get(key)!r}; accepted: a positive integer up to 2**63 - 1"
+        if status == "ok" and row.get("ms") is None:
+            return "ms: missing in a row whose status is 'ok'"
     if kind == "model":          # flashtut.model.measure: the small GPT of chapter 12
         if row.get("section") not in MODEL_SECTIONS:
             return f"section: got {row.get('section')!r}; accepted: {', '.join(MODEL_SECTIONS)}"
@@ -198,6 +211,10 @@ def measurement_key(row: dict) -> tuple:
     if row.get("kind") == "compile":
         return ("compile", row.get("device"), row.get("arch"), row.get("what"), row.get("cache"), row.get("step"),
                 row.get("dtype"), row.get("D"), str(sorted((row.get("defines") or {}).items())))
+    if row.get("kind") == "decode":
+        return ("decode", row.get("device"), row.get("what"), row.get("impl"), row.get("layout"),
+                row.get("page_size"), row.get("dtype"), row.get("B"), row.get("H"), row.get("Hkv"), row.get("N"),
+                row.get("D"), row.get("Nq"))
     if row.get("kind") == "model":
         return ("model", row.get("device"), row.get("section"), row.get("backend"), row.get("method"),
                 row.get("layout"), row.get("context"), row.get("prompt"))

@@ -8,9 +8,9 @@ import torch
 from matplotlib.ticker import MaxNLocator
 
 from ..checks import check_block, check_float_dtype, check_scale, check_tensor
-from ..decode import split_bounds, suggest_num_splits
+from ..decode import decode_num_splits, split_bounds, suggest_num_splits
 from ..reference import attention_lse
-from .style import PALETTE, subplots
+from .style import PALETTE, impl_style, subplots
 
 
 def _demo_row(n_keys: int, head_dim: int, seed: int):
@@ -117,4 +117,71 @@ def plot_sm_fill(num_sms: int = 132, batch_heads=(8, 32, 128), max_splits: int =
     return fig
 
 
-__all__ = ["plot_split_merge", "plot_sm_fill"]
+def plot_decode_splits(num_sms: int = 132, kv_heads: int = 8, batches=(1, 2, 4, 8, 16, 32, 64, 128),
+                       lengths=(1024, 4096, 16384, 65536), device_name: str = "H200"):
+    """The decode kernel's split count (:func:`flashtut.decode.decode_num_splits`) against the
+    batch, one curve per cache length, and (right) the programs per SM it gives. The kernel packs
+    a key/value head's query heads into one program, so an unsplit launch has ``batch * kv_heads``
+    programs. Returns the matplotlib figure."""
+    num_sms, kv_heads = check_block("num_sms", num_sms), check_block("kv_heads", kv_heads)
+    batches = [check_block("batches entries", b) for b in batches]
+    lengths = [check_block("lengths entries", n) for n in lengths]
+    fig, (ax_s, ax_p) = subplots(1, 2, figsize=(8, 3.2))
+    for i, n in enumerate(lengths):
+        splits = [decode_num_splits(b, kv_heads, n, num_sms) for b in batches]
+        label = f"{n // 1024}k keys" if n >= 1024 else f"{n} keys"
+        ax_s.plot(batches, splits, "-o", ms=3, color=PALETTE[i % len(PALETTE)], label=label)
+        ax_p.plot(batches, [b * kv_heads * s / num_sms for b, s in zip(batches, splits)], "-o", ms=3,
+                  color=PALETTE[i % len(PALETTE)])
+    ax_p.axhline(4, color="#999999", linestyle="--", linewidth=1)
+    for ax in (ax_s, ax_p):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("batch (sequences)")
+    ax_s.set(ylabel="num_splits", title=f"(a) splits, {kv_heads} KV heads, {num_sms} SMs ({device_name})")
+    ax_p.set(ylabel="programs per SM", title="(b) programs per SM (dashed: the target, 4)")
+    for ax in (ax_s, ax_p):
+        ax.title.set_fontsize(9)
+    ax_s.legend(fontsize=8)
+    return fig
+
+
+def plot_decode_bandwidth(rows, copy_gb_per_s: float, dtype: str = "bfloat16"):
+    """Measured decode attention (``flashtut.bench decode`` rows): the fraction of the copy
+    bandwidth each implementation reaches against the cache length, one panel per batch; ours
+    over a contiguous and a paged cache, and SDPA's fastest form at each length. Returns the
+    matplotlib figure."""
+    if not (copy_gb_per_s and copy_gb_per_s > 0):
+        raise ValueError(f"copy_gb_per_s must be a positive bandwidth, got {copy_gb_per_s!r}")
+    ok = [r for r in rows if r.get("kind") == "decode" and r.get("status") == "ok" and r.get("dtype") == dtype]
+    batches = sorted({r["B"] for r in ok})
+    if not batches:
+        raise ValueError(f"no timed decode row in {dtype}")
+    fig, axes = subplots(1, len(batches), figsize=(4 * len(batches), 3.2), squeeze=False)
+    for ax, B in zip(axes[0], batches):
+        mine = [r for r in ok if r["B"] == B]
+        lines = {"triton (contiguous)": [r for r in mine if r["impl"] == "triton-decode" and r["layout"] == "contiguous"]}
+        for ps in sorted({r["page_size"] for r in mine if r["layout"] == "paged"}, reverse=True):
+            lines[f"triton (paged, {ps})"] = [r for r in mine if r["layout"] == "paged" and r["page_size"] == ps]
+        best = {}
+        for r in mine:
+            if r["impl"].startswith("sdpa") and (r["N"] not in best or r["ms"] < best[r["N"]]["ms"]):
+                best[r["N"]] = r
+        lines["SDPA, best form"] = list(best.values())
+        for i, (label, rs) in enumerate(lines.items()):
+            rs = sorted(rs, key=lambda r: r["N"])
+            if not rs:
+                continue
+            style = impl_style("sdpa-flash" if label.startswith("SDPA") else "triton")
+            if "paged" in label:
+                style = dict(style, linestyle=[":", "-."][i % 2], marker="s")
+            ax.plot([r["N"] for r in rs], [r["gb_per_s"] / copy_gb_per_s for r in rs], label=label, ms=4, **style)
+        ax.axhline(0.8, color="#999999", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="cache length (keys)", ylabel="fraction of copy bandwidth", ylim=(0, 1.1),
+               title=f"batch {B}, {dtype}")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    return fig
+
+
+__all__ = ["plot_split_merge", "plot_sm_fill", "plot_decode_splits", "plot_decode_bandwidth"]

@@ -6,6 +6,7 @@
 * :mod:`.tokenizer`, :mod:`.corpus`: bytes as tokens; the book's own prose as the training text
 * :mod:`.batching`: random windows, padded and packed batches, the FLOPs of each
 * :mod:`.training`, :mod:`.generation`: AdamW training and evaluation; greedy generation with or without the cache
+* :mod:`.paged_decoding`: serving-style generation: mixed prompts, a paged cache, the decode kernel, a CUDA graph
 * :mod:`.measure`: the GPU measurement of chapter 12 (``python -m flashtut.model.measure --help``)
 
 Example (CPU, seconds)::
@@ -19,10 +20,12 @@ from .attention import BACKENDS, REAL_MODEL_API, attend, attend_packed, attend_s
 from .batching import model_flops, packed_batch, padded_batch, random_windows
 from .corpus import Corpus, load_corpus
 from .generation import generate
+from .paged_decoding import DecodeCache, generate_batch
 from .gpt import GPT, IGNORE_INDEX, GPTConfig, KVCache
 from .tokenizer import ByteTokenizer
 from .training import autocast_dtype, evaluate, train
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "IGNORE_INDEX", "BACKENDS", "REAL_MODEL_API", "attend", "attend_packed",
            "attend_split_kv", "backend_name", "ByteTokenizer", "Corpus", "load_corpus", "random_windows",
-           "padded_batch", "packed_batch", "model_flops", "train", "evaluate", "autocast_dtype", "generate"]
+           "padded_batch", "packed_batch", "model_flops", "train", "evaluate", "autocast_dtype", "generate",
+           "generate_batch", "DecodeCache"]

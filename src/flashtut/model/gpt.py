@@ -129,6 +129,22 @@ class KVCache:
         self.v[layer, :, :, self.length:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def positions(self, n_new: int, device) -> torch.Tensor:
+        """The positions of the next ``n_new`` tokens (every sequence has the same length)."""
+        return torch.arange(self.length, self.length + n_new, device=device)
+
+    def attend(self, layer: int, q, k, v, backend, window: int | None = None):
+        """Store the new ``k``, ``v`` ``(B, Hkv, T, D)`` of ``layer`` and attend the new
+        queries ``q`` ``(B, H, T, D)`` to everything cached, as ``decode`` says."""
+        k, v = self.append(layer, k, v)
+        if self.decode == "split-kv":
+            return attend_split_kv(q, k, v, self.num_splits, window=window)
+        return attend(q, k, v, backend, window=window)
+
+    def advance(self, n_new: int) -> None:
+        """Every layer has stored ``n_new`` more tokens."""
+        self.length += n_new
+
 
 class Attention(nn.Module):
     """Grouped-query self-attention: ``n_head`` query heads, ``n_kv_head`` key/value
@@ -156,10 +172,8 @@ class Attention(nn.Module):
                               window=cfg.window)[None]
         else:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, D)
-            if cache is not None:
-                k, v = cache.append(self.layer, k, v)
-            if cache is not None and cache.decode == "split-kv":
-                o = attend_split_kv(q, k, v, cache.num_splits, window=cfg.window)
+            if cache is not None:   # a KVCache, or the paged cache of flashtut.model.paged_decoding
+                o = cache.attend(self.layer, q, k, v, backend, window=cfg.window)
             else:
                 o = attend(q, k, v, backend, window=cfg.window)
             o = o.transpose(1, 2)
@@ -197,7 +211,9 @@ class GPT(nn.Module):
     ``idx`` ``(B, T)`` and returns ``(logits, loss)``; ``loss`` is the mean cross-entropy over the
     targets that are not :data:`IGNORE_INDEX` (None without targets). A packed batch is ``B = 1``
     with ``cu_seqlens`` and each token's ``positions`` inside its own sequence; with a ``cache``
-    the tokens continue the cached ones (positions follow on) and the cache grows by ``T``.
+    the tokens continue the cached ones (positions follow on) and the cache grows by ``T``. A
+    cache is anything with ``positions(T, device)``, ``attend(layer, q, k, v, backend, window)``
+    and ``advance(T)``: :class:`KVCache`, or the paged cache of chapter 12's serving loop.
     """
 
     def __init__(self, config: GPTConfig, attention_backend="sdpa", seed: int | None = 0):
@@ -231,8 +247,8 @@ class GPT(nn.Module):
         self.attention_backend = check_backend(self.attention_backend)
         B, T = check_token_ids("idx", idx, targets=targets).shape
         if positions is None:
-            start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + T, device=idx.device)
+            positions = (cache.positions(T, idx.device) if cache is not None
+                         else torch.arange(T, device=idx.device))
         cos, sin = rotary_angles(positions, self.config.head_dim, self.config.rope_base)
         try:
             x = self.embed(idx)
@@ -242,7 +258,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin, self.attention_backend, cu_seqlens, cache)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         # tied: the embedding matrix, transposed
         logits = F.linear(self.norm(x), self.embed.weight)
         loss = None

@@ -1,0 +1,147 @@
+"""Decoding over a KV cache in Triton: the launches of the split-KV kernels.
+
+``triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None,
+num_splits=None)`` is ``flashtut.decode_attention(..., backend="triton")``: the checks of the API
+reference, then :func:`decode_launch`, which only launches (no check, no host synchronisation),
+so that a decode step can be captured in a CUDA graph. The kernels are in
+``flashtut.triton.decode_kernels``.
+
+The split count: :func:`flashtut.decode.decode_num_splits` from the batch, the key/value heads,
+the longest cache and the GPU's SM count (one split in the interpreter unless asked).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..checks import output_health, raise_if_overflowed
+from ..constants import LOG2E
+from ..decode import check_decode_inputs, decode_num_splits
+from .attention import MAX_HEAD_DIM, _require_runtime, interpreting
+
+try:
+    import triton
+
+    from . import decode_kernels
+except ImportError:  # pragma: no cover - the facade reports the missing package
+    triton = None
+
+#: dtypes of the decode kernel (float64: use backend="reference")
+DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: keys per tile; smaller for short caches would change little: the step is bound by the long ones
+BLOCK_N = 64
+#: most rows (query heads of a group times new queries) per program; more rows take more programs
+MAX_ROWS = 64
+#: the most splits one launch takes (bounds the partial-state buffer)
+MAX_SPLITS = 64
+
+
+def num_sms(device) -> int:
+    """The SM count of ``device`` (a CPU under the interpreter counts as one)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_len: int, device) -> int:
+    """The launch's split count on ``device``: :func:`flashtut.decode.decode_num_splits`; one
+    on the CPU interpreter."""
+    return decode_num_splits(batch, kv_heads, max(1, max_len), num_sms(device), max_splits=MAX_SPLITS)
+
+
+def _block_rows(rows: int) -> int:
+    return min(MAX_ROWS, max(16, triton.next_power_of_2(rows)))
+
+
+def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float, num_splits: int,
+                  out=None, return_lse: bool = False):
+    """Launch the split kernel (and the merge when ``num_splits > 1``) on checked inputs.
+
+    No checks and no host synchronisation: the grid depends on the shapes and ``num_splits``
+    only, so a CUDA graph can capture this call and replay it as the lengths grow. ``out``
+    (optional) receives the output. Returns ``o``, or ``(o, lse)`` with ``lse`` ``(B, H, Nq)``
+    float32, natural log."""
+    B, H, Nq, D = q.shape
+    Hkv, page = k_cache.shape[1], k_cache.shape[2]
+    group = H // Hkv
+    paged = block_table is not None
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache must have unit stride along D (the kernel reads rows "
+                         "of D contiguous values)")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    o = torch.empty_like(q) if out is None else out
+    block_m = _block_rows(group * Nq)
+    block_d = max(16, triton.next_power_of_2(D))
+    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+    if num_splits > 1:
+        o_part = torch.empty((B, H, Nq, num_splits, D), device=q.device, dtype=torch.float32)
+        l_part = torch.empty((B, H, Nq, num_splits), device=q.device, dtype=torch.float32)
+    else:
+        o_part, l_part = o, lse
+    table = block_table if paged else cache_seqlens          # any int32 pointer when unused
+    grid = (num_splits, B * Hkv, triton.cdiv(group * Nq, block_m))
+    big = not interpreting() and q.device.type == "cuda"
+    decode_kernels.decode_split_kernel[grid](
+        q, k_cache, v_cache, cache_seqlens, table, o, o_part, l_part,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        table.stride(0),
+        o.stride(0), o.stride(1), o.stride(2),
+        Hkv, group, Nq, D, scale * LOG2E, num_splits,
+        SINGLE=num_splits == 1, PAGED=paged, PAGE=page if paged else 1,
+        TILE_IN_PAGE=paged and page % BLOCK_N == 0,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, EVEN_D=block_d == D,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        # three tiles of K and V in flight per program (two in float32: 128 KiB of shared memory)
+        num_warps=4 if big else 1, num_stages=(2 if q.dtype == torch.float32 else 3) if big else 1)
+    if num_splits > 1:
+        decode_kernels.decode_merge_kernel[(B * H * Nq,)](
+            o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2), H, Nq, D, num_splits,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            num_warps=4 if big else 1)
+    return (o, lse) if return_lse else o
+
+
+def check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None):
+    """The API's checks, then what this kernel accepts and whether it can run here. Returns
+    ``(lengths, scale)``."""
+    lengths, scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    if q.dtype not in DECODE_DTYPES:
+        raise ValueError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the Triton decode kernel accepts "
+                         "float16, bfloat16 or float32 (for float64 use backend='reference')")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D = {q.shape[-1]} is not supported by the Triton decode kernel; "
+                         f"accepted: 1 to {MAX_HEAD_DIM}")
+    _require_runtime(q)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
+                         "accepted on CPU: float16 or float32 (bfloat16 runs on the GPU)")
+    return lengths, scale
+
+
+def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None,
+                            num_splits: int | None = None, return_lse: bool = False):
+    """``flashtut.decode_attention(..., backend="triton")``; ``num_splits`` None chooses it by
+    :func:`choose_num_splits`. Returns ``o`` ``(B, H, Nq, D)`` (and the natural-log ``lse``
+    with ``return_lse=True``)."""
+    lengths, scale = check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    if num_splits is None:
+        num_splits = 1 if interpreting() else choose_num_splits(q.shape[0], k_cache.shape[1], max(lengths),
+                                                                q.device)
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256:
+        raise ValueError(f"num_splits must be an integer from 1 to 256, got {num_splits!r}")
+    o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
+                           num_splits, return_lse=True)
+    # the guard of every attention path: every row sees key 0, so every lse must be finite
+    raise_if_overflowed(lse + output_health(o), q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]),
+                        inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    return (o, lse) if return_lse else o
+
+
+def _unit_d(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+__all__ = ["triton_decode_attention", "decode_launch", "check_kernel_inputs", "choose_num_splits", "num_sms",
+           "DECODE_DTYPES", "BLOCK_N", "MAX_SPLITS"]
