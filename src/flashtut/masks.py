@@ -10,7 +10,7 @@ same function runs on broadcast index tensors in PyTorch and is traced into the 
 
 Masks: :data:`causal`, :func:`sliding_window`, :func:`document`, :func:`prefix_lm`, and
 :func:`and_masks`/:func:`or_masks` to combine them. Score mods: :func:`alibi` (with
-:func:`alibi_slopes`), :func:`softcap`, :func:`head_bias` (a learned bias per head).
+:func:`alibi_slopes`), :func:`softcap`, :func:`relative_bias` (a learned bias per head and distance).
 """
 from __future__ import annotations
 
@@ -162,20 +162,24 @@ def softcap(cap: float):
     return softcap_mod
 
 
-def head_bias(bias: torch.Tensor):
-    """A learned bias per head: ``score + bias[h]``. ``bias`` is a float tensor ``(H,)``, usually
-    with ``requires_grad=True``: ``flex_attention``'s backward returns its gradient."""
-    check_tensor("bias", bias)
-    if bias.dim() != 1 or not bias.dtype.is_floating_point:
-        raise ValueError(f"bias must be a 1-D float tensor (H,), got shape {tuple(bias.shape)} "
-                         f"dtype {str(bias.dtype).replace('torch.', '')}")
+def relative_bias(table: torch.Tensor):
+    """A learned bias per head and distance (T5-style): ``score + table[h, clamp(q_idx - kv_idx,
+    0, L - 1)]``, ``table`` a float tensor ``(H, L)``: distances past ``L - 1`` share the last entry,
+    keys ahead of the query the first. With ``requires_grad=True``, ``flex_attention``'s backward
+    returns its gradient. (A bias of the head alone, ``score + bias[h]``, would do nothing: the
+    softmax ignores what every key of a row gets.)"""
+    check_tensor("table", table)
+    if table.dim() != 2 or not table.dtype.is_floating_point:
+        raise ValueError(f"table must be a 2-D float tensor (H, L), got shape {tuple(table.shape)} "
+                         f"dtype {str(table.dtype).replace('torch.', '')}")
+    last = table.shape[1] - 1
 
-    def head_bias_mod(score, b, h, q_idx, kv_idx):
-        return score + bias[h]
+    def relative_bias_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, torch.clamp(q_idx - kv_idx, 0, last)]
 
-    head_bias_mod.requires = {"heads": bias.numel()}
-    return head_bias_mod
+    relative_bias_mod.requires = {"heads": table.shape[0]}
+    return relative_bias_mod
 
 
 __all__ = ["causal", "sliding_window", "document", "prefix_lm", "and_masks", "or_masks",
-           "alibi", "alibi_slopes", "softcap", "head_bias"]
+           "alibi", "alibi_slopes", "softcap", "relative_bias"]
