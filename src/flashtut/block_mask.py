@@ -82,7 +82,7 @@ def check_mod_requirements(fn, B, H, Nq, Nk, name: str) -> None:
         raise ValueError(f"{name} {what}: its tensor covers {n} positions, but the attention has "
                          f"Nq = {Nq} queries and Nk = {Nk} keys; give one entry per position")
     n = needs.get("heads")
-    if n is not None and H is not None and H != n:
+    if n is not None and H is not None and H > n:
         raise ValueError(f"{name} {what}: its tensor has {n} entries, one per head, but the attention "
                          f"has H = {H} query heads")
     n = needs.get("batch")
