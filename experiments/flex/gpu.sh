@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FlexAttention (issue 34) on one GPU, from the repository root, in at most about 240 s:
+# FlexAttention on one GPU, from the repository root, in at most about 240 s:
 #   PYTHONPATH=$PWD/src FLASHTUT_TRITON_AUTOTUNE=0 OUT=/some/dir bash experiments/flex/gpu.sh
 # 1. the gpu tests of the flex kernels (tests/kernels/test_flex.py -m gpu), 75 s at most;
 # 2. experiments/flex/bench_flex.py: block-mask build times at N = 16384, then ours against PyTorch's

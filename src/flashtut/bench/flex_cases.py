@@ -1,4 +1,4 @@
-"""The masks and score mods FlexAttention is measured on (issue 34's grid), one definition for the
+"""The masks and score mods FlexAttention is measured on (the grid of the experiment), one definition for the
 GPU tests and the benchmark (``experiments/flex/bench_flex.py``).
 
 Causal; a sliding window of 1024 keys; a document mask of random lengths (about ``N / 1024`` cut

@@ -346,8 +346,10 @@ def flex_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                      HAS_SCORE: tl.constexpr, HAS_MASK: tl.constexpr,
                      BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr):
-    """Grid ``(cdiv(n_k, BLOCK_N), B * Hkv)``. ``Q_NUM``/``FULL_NUM`` ``(B', H', key blocks)``
+                     Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, GROUPED: tl.constexpr = True):
+    """Grid ``(cdiv(n_k, BLOCK_N), B * Hkv)``. ``GROUPED=False`` (one query head per key/value
+    head) makes the loop over the group one trip known when compiling, which the compiler removes
+    (a loop over a runtime count keeps its state live and costs registers). ``Q_NUM``/``FULL_NUM`` ``(B', H', key blocks)``
     and ``Q_IDX``/``FULL_IDX`` ``(B', H', key blocks, n_qb)``: the transposed lists."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -366,7 +368,7 @@ def flex_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                 mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for g in range(0, group):
+    for g in range(0, group if GROUPED else 1):
         h = h_kv * group + g
         h64 = h.to(tl.int64)
         q_base = Q + b64 * stride_qb + h64 * stride_qh

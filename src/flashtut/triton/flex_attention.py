@@ -6,8 +6,9 @@ score mod captures that require grad (a learned bias). It saves ``q, k, v, o`` a
 log-sum-exp, as the plain kernels do; the block mask is the caller's, reused as it is.
 ``triton_flex_forward`` returns ``(o, lse)``.
 
-Tiles: the first configuration of each kernel's search space in ``configs`` (the plain kernels'
-measured first choices), made no larger than the block mask's blocks, which they must divide.
+Tiles: ``HOPPER_TILES`` on sm_90, elsewhere the first configuration of each kernel's search space
+in ``configs`` (the plain kernels' measured first choices), made no larger than the block mask's
+blocks, which they must divide.
 Under the interpreter, the interpreter's tiny tiles.
 """
 from __future__ import annotations
@@ -47,13 +48,30 @@ def check_kernel_inputs(q, k, v, score_mod, block_mask, scale):
     return B, H, Nq, Nk, D, scale
 
 
-def _tile(kernel: str, dtype, device, block_d: int, block: tuple[int, int]) -> TileConfig:
-    """The kernel's tile, shrunk to divide the mask's ``(query block, key block)``."""
+#: Hopper tiles ``(kernel, head-dim class)`` -> TileConfig, chosen where ``ptxas -v`` (sm_90a) reports no
+#: register spill with the mods of the benchmark (ALiBi, soft-capping, a document mask): the plain
+#: kernels' first choices where they fit; the forward at D <= 64 takes 8 warps with a score mod (4
+#: spilled), and the dK/dV kernel at D = 128 streams 32 query rows (64 spilled, 296-360 bytes, with a mod).
+HOPPER_TILES = {
+    ("fwd", "small"): TileConfig(128, 64, 4, 3), ("fwd+mod", "small"): TileConfig(128, 64, 8, 3),
+    ("fwd", "large"): TileConfig(128, 64, 8, 3), ("fwd+mod", "large"): TileConfig(128, 64, 8, 3),
+    ("dkdv", "small"): TileConfig(64, 128, 8, 3), ("dkdv", "large"): TileConfig(32, 128, 8, 3),
+    ("dq", "small"): TileConfig(128, 64, 8, 3), ("dq", "large"): TileConfig(128, 64, 8, 3),
+}
+
+
+def _tile(kernel: str, dtype, device, block_d: int, block: tuple[int, int], score_mod: bool = False) -> TileConfig:
+    """The kernel's tile (``HOPPER_TILES`` on sm_90 at D <= 128, else the plain kernels' first
+    choice), shrunk to divide the mask's ``(query block, key block)``."""
     if attention.interpreting():
         c = configs.INTERPRETER[kernel]
     else:
         cap = torch.cuda.get_device_capability(device)
-        c = configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
+        size = "small" if block_d <= 64 else "large"
+        key = ("fwd+mod" if kernel == "fwd" and score_mod else kernel, size)
+        c = HOPPER_TILES.get(key) if cap[0] >= 9 and block_d <= 128 and dtype != torch.float32 else None
+        if c is None:
+            c = configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
     return TileConfig(min(c.block_m, block[0]), min(c.block_n, block[1]), c.num_warps, c.num_stages)
 
 
@@ -108,7 +126,7 @@ def _flex_forward(q, k, v, plan: _Plan):
     o = torch.empty_like(q)
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device)
     bm = plan.bm.to(q.device) if plan.bm.device != q.device else plan.bm
-    c = _tile("fwd", q.dtype, q.device, plan.block_d, bm.block_size)
+    c = _tile("fwd", q.dtype, q.device, plan.block_d, bm.block_size, plan.score is not None)
     sb, sh = _list_strides(bm, bm.kv_num_blocks)
     xs, ms = plan.captured(plan.score, q), plan.captured(plan.mask, q)
     grid = (triton.cdiv(Nq, c.block_m), B * H)
@@ -147,7 +165,7 @@ def _flex_backward(q, k, v, o, lse, do, plan: _Plan):
             q, k, v, do, dk, dv, lse, delta, bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks,
             bm.full_q_indices, *xs, *ms, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
             *dk.stride()[:3], *dv.stride()[:3], sb, sh, bm.q_indices.shape[-1], H, plan.Hkv, *common,
-            SCORE_GRAD=score.grad if score else flex.no_score_grad, **fns,
+            SCORE_GRAD=score.grad if score else flex.no_score_grad, GROUPED=plan.Hkv != H, **fns,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, **plan.meta, **_launch_opts(c))
     c = _tile("dq", q.dtype, q.device, plan.block_d, bm.block_size)
     sb, sh = _list_strides(bm, bm.kv_num_blocks)

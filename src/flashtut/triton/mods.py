@@ -35,6 +35,8 @@ import torch.fx as fx
 
 import triton  # noqa: F401  (the generated modules import it)
 
+from .attention import interpreting
+
 #: the most tensors one mod may capture (the kernels take that many pointer arguments per mod)
 MAX_CAPTURED = 4
 
@@ -348,15 +350,24 @@ def _adjoint_rules(gen: _Gen, n, g: str, needs: set) -> list[tuple[str, str]]:
 
 _HELPERS = '''
 @triton.jit
-def _tanh(x):
-    # tanh from exp (the interpreter and every GPU have it): 1 - 2 / (exp(2x) + 1),
-    # exact at both ends (exp overflows to inf for large x: 1; underflows to 0: -1)
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+'''
+# tanh: libdevice's on a GPU (what PyTorch's compiler emits for torch.tanh, so FlexAttention pays the
+# same); the interpreter has no libdevice, so there it is 1 - 2 / (exp(2x) + 1), exact at both ends
+# (exp overflows to inf for large x: 1; underflows to 0: -1)
+_TANH_GPU = '''
+from triton.language.extra import libdevice
 
 
 @triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
+def _tanh(x):
+    return libdevice.tanh(x)
+'''
+_TANH_INTERPRETER = '''
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 '''
 
 
@@ -386,7 +397,8 @@ def _load_module(source: str, tag: str) -> dict:
 
 
 def _header() -> str:
-    return "import triton\nimport triton.language as tl\n" + _HELPERS
+    tanh = _TANH_INTERPRETER if interpreting() else _TANH_GPU
+    return "import triton\nimport triton.language as tl\n" + tanh + _HELPERS
 
 
 def compile_mask(mask_mod) -> CompiledMod:
