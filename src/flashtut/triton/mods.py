@@ -401,8 +401,36 @@ def _header() -> str:
     return "import triton\nimport triton.language as tl\n" + tanh + _HELPERS
 
 
+_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cached(fn, kind: str, build):
+    """``build(fn)``, kept per function object (and, for a score mod, per set of captured tensors that
+    require grad, since that decides which gradients the generated backward adds up)."""
+    traced = trace(fn, kind)
+    wants = tuple(bool(t.requires_grad and t.dtype.is_floating_point) for t in traced.captured)
+    try:
+        hit = _COMPILED.get(fn)
+    except TypeError:
+        return build(fn)
+    if hit is not None and hit[0] == (kind, wants):
+        return hit[1]
+    out = build(fn)
+    _COMPILED[fn] = ((kind, wants), out)
+    return out
+
+
 def compile_mask(mask_mod) -> CompiledMod:
     """``value(b, h, q_idx, kv_idx, X0..X3) -> keep``."""
+    return _cached(mask_mod, "mask", _compile_mask)
+
+
+def compile_score(score_mod) -> CompiledMod:
+    """``value``, ``grad`` and ``grad_params`` of a score mod (see the module's docstring)."""
+    return _cached(score_mod, "score", _compile_score)
+
+
+def _compile_mask(mask_mod) -> CompiledMod:
     traced = trace(mask_mod, "mask")
     gen = _Gen(traced, "mask_mod", {"b": "b", "h": "h", "q_idx": "q_idx", "kv_idx": "kv_idx"})
     out = gen.emit()
@@ -415,8 +443,7 @@ def compile_mask(mask_mod) -> CompiledMod:
                        source=source)
 
 
-def compile_score(score_mod) -> CompiledMod:
-    """``value``, ``grad`` and ``grad_params`` of a score mod (see the module's docstring)."""
+def _compile_score(score_mod) -> CompiledMod:
     traced = trace(score_mod, "score")
     inputs = {"score": "s", "b": "b", "h": "h", "q_idx": "q_idx", "kv_idx": "kv_idx"}
     gen = _Gen(traced, "score_mod", inputs)
