@@ -7,7 +7,7 @@ The work is the performance protocol's: 16k tokens in total (batch = 16384 / N),
 (D = 64 with 32 heads, D = 128 with 16). Cases: causal; sliding window w = 1024; document mask
 (random document lengths, about N / 1024 cut points drawn uniformly); prefix-LM (prefix N / 4);
 ALiBi and soft-capping (cap 50), each on top of the causal mask. PyTorch's FlexAttention runs
-compiled (``torch.compile(flex_attention)``, as it requires) with its own block mask of the same
+compiled (``torch.compile(flex_attention)``, as it requires) with its own block mask (impl ``flex``; ours is ``triton-flex``) of the same
 ``mask_mod``; ours with ours (both 128 x 128 blocks). Timing: ``triton.testing.do_bench``
 (median), the forward alone (on inputs that require grad) and the backward alone (``o.backward(do, retain_graph=True)``),
 after a correctness check of both against a float32 dense reference on the first batch element
@@ -137,8 +137,8 @@ def _one(rows, compiled, torch_block_mask, case, B, H, N, D, dtype):
     tbm = torch_block_mask(mask_mod, None, None, N, N, device="cuda")
     pairs = visible_pairs(mask_mod, N)
     fwd_flops = 4.0 * B * H * D * pairs
-    impls = {"flashtut-flex": lambda *t: flashtut.flex_attention(*t, score_mod=score_mod, block_mask=bm),
-             "torch-flex": lambda *t: compiled(*t, score_mod=score_mod, block_mask=tbm)}
+    impls = {"triton-flex": lambda *t: flashtut.flex_attention(*t, score_mod=score_mod, block_mask=bm),
+             "flex": lambda *t: compiled(*t, score_mod=score_mod, block_mask=tbm)}
     base = dict(kind="speed", B=B, H=H, Hkv=H, N=N, Nq=N, Nk=N, D=D, dtype=str(dtype).replace("torch.", ""),
                 causal=case in ("causal", "alibi", "softcap"), mask=case, score_mod=score_mod.__name__
                 if score_mod else None, visible_fraction=pairs / N / N, timer="triton.testing.do_bench(median)",
@@ -162,7 +162,7 @@ def _one(rows, compiled, torch_block_mask, case, B, H, N, D, dtype):
                 rows.append(dict(base, impl=impl, mode=mode, status="error", reason=f"{type(exc).__name__}: {exc}"[:300]))
             print(f"{case} {impl} D={D} {dtype} N={N}: {type(exc).__name__}: {exc}", flush=True)
     if len(got) == 2:
-        (fo, bo, eo), (ft, bt, et) = got["flashtut-flex"], got["torch-flex"]
+        (fo, bo, eo), (ft, bt, et) = got["triton-flex"], got["flex"]
         worst = max(eo[n] / max(et[n], 1e-6) for n in eo)
         print(f"{case:10s} D={D} {str(dtype)[6:]:8s} N={N:5d}: fwd {fo:7.3f} ms ({fwd_flops / fo / 1e9:5.0f} TF) "
               f"x{ft / fo:4.2f} vs torch | bwd {bo:7.3f} ms x{bt / bo:4.2f} | err ours/torch max {worst:4.2f}",
