@@ -88,10 +88,8 @@ def test_a_mask_the_kernel_cannot_compile_fails_the_technique():
     _fails(ch13.check_sink_window(with_if), "technique", "cannot compile", "ones_like")
 
 
-def test_a_mask_that_branches_on_its_arguments_fails_the_technique():
-    class Position(int):                 # an if on a tensor works in PyTorch for one element only:
-        pass                             # the checker's grids show that as an error
-
+def test_a_mask_that_reads_one_element_for_all_fails():
+    # the sink decided from the first key only, then broadcast: right on no grid of more than one key
     def branching(w):
         def mod(b, h, q_idx, kv_idx):
             return torch.stack([torch.tensor(bool(kv_idx.flatten()[0] == 0))]).expand(
