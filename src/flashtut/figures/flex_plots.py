@@ -38,10 +38,9 @@ def tile_kinds_figure(kinds: dict, block: int | None = None):
         ax.set_xlabel("key block")
     axes[0][0].set_ylabel("query block")
     fig.legend(handles=[Patch(facecolor=c, edgecolor=INK, label=n) for c, n in zip(KIND_COLORS, KIND_NAMES)],
-               loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+               loc="outside lower center", ncol=3)
     if block:
-        fig.suptitle(f"tiles of {block} x {block}", y=1.02, fontsize=10)
+        fig.suptitle(f"tiles of {block} x {block}", fontsize=10)
     return fig
 
 
@@ -108,7 +107,6 @@ def versus_flex_figure(rows, D: int | None = None, dtype: str | None = None):
         ax.grid(axis="x", visible=False)
     axes[0][0].set_ylabel("speed vs PyTorch FlexAttention (x)")
     axes[0][0].legend(loc="lower left")
-    fig.tight_layout()
     return fig
 
 
