@@ -24,10 +24,14 @@ def flex_case(name: str, N: int, H: int, device="cuda", seed: int = 0):
         starts = torch.zeros(N, dtype=torch.int64)
         starts[cuts] = 1
         return masks.document(starts.cumsum(0).to(device)), None
-    return {"causal": (masks.causal, None), "window": (masks.sliding_window(1024), None),
-            "prefix_lm": (masks.prefix_lm(N // 4), None),
-            "alibi": (masks.causal, masks.alibi(masks.alibi_slopes(H, device=device))),
-            "softcap": (masks.causal, masks.softcap(50.0))}[name]
-
+    if name == "window":
+        return masks.sliding_window(1024), None
+    if name == "prefix_lm":
+        return masks.prefix_lm(N // 4), None
+    if name == "alibi":
+        return masks.causal, masks.alibi(masks.alibi_slopes(H, device=device))
+    if name == "softcap":
+        return masks.causal, masks.softcap(50.0)
+    return masks.causal, None
 
 __all__ = ["CASES", "flex_case"]
