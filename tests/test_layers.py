@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "flashtut"
 #: layer name -> the module prefixes it holds, bottom up
 LAYERS = (
     ("core", ("flashtut.version", "flashtut.checks", "flashtut.softmax", "flashtut.reference", "flashtut.tiled",
-              "flashtut.decode", "flashtut.paged_cache", "flashtut.constants", "flashtut.devices")),
+              "flashtut.decode", "flashtut.paged_cache", "flashtut.constants", "flashtut.devices", "flashtut.block_mask",
+              "flashtut.masks", "flashtut.flex_reference")),
     ("hardware facts", ("flashtut.hardware",)),
     ("cost models", ("flashtut.costs",)),
     ("kernels", ("flashtut.triton", "flashtut.cuda")),

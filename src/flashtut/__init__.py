@@ -26,6 +26,9 @@ from .reference import attention_lse, causal_mask, naive_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, safe_softmax
 from .tiled import tiled_attention, tiled_attention_backward
 from .decode import decode_attention_reference, merge_attention_states, split_kv_attention
+from .block_mask import BlockMask, create_block_mask
+from .flex_reference import flex_reference
+from . import masks
 
 from .version import __version__
 
@@ -130,10 +133,53 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def flex_attention(q, k, v, score_mod=None, block_mask=None, scale: float | None = None):
+    """Attention with a ``score_mod`` and a block mask, the semantics of PyTorch's
+    ``torch.nn.attention.flex_attention`` (``flashtut.triton.flex_attention``).
+
+    ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score before the
+    softmax; ``block_mask`` comes from :func:`create_block_mask`. Both mods are written with
+    elementwise tensor operations; the Triton kernels trace them, visit only the listed tiles,
+    evaluate the mask only on partial ones and differentiate the score mod for the backward
+    (tensors it captures with ``requires_grad`` get their gradients). ``k``/``v`` may have fewer
+    heads than ``q`` (grouped-query). A row that sees no key: output 0, finite gradients.
+    CUDA tensors run the kernels; CPU tensors run them under the Triton interpreter
+    (``TRITON_INTERPRET=1``) or, without it, fall back to the dense reference
+    (:func:`flex_reference`, the same answer); float64 always runs densely.
+    """
+    import torch
+
+    dense = (not isinstance(q, torch.Tensor) or q.dtype == torch.float64
+             or (q.device.type == "cpu" and not _triton_interpreting()))
+    if not dense:
+        try:
+            flex = _load_kernel_module("triton.flex_attention", "triton", _TRITON_HOW)
+        except RuntimeError:
+            if q.device.type != "cpu":
+                raise
+            dense = True
+    if dense:
+        return flex_reference(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return flex.triton_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def _triton_interpreting() -> bool:
+    """Whether triton is importable and runs its interpreter (without importing it otherwise)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    try:
+        return _load_kernel_module("triton.attention", "triton", _TRITON_HOW).interpreting()
+    except RuntimeError:
+        return False
+
+
 __all__ = [
     "naive_softmax", "safe_softmax", "online_softmax", "merge_softmax_states",
     "naive_attention", "attention_lse", "causal_mask", "accum_dtype",
     "tiled_attention", "tiled_attention_backward",
     "split_kv_attention", "merge_attention_states",
     "triton_attention", "cuda_attention", "varlen_attention", "decode_attention",
+    "flex_attention", "flex_reference", "create_block_mask", "BlockMask", "masks",
 ]

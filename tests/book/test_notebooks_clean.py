@@ -77,7 +77,7 @@ def test_every_notebook_is_in_the_table_of_contents():
 MAX_CODE_LINE = 80
 SHORT_LINE_CHAPTERS = ["01_memory_hierarchy", "02_naive_attention", "03_safe_softmax",
                        "04_online_softmax", "05_tiled_attention", "06_backward", "07_triton",
-                       "08_cuda", "09_results", "10_beyond", "11_hopper", "12_real_model"]
+                       "08_cuda", "09_results", "10_beyond", "11_hopper", "12_real_model", "13_masks"]
 
 
 def long_code_lines(nb, limit: int = MAX_CODE_LINE) -> list[str]:

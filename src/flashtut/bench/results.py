@@ -221,11 +221,11 @@ def measurement_key(row: dict) -> tuple:
     # the real-model options (grouped K/V heads, a window, a packed or padded batch) are part of what
     # was measured: without them a GQA row and a full-heads row of one shape would replace each other;
     # so is a timing budget that a row records (experiments/hopper_options/hopper_ab.py times one case under two), and the round
-    # of an A/B timed in rounds (hopper_ab.py --pair)
+    # of an A/B timed in rounds (hopper_ab.py --pair), and FlexAttention's mask and score mod
     return (row.get("kind"), row.get("device"), row.get("impl"), row.get("mode"), row.get("dtype"),
             row.get("B"), row.get("H"), row.get("Nq", row.get("N")), row.get("Nk", row.get("N")),
             row.get("D"), bool(row.get("causal")), row.get("Hkv"), row.get("window"), row.get("layout"),
-            row.get("warmup_ms"), row.get("rep_ms"), row.get("round"))
+            row.get("warmup_ms"), row.get("rep_ms"), row.get("round"), row.get("mask"), row.get("score_mod"))
 
 
 def merge_latest(tagged_docs) -> list[dict]:

@@ -23,6 +23,8 @@ IMPL_STYLE = {
     "triton": ("#E69F00", "X"), "cuda": ("#D55E00", "*"),
     "cuda-v1": ("#882255", "<"), "cuda-v2": ("#44AA99", ">"), "cuda-v3": ("#332288", "h"),
     "cuda-v4": ("#AA4499", "p"), "cuda-v5": ("#117733", "8"), "flex": ("#661100", "d"),
+    # chapter 13: our FlexAttention on the Triton kernels ("flex" is PyTorch's)
+    "triton-flex": ("#BB5566", "."),
     # chapter 11's Hopper rungs and the mma.sync forward they are measured against (hopper_h200.json);
     # colours outside PALETTE and EXTRA, so the spare colours for unnamed series stay as they were
     "cuda-mma": ("#000000", "+"), "hopper-w1": ("#AAAA00", "x"), "hopper-w1[pv128]": ("#77AADD", "1"),

@@ -1,0 +1,65 @@
+"""Chapter 13 (masks and score modifications): its figures and tables compute what they say, and
+the chapter keeps the book's rules for a measured figure (folded code, read from book/data)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import flashtut  # noqa: E402
+from flashtut import masks  # noqa: E402
+from flashtut.figures import flex_plots  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "notebooks" / "13_masks.ipynb"
+
+
+def _row(impl, mode, mask, ms, err):
+    return dict(kind="speed", status="ok", impl=impl, mode=mode, mask=mask, D=128, dtype="float16", N=4096,
+                B=4, H=16, ms=ms, tflops=100.0 / ms, err={"o": err})
+
+
+def test_the_ratio_is_their_time_over_ours_and_the_error_ratio_is_ours_over_theirs():
+    rows = [_row("triton-flex", "fwd", "causal", 2.0, 1e-3), _row("flex", "fwd", "causal", 3.0, 2e-3),
+            _row("triton-flex", "bwd", "causal", 5.0, 1e-3), _row("flex", "bwd", "causal", 4.0, 2e-3),
+            _row("triton-flex", "fwd", "window", 1.0, 1e-3)]          # no PyTorch row: left out
+    (e,) = flex_plots.versus_flex_rows(rows)
+    assert e["mask"] == "causal"
+    assert e["fwd_ratio"] == pytest.approx(1.5) and e["bwd_ratio"] == pytest.approx(0.8)
+    assert e["err_ratio"] == pytest.approx(0.5)
+    header, body = flex_plots.versus_flex_table(rows)
+    assert len(body) == 1 and body[0][6] == "1.50x" and len(body[0]) == len(header)
+    assert flex_plots.versus_flex_figure(rows) is not None
+    with pytest.raises(ValueError, match="no mask measured"):
+        flex_plots.versus_flex_figure(rows[-1:])
+
+
+def test_the_tile_figure_draws_one_panel_per_mask():
+    maps = {n: flashtut.create_block_mask(m, None, None, 64, 64, device="cpu", BLOCK_SIZE=16).kinds()[0, 0]
+            for n, m in (("causal", masks.causal), ("window", masks.sliding_window(9)))}
+    fig = flex_plots.tile_kinds_figure(maps)
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["causal", "window"]
+    assert "10/16 tiles visited" in fig.axes[0].get_title()
+
+
+def test_the_chapter_reads_its_measurement_from_book_data_in_folded_code():
+    nb = json.loads(NOTEBOOK.read_text())
+    measured = [c for c in nb["cells"] if c["cell_type"] == "code" and "flex_*.json" in "".join(c["source"])]
+    assert len(measured) == 1
+    assert "hide-input" in measured[0]["metadata"].get("tags", [])
+    assert "measured_caption" in "".join(measured[0]["source"])
+    toc = (ROOT / "_toc.yml").read_text()
+    assert toc.index("notebooks/12_real_model") < toc.index("notebooks/13_masks")
+
+
+def test_the_chapter_draws_the_four_masks_of_the_issue():
+    text = NOTEBOOK.read_text()
+    for name in ("masks.causal", "masks.sliding_window", "masks.document", "masks.prefix_lm", "masks.alibi",
+                 "masks.softcap"):
+        assert name in text, name
