@@ -46,7 +46,8 @@ _NO_READ = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new
 #: operators whose outputs share their input's memory (beyond those PyTorch marks as views)
 _ALIAS = frozenset({"_unsafe_view", "alias", "detach", "lift_fresh", "view"})
 #: operators that move or select values without combining them: run on the shadows as they are
-_MOVE = frozenset({"clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
+_MOVE = frozenset({"index_add", "index_add_", "index_reduce", "index_reduce_", "scatter_add",
+                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
                    "index", "index_put", "index_put_", "repeat", "flip", "roll", "constant_pad_nd",
                    "narrow_copy", "where", "take", "take_along_dim", "index_copy", "index_copy_",
                    "masked_select", "masked_scatter", "masked_scatter_", "scatter", "scatter_",
@@ -54,7 +55,10 @@ _MOVE = frozenset({"clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_
                    "expand_copy", "permute_copy", "transpose_copy", "t_copy", "view_copy",
                    "slice_copy", "select_copy", "unsqueeze_copy", "squeeze_copy", "unfold_copy",
                    "_reshape_copy", "tril", "triu", "repeat_interleave", "unbind_copy", "split_copy",
-                   "tile", "movedim", "pad", "reflection_pad1d", "replication_pad1d"})
+                   "tile", "movedim", "pad", "reflection_pad1d", "replication_pad1d", "diag_embed", "diag",
+                   "diagflat", "block_diag"})
+#: moves that fill the rest of their output with zeros (which hold no input row)
+_ZERO_FILLED = frozenset({"tril", "triu", "diag_embed", "diag", "diagflat", "block_diag"})
 #: operators that overwrite their output with values that come from no input
 _FILL = frozenset({"zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_",
                    "geometric_", "cauchy_", "log_normal_"})
@@ -66,6 +70,32 @@ _REDUCE = frozenset({"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "
                      "var_mean", "std_mean", "aminmax", "count_nonzero", "any", "all", "kthvalue"})
 _ROWWISE = frozenset({"_softmax", "_log_softmax", "softmax", "log_softmax", "cumsum", "cumprod",
                       "logcumsumexp", "cummax", "cummin", "sort", "topk", "_safe_softmax"})
+#: arguments that say where values go, not values (never replaced by shadows)
+_INDEX_ARGS = frozenset({"index", "indices", "mask", "condition", "repeats", "offsets", "sorted_sequence"})
+#: accumulating writes: where each value lands is what a copy records
+_ACCUMULATE_AS_MOVE = {
+    "index_add": lambda self, dim, index, source, alpha=1: torch.index_copy(self, dim, index, source),
+    "index_add_": lambda self, dim, index, source, alpha=1: self.index_copy_(dim, index, source),
+    "index_reduce": lambda self, dim, index, source, reduce, include_self=True:
+        torch.index_copy(self, dim, index, source),
+    "index_reduce_": lambda self, dim, index, source, reduce, include_self=True:
+        self.index_copy_(dim, index, source),
+    "scatter_add": lambda self, dim, index, src: torch.scatter(self, dim, index, src),
+    "scatter_add_": lambda self, dim, index, src: self.scatter_(dim, index, src),
+    "scatter_reduce": lambda self, dim, index, src, reduce, include_self=True: torch.scatter(self, dim, index, src),
+    "scatter_reduce_": lambda self, dim, index, src, reduce, include_self=True: self.scatter_(dim, index, src),
+    "index_put": lambda self, indices, values, accumulate=False: torch.index_put(self, indices, values),
+    "index_put_": lambda self, indices, values, accumulate=False: self.index_put_(indices, values),
+    "_index_put_impl_": lambda self, indices, values, accumulate=False, unsafe=False:
+        self.index_put_(indices, values),
+}
+#: reductions and row-wise operators that also return where each value came from
+_INDEXED = frozenset({"sort", "topk", "kthvalue", "max", "min", "median", "nanmedian", "mode", "cummax",
+                      "cummin"})
+#: running sums and products (a difference of neighbours recovers every term)
+_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
+#: reductions that add their terms (an exact zero adds nothing)
+_SUMS = frozenset({"sum", "nansum", "mean", "nanmean"})
 #: Tensor methods that take values out of torch, where nothing can watch them any more
 _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
@@ -163,6 +193,20 @@ def _varies(sh: torch.Tensor, dims: list) -> bool:
     return bool(((lo < hi) & torch.isfinite(lo) & torch.isfinite(hi)).any())
 
 
+def _selected(sh: torch.Tensor, other: torch.Tensor, side: str) -> torch.Tensor:
+    """Rows carried through a matrix product with a tensor that holds no input data: where
+    ``other`` (``a`` of ``a @ b`` when ``side`` is ``"b"``) picks exactly one term of the sum
+    (one nonzero, as ``torch.eye`` or a permutation does), the product copies that term."""
+    nz = (other.detach() != 0).to(torch.float64)
+    held = (~torch.isnan(sh)).to(torch.float64)
+    val = torch.nan_to_num(sh, nan=0.0)
+    if side == "b":
+        count, hits, got = nz.sum(-1, keepdim=True), nz @ held, nz @ val
+    else:
+        count, hits, got = nz.sum(-2, keepdim=True), held @ nz, val @ nz
+    return torch.where((count == 1) & (hits == 1), got, NAN)
+
+
 def _fmax(values: list, shape) -> torch.Tensor:
     out = None
     for v in values:
@@ -191,7 +235,7 @@ class _Shadows:
         return t.untyped_storage().data_ptr()
 
     def get(self, t) -> dict:
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        if not _holds_data(t):
             return {}
         entry = self.by_ptr.get(self._key(t))
         if entry is None or entry[0] != t.element_size():
@@ -219,7 +263,7 @@ class _Shadows:
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return
         key = self._key(t)
-        if not t.is_floating_point() or not channels:
+        if not _holds_data(t) or not channels:
             self.by_ptr.pop(key, None)
             return
         self.by_ptr.pop(key, None)
@@ -227,7 +271,7 @@ class _Shadows:
 
     def write(self, t, channels: dict):
         """Values were written into ``t`` (a view, perhaps): its elements now hold ``channels``."""
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        if not _holds_data(t):
             return
         key = self._key(t)
         if not channels and key not in self.by_ptr:
@@ -239,6 +283,12 @@ class _Shadows:
                 view.copy_(torch.broadcast_to(channels[c].to(view.device, torch.float64), t.shape))
             else:
                 view.fill_(NAN)
+
+
+def _holds_data(t) -> bool:
+    """Whether ``t`` can hold a copy of input values: any dtype but bool (an integer view or
+    conversion of the input's bits or of its scaled values is a copy too)."""
+    return isinstance(t, torch.Tensor) and t.dtype != torch.bool and t.numel() > 0
 
 
 def _tensors(x) -> list:
@@ -343,7 +393,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     name_of = {"op": ""}
 
     def substitute(x, c, mutated_ids):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
+        if _holds_data(x):
             sh = shadows.get(x).get(c)
             if sh is None:
                 sh = torch.full(x.shape, NAN, dtype=torch.float64, device=x.device)
@@ -354,8 +404,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             return type(x)(substitute(y, c, mutated_ids) for y in x)
         return x
 
-    def channels_for(func, name, args, kwargs, tensors, out, mutated):
-        """The channels of ``out`` computed by ``func`` from ``tensors``' shadows."""
+    def channels_for(func, name, args, kwargs, tensors, out, mutated, out_all=None):
+        """The channels of ``out`` (one of ``out_all``) computed by ``func`` from ``tensors``'
+        shadows."""
         shs = [shadows.get(t) for t in tensors]
         present = set().union(*shs) if shs else set()
         if not present or name in _FILL:
@@ -365,31 +416,50 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             if name == "_to_copy":
                 return {c: s.clone() for c, s in shs[0].items()}
             ids = {id(t) for t in mutated}
+            schema = func._schema.arguments
             for c in present:
-                a = substitute(list(args), c, ids)
+                a = [x if i < len(schema) and schema[i].name in _INDEX_ARGS else substitute(x, c, ids)
+                     for i, x in enumerate(args)]
+                if name in _ZERO_FILLED:          # rows from 1, so that a filled 0 reads as no row
+                    a = [[y + 1 for y in x] if isinstance(x, list) else x + 1 if _holds_data(x) else x
+                         for x in a]
                 if name == "where":              # a number in place of a tensor holds no row
                     a = [NAN if isinstance(x, (int, float)) else x for x in a]
                 if name == "constant_pad_nd" and len(a) > 2:
                     a[2] = NAN
-                k = {key: substitute(v, c, ids) for key, v in kwargs.items()
+                k = {key: (v if key in _INDEX_ARGS else substitute(v, c, ids)) for key, v in kwargs.items()
                      if key not in ("dtype", "device", "layout", "pin_memory")}
-                got = func(*a, **k)
+                got = _ACCUMULATE_AS_MOVE.get(name, func)(*a, **k)
                 got = _tensors(got)[0]
+                if name in _ZERO_FILLED:
+                    got = torch.where(got == 0, NAN, got - 1)
                 if got.shape == out.shape:
                     result[c] = got
             return result
+        if name in ("mv", "addmv"):              # a matrix times a column
+            a, x = (args[0], args[1]) if name == "mv" else (args[1], args[2])
+            col = channels_for(torch.ops.aten.mm.default, "mm", (a, x.unsqueeze(-1)), {}, [a, x],
+                               out.unsqueeze(-1), [])
+            return {c: v.squeeze(-1) for c, v in col.items()}
         if name in _MATMULS and name in ("mm", "bmm", "addmm", "baddbmm"):
             a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
             sa, sb = shadows.get(a), shadows.get(b)
             carry_a = any(c in carry_names for c in sa)
             carry_b = any(c in carry_names for c in sb)
+            # probabilities (scores of query and key rows) weigh values: what they make is new,
+            # even where a masked row keeps a single key
+            score_a, score_b = ("@q" in sa and "@k" in sa), ("@q" in sb and "@k" in sb)
             result = {}
             for c in present:
                 parts = []
                 if c in sa and (c.startswith("@") or not carry_b):
                     parts.append(_consistent(sa[c], [sa[c].dim() - 1], False).unsqueeze(-1))
+                    if c in carry_names and c not in sb and not score_b:   # b selects single columns: a copy
+                        parts.append(_selected(sa[c], b, "a"))
                 if c in sb and (c.startswith("@") or not carry_a):
                     parts.append(_consistent(sb[c], [sb[c].dim() - 2], False).unsqueeze(-2))
+                    if c in carry_names and c not in sa and not score_a:   # a selects single rows (eye @ k): a copy
+                        parts.append(_selected(sb[c], a, "b"))
                 if name in ("addmm", "baddbmm"):
                     sc = shadows.get(args[0])
                     if c in sc:
@@ -401,10 +471,20 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             src = shs[0]
             dims = _dims(tensors[0], _arg(func, args, kwargs, "dim"))
             keepdim = bool(_arg(func, args, kwargs, "keepdim", False))
+            outs = _tensors(out_all)
+            if name in _INDEXED and len(outs) == 2 and not outs[1].is_floating_point():
+                if out is not outs[0] or len(dims) != 1:
+                    return {}                        # the indices: positions, not values
+                idx = outs[1]
+                if idx.dim() < tensors[0].dim():
+                    idx = idx.unsqueeze(dims[0])
+                return {c: torch.gather(s, dims[0], idx).reshape(out.shape) for c, s in src.items()}
             result = {}
             for c, s in src.items():
+                if name in _SUMS and c in carry_names:   # a term that is exactly 0 adds nothing
+                    s = torch.where(tensors[0] != 0, s, NAN)
                 if name in _ROWWISE:
-                    if c.startswith("@"):
+                    if c.startswith("@") or name in _SCANS:   # a scan's element i holds term i
                         result[c] = s if s.shape == out.shape else None
                 else:
                     r = _consistent(s, dims, keepdim)
@@ -576,12 +656,12 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             if computing:
                 flag_operands(name, func, args, kwargs, tensors)
             for t in outs:
-                if not t.is_floating_point():
+                if not _holds_data(t):
                     if not any(t is m for m in mutated) and t.numel():
                         shadows.set_fresh(t, {})
                         count_live(t)
                     continue
-                ch = channels_for(func, name, args, kwargs, tensors, t, mutated)
+                ch = channels_for(func, name, args, kwargs, tensors, t, mutated, out)
                 if any(t is m for m in mutated):
                     shadows.write(t, ch)
                     flag_storage(name, t)
