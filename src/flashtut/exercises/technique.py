@@ -27,6 +27,7 @@ The chapter 04, 05 and 06 checkers turn these records into verdicts and messages
 """
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -96,6 +97,10 @@ _INDEXED = frozenset({"sort", "topk", "kthvalue", "max", "min", "median", "nanme
 _SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
 #: reductions that add their terms (an exact zero adds nothing)
 _SUMS = frozenset({"sum", "nansum", "mean", "nanmean"})
+#: operators that draw random numbers (an attention never does; a copy of the checker's inputs would)
+_RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "normal_", "uniform_", "random_",
+                     "bernoulli", "bernoulli_", "exponential_", "multinomial", "randn_like", "rand_like",
+                     "randint_like", "poisson", "cauchy_", "log_normal_", "geometric_"})
 #: Tensor methods that take values out of torch, where nothing can watch them any more
 _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
@@ -121,7 +126,11 @@ class Trace:
     the diagonal that were computed; ``wide_reductions``: ``(name, op, shape, rows)``, reductions
     over more than the allowed rows; ``key_reductions``: ``(op, shape)``, reductions of scores
     over key rows (a softmax, a row max or a row sum); ``outside``: messages for values taken out
-    of torch; ``n_ops``: operators run; ``stopped``: the watch stopped recording after
+    of torch; ``foreign``: ``(op, shape)`` for tensors of more than a block that the function read
+    or returned without making them or being given them (globals, caches, the caller's copies);
+    ``random``: random-number operators run; ``live_after``: elements of the tensors made during
+    the call still alive after it (its result, what it saved or kept); ``n_ops``: operators run;
+    ``stopped``: the watch stopped recording after
     ``STOP_AFTER`` whole reads or score rows (the rest of the records are then incomplete)."""
     reads: dict
     whole_reads: list = field(default_factory=list)
@@ -135,6 +144,9 @@ class Trace:
     wide_reductions: list = field(default_factory=list)
     key_reductions: list = field(default_factory=list)
     outside: list = field(default_factory=list)
+    foreign: list = field(default_factory=list)          # (op, shape): tensors from outside the call
+    random: list = field(default_factory=list)           # operators that drew random numbers
+    live_after: int = 0                   # elements still alive once the function returned
     n_ops: int = 0
     stopped: bool = False
 
@@ -312,7 +324,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
           block_elements: dict | None = None, causal: bool = False, *,
           block_rows: dict | None = None, reduce_rows: dict | None = None,
           pair_rows: tuple | None = None, blocks: tuple | None = None, seq_dims: dict | None = None,
-          python_values: int | None = None):
+          python_values: int | None = None, known=()):
     """Run ``fn()`` and return ``(result, Trace)``.
 
     ``inputs`` maps names to the contiguous tensors ``fn`` uses (sequence along dim 2 of a 4-D
@@ -323,7 +335,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     most query and key rows one tensor of scores may cover; with ``causal`` and ``blocks = (bm,
     bn)``, ``Trace.hidden`` marks the pairs above the diagonal that were computed.
     ``python_values``: how many copies of input values may leave torch as Python numbers
-    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``fn``
+    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``known``:
+    tensors made before the call that ``fn`` may read besides ``inputs`` (what a forward saved,
+    for its backward); any other tensor from outside of more elements than the smallest block
+    is recorded in ``Trace.foreign``. ``fn``
     raising :class:`OutsideTorch` means it took input values out of torch; ``Trace.outside``
     says so as well."""
     from torch.overrides import TorchFunctionMode
@@ -341,6 +356,24 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     if python_values is None:
         python_values = min(rows_limit.values()) if rows_limit else 64
     input_ptrs = {t.untyped_storage().data_ptr(): name for name, t in inputs.items()}
+    outside_ok = {t.untyped_storage().data_ptr() for t in _tensors(list(known)) if t.numel()}
+    made: set = set()                 # storages made during the call
+    foreign_limit = min((rows_limit[n] * inputs[n].numel() // max(1, inputs[n].shape[seq_dims[n]])
+                         for n in rows_limit if n in inputs), default=None)
+    seen_foreign: set = set()
+
+    def flag_foreign(op, ts):
+        if foreign_limit is None:
+            return
+        for t in ts:
+            if not _holds_data(t) or t.numel() <= foreign_limit:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key in made or key in input_ptrs or key in outside_ok or key in seen_foreign:
+                continue
+            seen_foreign.add(key)
+            trace.foreign.append((op, tuple(t.shape)))
+
     shadows = _Shadows()
     for name, t in inputs.items():
         side = "@q" if name in query_side else "@k"
@@ -371,6 +404,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
         key = t.untyped_storage().data_ptr()
         if key in input_ptrs:
             return
+        made.add(key)
         n = t.numel()
         if n > trace.largest[0]:
             trace.largest = (n, name_of["op"], tuple(t.shape))
@@ -623,6 +657,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                 return out
             tensors = _tensors((args, tuple(kwargs.values())))
             outs = _tensors(out)
+            if name in _RANDOM:
+                trace.random.append(name)
+            if not (func.is_view or name in _ALIAS):
+                flag_foreign(name, tensors)
             arg_ptrs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
             if name == "_local_scalar_dense":
                 if carried(args[0]):
@@ -680,6 +718,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     try:
         with _Values(), _Watch():
             result = fn()
+        if not trace.stopped:         # once stopped, what it made is no longer recorded
+            flag_foreign("returned", _tensors(result))
+        gc.collect()                  # what the call left in reference cycles is not kept
+        trace.live_after = live["now"]
     finally:
         torch.set_num_threads(threads)
     return result, trace
