@@ -10,44 +10,7 @@ import torch
 import flashtut
 from flashtut.exercises import ch05, ch06, technique
 
-NEG_INF = float("-inf")
-
-
-def _flat(message):
-    """The message with its wrapping undone, so phrases can be searched across line breaks."""
-    return " ".join(message.split())
-
-
-def _hidden(q0, q1, k0, k1):
-    return torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]
-
-
-def _forward(q, k, v, causal, bm, bn, acc_t=None, skip=True, prescale_in_place=False):
-    """A tiled forward with switches for the mistakes the checker must catch."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    acc_t = acc_t or (torch.float64 if q.dtype == torch.float64 else torch.float32)
-    if prescale_in_place:
-        q.mul_(D ** -0.5)
-    scale = 1.0 if prescale_in_place else D ** -0.5
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float64)
-    for q0 in range(0, Nq, bm):
-        q1 = min(q0 + bm, Nq)
-        qi = q[:, :, q0:q1].to(acc_t) * scale
-        m = torch.full(qi.shape[:3], NEG_INF, dtype=acc_t)
-        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-        for k0 in range(0, min(q1, Nk) if (causal and skip) else Nk, bn):
-            k1 = min(k0 + bn, Nk)
-            s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)
-            if causal:
-                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.nan_to_num(torch.exp(m - m_new))       # guards a fully masked tile
-            p = torch.nan_to_num(torch.exp(s - m_new[..., None]))
-            l, acc = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[:, :, k0:k1].to(acc_t)
-            m = torch.where(torch.isinf(m_new), m, m_new)
-        o[:, :, q0:q1] = (acc / l[..., None]).to(q.dtype)
-        lse[:, :, q0:q1] = (m + torch.log(l)).double()
-    return o, lse
+from exercises.answers import NEG_INF, flat as _flat, hidden as _hidden, keeping, tiled_backward, tiled_forward
 
 
 def naive(q, k, v, causal, bm, bn):
@@ -114,9 +77,9 @@ FORWARD_WRONG = {
     "not streaming": (query_blocks_against_all_keys, "at once"),
     "two passes": (two_passes_over_the_keys, "one pass"),
     "holds every tile": (keeps_a_row_of_tiles, "alive at once"),
-    "no causal skipping": (lambda *a: _forward(*a, skip=False), "above the causal diagonal"),
-    "float16 accumulators": (lambda *a: _forward(*a, acc_t=a[0].dtype), "float16"),
-    "writes into q": (lambda *a: _forward(*a, prescale_in_place=True), "changed its input q"),
+    "no causal skipping": (lambda *a: tiled_forward(*a, skip=False), "above the causal diagonal"),
+    "float16 accumulators": (lambda *a: tiled_forward(*a, acc_t=a[0].dtype), "float16"),
+    "writes into q": (lambda *a: tiled_forward(*a, prescale_in_place=True), "changed its input q"),
 }
 
 
@@ -144,30 +107,6 @@ def test_forward_checker_survives_a_raising_or_badly_shaped_answer():
 
 
 # ------------------------------------------------------------------------------ backward
-
-def backward_without_skipping(q, k, v, o, lse, do, causal, bm, bn):
-    """Right numbers: masked tiles give P = 0, but they are computed."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    sc, delta = D ** -0.5, (do * o).sum(-1)
-    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
-    for k0 in range(0, Nk, bn):
-        k1 = min(k0 + bn, Nk)
-        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]
-        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        for q0 in range(0, Nq, bm):
-            q1 = min(q0 + bm, Nq)
-            qi, doi = q[:, :, q0:q1], do[:, :, q0:q1]
-            s = qi @ kj.transpose(-2, -1) * sc
-            if causal:
-                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
-            p = torch.exp(s - lse[:, :, q0:q1, None])
-            dvj += p.transpose(-2, -1) @ doi
-            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
-            dq[:, :, q0:q1] += ds @ kj * sc
-            dkj += ds.transpose(-2, -1) @ qi * sc
-        dk[:, :, k0:k1], dv[:, :, k0:k1] = dkj, dvj
-    return dq, dk, dv
-
 
 def backward_by_columns(q, k, v, o, lse, do, causal, bm, bn):
     """One key block against all queries at once: an Nq x block_n column of P."""
@@ -198,7 +137,7 @@ BACKWARD_WRONG = {
                                "Nq x Nk"),
     "whole matrices": (lambda q, k, v, o, lse, do, c, bm, bn: ch06.solution_attention_backward(q, k, v, do, c),
                        "at once"),
-    "no causal skipping": (backward_without_skipping, "skip those tiles"),
+    "no causal skipping": (lambda *a: tiled_backward(*a, skip=False), "skip those tiles"),
     "columns of P": (backward_by_columns, "at once"),
     "writes into do": (backward_scaling_do_in_place, "changed its input do"),
 }
@@ -221,21 +160,14 @@ def test_backward_checker_rejects_the_wrong_technique(wrong):
 
 # ------------------------------------------------------------------------------ autograd.Function
 
-class SavesP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, bm, bn):
-        o, lse = ch05.solution_flash_forward(q, k, v, causal, bm, bn)
-        s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
-        if causal:
-            s = s.masked_fill(flashtut.causal_mask(q.shape[2], k.shape[2]), NEG_INF)
-        ctx.save_for_backward(q, k, v, o, lse, torch.softmax(s, -1))
-        ctx.args = (causal, bm, bn)
-        return o
+def probabilities(q, k, o, lse, causal):
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(flashtut.causal_mask(q.shape[2], k.shape[2]), NEG_INF)
+    return torch.softmax(s, -1)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, _ = ctx.saved_tensors
-        return (*ch06.solution_flash_backward(q, k, v, o, lse, do, *ctx.args), None, None, None)
+
+SavesP = keeping(probabilities)
 
 
 class WrongDv(ch06.SolutionFlashAttention):

@@ -100,3 +100,79 @@ def test_a_caught_refusal_still_counts():
             return None
     _, _, err = _run(swallow)
     assert err and "NumPy" in err
+
+
+def _index_put_acc(b):
+    n = b.shape[2]
+    idx = (torch.arange(1)[:, None, None], torch.arange(2)[None, :, None], torch.arange(n)[None, None, :])
+    return torch.zeros_like(b).index_put_(idx, b, accumulate=True)
+
+
+def _index_along(b, dim=2):
+    shape = [1] * 4
+    shape[dim] = b.shape[dim]
+    return torch.arange(b.shape[dim]).view(shape).expand(b.shape).contiguous()
+
+
+#: copies made one block at a time by operators that compute (products with the identity,
+#: sorts, accumulating writes...), then joined: the join holds every row all the same
+BLOCKWISE = {
+    "eye @ block": lambda b: torch.eye(b.shape[2], dtype=b.dtype) @ b,
+    "block @ eye": lambda b: b @ torch.eye(b.shape[3], dtype=b.dtype),
+    "einsum with the identity": lambda b: torch.einsum("ij,bhjd->bhid", torch.eye(b.shape[2], dtype=b.dtype), b),
+    "mv with the identity": lambda b: torch.stack([torch.eye(b.shape[2], dtype=b.dtype) @ b[0, 0, :, d]
+                                                   for d in range(b.shape[3])], -1)[None, None],
+    ".T.T": lambda b: b.transpose(-2, -1).transpose(-2, -1).contiguous(),
+    "* 1": lambda b: b * 1,
+    "+ 0": lambda b: b + 0,
+    "index_select of all rows": lambda b: b.index_select(2, torch.arange(b.shape[2])),
+    "clone": lambda b: b.clone(),
+    "float32 round trip": lambda b: b.float().double(),
+    "int64 bits": lambda b: b.view(torch.int64).clone().view(torch.float64),
+    "scaled to int64": lambda b: (b * 2 ** 40).long().double() / 2 ** 40,
+    "sort along rows": lambda b: b.sort(dim=2).values,
+    "sort within rows": lambda b: b.sort(dim=3).values,
+    "topk": lambda b: b.topk(b.shape[2], dim=2).values,
+    "max over a broadcast identity": lambda b: (b[:, :, :, None] * torch.eye(b.shape[2], dtype=b.dtype)[:, :, None])
+    .sum(2),
+    "gather": lambda b: b.gather(3, _index_along(b, 3)),
+    "scatter": lambda b: torch.zeros_like(b).scatter(2, _index_along(b), b),
+    "scatter_add": lambda b: torch.zeros_like(b).scatter_add(2, _index_along(b), b),
+    "scatter_reduce": lambda b: torch.zeros_like(b).scatter_reduce(2, _index_along(b), b, "sum"),
+    "index_add": lambda b: torch.zeros_like(b).index_add(2, torch.arange(b.shape[2]), b),
+    "index_put(accumulate=True)": _index_put_acc,
+    "cumsum then diff": lambda b: torch.diff(b.cumsum(2), dim=2, prepend=torch.zeros_like(b[:, :, :1])),
+    "diag_embed": lambda b: torch.diag_embed(b).sum(-1),
+}
+
+
+@pytest.mark.parametrize("how", BLOCKWISE)
+def test_a_copy_made_block_by_block_is_a_whole_read(how):
+    def copy(q, k):
+        return torch.cat([BLOCKWISE[how](k[:, :, s:s + 8].contiguous()) for s in range(0, 30, 8)], 2)
+    _, trace, err = _run(copy)
+    assert err is None, err
+    assert [r[0] for r in trace.whole_reads][:1] == ["k"], trace.whole_reads
+
+
+def test_accumulated_copies_carry_the_rows_they_hold():
+    _, trace, _ = _run(lambda q, k: _index_put_acc(k[:, :, :8]) * 1)
+    assert not trace.whole_reads
+    _, trace, _ = _run(lambda q, k: torch.cat([_index_put_acc(k[:, :, s:s + 8]) for s in range(0, 30, 8)], 2))
+    assert trace.whole_reads[0][0] == "k" and trace.whole_reads[0][3] == 30, trace.whole_reads
+
+
+def test_tensors_from_outside_the_call_and_random_draws_are_recorded():
+    stash = torch.randn(1, 2, 30, 4, dtype=torch.float64)
+    _, trace, _ = _run(lambda q, k: (stash * 2, stash))
+    assert [op for op, _ in trace.foreign] == ["mul"], trace.foreign
+    _, trace, _ = _run(lambda q, k: stash, known=[stash])
+    assert not trace.foreign
+    _, trace, _ = _run(lambda q, k: q[:, :, :8] + torch.randn(1, 2, 8, 4, dtype=torch.float64))
+    assert trace.random == ["randn"]
+
+
+def test_what_stays_alive_after_the_call_is_counted():
+    kept = []
+    _, trace, _ = _run(lambda q, k: kept.append(k[:, :, :8] * 2) or torch.zeros(3))
+    assert trace.live_after == 2 * 8 * 4 + 3

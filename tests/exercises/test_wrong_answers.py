@@ -2,6 +2,7 @@
 reader sees, and right answers (the book's worked solutions, the library, answers that work in
 place) that it must accept. Sizes are the checkers' own: small, but with D = 128, more rows
 than a block and odd lengths, so shortcuts show."""
+import inspect
 import math
 
 import numpy as np
@@ -12,21 +13,8 @@ import flashtut
 from flashtut.cuda.models import hopper_layout as hl
 from flashtut.exercises import ch04, ch05, ch06, ch07, ch10, ch11, ch12
 
-NEG_INF = float("-inf")
-
-
-def _flat(message):
-    return " ".join(message.split())
-
-
-def _fails(res, *phrases):
-    assert not res.ok, res.message
-    for phrase in phrases:
-        assert phrase in _flat(res.message), res.message
-
-
-def _hidden(q0, q1, k0, k1):
-    return torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]
+from exercises.answers import (KEPT, NEG_INF, cat_copy, fails as _fails, hidden as _hidden, keeping, tiled_backward,
+                              tiled_forward)
 
 
 # ---------------------------------------------------------------- 4.2 and 4.3
@@ -67,6 +55,8 @@ def test_online_softmax_accepts_right_answers(fn):
     (lambda x, bs: torch.softmax(x, -1), ["aten._softmax", "covered 101 columns", "one block"]),
     (softmax_max_first, ["aten.amax", "covered 101 columns"]),
     (softmax_numpy, ["NumPy"]),
+    (lambda x, bs: torch.softmax(torch.cat([x[:, s:s + bs] @ torch.eye(x[:, s:s + bs].shape[1], dtype=x.dtype)
+                                            for s in range(0, x.shape[1], bs)], 1), -1), ["covered 101 columns"]),
 ])
 def test_online_softmax_rejects_whole_row_work(fn, phrases):
     _fails(ch04.check_online_softmax(fn), *phrases)
@@ -119,39 +109,34 @@ def test_tiled_loop_checker_accepts_the_fix_and_the_library():
 
 # ---------------------------------------------------------------- 5.3
 
-def forward_in_place(q, k, v, causal, bm, bn):
-    """Right: the worked solution's loop with in-place updates of its own accumulators."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=acc_t)
-    for q0 in range(0, Nq, bm):
-        q1 = min(q0 + bm, Nq)
-        qi = q[:, :, q0:q1].to(acc_t, copy=True)
-        qi.mul_(D ** -0.5)
-        m = torch.full(qi.shape[:3], NEG_INF, dtype=acc_t)
-        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-        for k0 in range(0, min(q1, Nk) if causal else Nk, bn):
-            k1 = min(k0 + bn, Nk)
-            s = qi @ k[:, :, k0:k1].to(acc_t).transpose(-2, -1)
-            if causal:
-                s.masked_fill_(_hidden(q0, q1, k0, k1), NEG_INF)
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.exp(m - m_new)
-            p = s.sub_(m_new[..., None]).exp_()
-            l.mul_(alpha).add_(p.sum(-1))
-            acc.mul_(alpha[..., None]).add_(p @ v[:, :, k0:k1].to(acc_t))
-            m = m_new
-        o[:, :, q0:q1] = acc / l[..., None]
-        lse[:, :, q0:q1] = m + torch.log(l)
-    return o, lse
+def eye_copy(t, bn):
+    """A whole copy of ``t`` made block by block by matrix products with the identity."""
+    return torch.cat([torch.eye(min(bn, t.shape[2] - s), dtype=t.dtype) @ t[:, :, s:s + bn]
+                      for s in range(0, t.shape[2], bn)], dim=2)
 
 
-def forward_cat_then_rows(q, k, v, causal, bm, bn):
-    """The issue's hidden wrong answer: K and V copied once with a cat of block slices, then a
-    softmax over whole score rows, row by row."""
-    Nk, D = k.shape[2], q.shape[3]
-    kc = torch.cat([k[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
-    vc = torch.cat([v[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+def index_add_copy(t, bn):
+    """A whole copy of ``t`` accumulated block by block into zeros (index_add_)."""
+    buf = torch.zeros_like(t)
+    for s in range(0, t.shape[2], bn):
+        buf.index_add_(2, torch.arange(s, min(s + bn, t.shape[2])), t[:, :, s:s + bn])
+    return buf
+
+
+def sort_copy(t, bn):
+    """A whole copy of ``t`` through a sort of each block's rows and a scatter back."""
+    buf = torch.empty_like(t)
+    for s in range(0, t.shape[2], bn):
+        vals, idx = t[:, :, s:s + bn].sort(dim=3)
+        buf[:, :, s:s + bn] = torch.empty_like(vals).scatter_(3, idx, vals)
+    return buf
+
+
+def forward_cat_then_rows(q, k, v, causal, bm, bn, copy=cat_copy):
+    """The issue's hidden wrong answer: K and V copied once with a cat of block slices (or
+    another ``copy``), then a softmax over whole score rows, row by row."""
+    D = q.shape[3]
+    kc, vc = copy(k, bn), copy(v, bn)
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=q.dtype)
     for i in range(q.shape[2]):
         s = q[:, :, i:i + 1] @ kc.transpose(-2, -1) * D ** -0.5
@@ -186,6 +171,50 @@ def forward_via_item(q, k, v, causal, bm, bn):
     return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
 
 
+def forward_via_tolist(q, k, v, causal, bm, bn):
+    """K and V round-tripped through Python lists, then the worked solution."""
+    return ch05.solution_flash_forward(q, torch.tensor(k.tolist(), dtype=k.dtype),
+                                       torch.tensor(v.tolist(), dtype=v.dtype), causal, bm, bn)
+
+
+def forward_sdpa(q, k, v, causal, bm, bn):
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return o, ch05.solution_flash_forward(q, k, v, causal, bm, bn)[1]
+
+
+def forward_naive_in_float16(q, k, v, causal, bm, bn):
+    """The worked solution where the checker looks hard (float64), naive attention in float32
+    for the float16 case."""
+    if q.dtype != torch.float16:
+        return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+    q32, k32 = q.float(), k.float()
+    return flashtut.naive_attention(q32, k32, v.float()).half(), flashtut.attention_lse(q32, k32)
+
+
+ANSWERS = {}
+
+
+def forward_precomputed(q, k, v, causal, bm, bn):
+    """Caching between calls: answers computed earlier (here by naive attention on a first
+    run of the checker), looked up by shape."""
+    return ANSWERS[tuple(q.shape), causal]
+
+
+def forward_reads_the_callers_copies(q, k, v, causal, bm, bn):
+    """Naive attention on the checker's own q, k and v, found in its frame."""
+    frame = inspect.currentframe()
+    while frame is not None and not (isinstance(frame.f_locals.get("k"), torch.Tensor)
+                                     and frame.f_locals["k"] is not k and frame.f_locals["k"].shape == k.shape):
+        frame = frame.f_back
+    q0, k0, v0 = (frame.f_locals[n] for n in "qkv")
+    return flashtut.naive_attention(q0, k0, v0, causal=causal), flashtut.attention_lse(q0, k0, causal=causal)
+
+
+def forward_regenerates_the_inputs(q, k, v, causal, bm, bn):
+    torch.randn(q.shape, dtype=q.dtype)
+    return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+
+
 def forward_d64_only(q, k, v, causal, bm, bn):
     """Right only for head dims up to 64: drops the rest of each row."""
     if q.shape[-1] > 64:                       # as if the scale were 1/sqrt(min(D, 64))
@@ -193,36 +222,22 @@ def forward_d64_only(q, k, v, causal, bm, bn):
     return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
 
 
-def forward_no_skip(q, k, v, causal, bm, bn):
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float64)
-    for q0 in range(0, Nq, bm):
-        q1 = min(q0 + bm, Nq)
-        qi = q[:, :, q0:q1] * D ** -0.5
-        m = torch.full(qi.shape[:3], NEG_INF, dtype=q.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-        for k0 in range(0, Nk, bn):
-            k1 = min(k0 + bn, Nk)
-            s = qi @ k[:, :, k0:k1].transpose(-2, -1)
-            if causal:
-                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.nan_to_num(torch.exp(m - m_new))
-            p = torch.nan_to_num(torch.exp(s - m_new[..., None]))
-            l, acc = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[:, :, k0:k1]
-            m = torch.where(torch.isinf(m_new), m, m_new)
-        o[:, :, q0:q1] = acc / l[..., None]
-        lse[:, :, q0:q1] = m + torch.log(l)
-    return o, lse
-
-
 FORWARD_WRONG = {
     "cat copy, then whole rows": (forward_cat_then_rows, ["read or held", "aten.cat", "whole row of the score matrix"]),
     "index_select copy": (forward_index_copy, ["rows of k at once", "aten.index_select"]),
+    "eye matmul copy, then whole rows": (lambda *a: forward_cat_then_rows(*a, copy=eye_copy), ["rows of k at once"]),
+    "index_add copy, then whole rows": (lambda *a: forward_cat_then_rows(*a, copy=index_add_copy),
+                                        ["rows of k at once", "aten.index_add_"]),
+    "sort and scatter copy": (lambda *a: forward_cat_then_rows(*a, copy=sort_copy), ["rows of k at once"]),
+    "python lists": (forward_via_tolist, ["Python numbers", "tolist"]),
+    "scaled_dot_product_attention": (forward_sdpa, ["rows of q at once"]),
+    "naive attention in the float16 case": (forward_naive_in_float16, ["float16", "whole row of the score matrix"]),
+    "the caller's copies": (forward_reads_the_callers_copies, ["neither made nor was given"]),
+    "random numbers": (forward_regenerates_the_inputs, ["drew random numbers"]),
     "numpy": (forward_numpy, ["NumPy"]),
     "python floats": (forward_via_item, ["Python numbers"]),
     "right only for D <= 64": (forward_d64_only, ["q (1, 2, 45, 128)", "values differ"]),
-    "no causal skip": (forward_no_skip, ["above the causal diagonal", "skip those tiles"]),
+    "no causal skip": (lambda *a: tiled_forward(*a, skip=False), ["above the causal diagonal", "skip those tiles"]),
 }
 
 
@@ -232,8 +247,20 @@ def test_forward_checker_rejects(wrong):
     _fails(ch05.check_flash_forward(fn), *phrases)
 
 
+def test_forward_checker_rejects_answers_cached_from_an_earlier_call():
+    def record(q, k, v, causal, bm, bn):
+        ANSWERS[tuple(q.shape), causal] = (flashtut.naive_attention(q, k, v, causal=causal),
+                                           flashtut.attention_lse(q, k, causal=causal))
+        return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
+    ch05.check_flash_forward(record)                  # an earlier run (itself rejected) fills the cache
+    assert len(ANSWERS) == len(ch05.FORWARD_CASES)
+    _fails(ch05.check_flash_forward(forward_precomputed), "returned a tensor", "neither made nor was given")
+    _fails(ch05.check_flash_forward(lambda *a: tuple(t * 1 for t in forward_precomputed(*a))),
+           "read (aten.mul)", "a cache kept from an earlier call")
+
+
 def test_forward_checker_accepts_an_in_place_answer():
-    res = ch05.check_flash_forward(forward_in_place)
+    res = ch05.check_flash_forward(lambda *a: tiled_forward(*a, in_place=True))
     assert res, res.message
 
 
@@ -242,9 +269,8 @@ def test_forward_checker_accepts_an_in_place_answer():
 def backward_rows_softmax(q, k, v, o, lse, do, causal, bm, bn):
     """The issue's wrong backward: per query row, torch.softmax over the whole score row,
     ignoring lse and Delta (K and V copied once with a cat)."""
-    Nk, D = k.shape[2], q.shape[3]
-    kc = torch.cat([k[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
-    vc = torch.cat([v[:, :, s:s + bn] for s in range(0, Nk, bn)], dim=2)
+    D = q.shape[3]
+    kc, vc = cat_copy(k, bn), cat_copy(v, bn)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for i in range(q.shape[2]):
         s = q[:, :, i:i + 1] @ kc.transpose(-2, -1) * D ** -0.5
@@ -286,68 +312,24 @@ def backward_tiles_softmax(q, k, v, o, lse, do, causal, bm, bn):
     return dq, dk, dv
 
 
-def backward_every_tile(q, k, v, o, lse, do, causal, bm, bn):
-    """Right numbers, every tile computed, the ones above the diagonal included."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
-    sc, delta = D ** -0.5, (do.to(acc_t) * o.to(acc_t)).sum(-1)
-    dq = torch.zeros(q.shape, dtype=acc_t)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    for k0 in range(0, Nk, bn):
-        k1 = min(k0 + bn, Nk)
-        kj, vj = k[:, :, k0:k1].to(acc_t), v[:, :, k0:k1].to(acc_t)
-        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        for q0 in range(0, Nq, bm):
-            q1 = min(q0 + bm, Nq)
-            qi, doi = q[:, :, q0:q1].to(acc_t), do[:, :, q0:q1].to(acc_t)
-            s = qi @ kj.transpose(-2, -1) * sc
-            if causal:
-                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
-            p = torch.exp(s - lse[:, :, q0:q1, None].to(acc_t))
-            dvj += p.transpose(-2, -1) @ doi
-            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
-            dq[:, :, q0:q1] += ds @ kj * sc
-            dkj += ds.transpose(-2, -1) @ qi * sc
-        dk[:, :, k0:k1], dv[:, :, k0:k1] = dkj.to(k.dtype), dvj.to(v.dtype)
-    return dq.to(q.dtype), dk, dv
-
-
-def backward_fp16_accumulators(q, k, v, o, lse, do, causal, bm, bn):
-    """The worked solution's loop with every accumulator in the inputs' dtype (float16 there)."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    t = q.dtype
-    sc, delta = D ** -0.5, (do * o).sum(-1)
-    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
-    for k0 in range(0, Nk, bn):
-        k1 = min(k0 + bn, Nk)
-        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]
-        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        for q0 in range((k0 // bm) * bm if causal else 0, Nq, bm):
-            q1 = min(q0 + bm, Nq)
-            qi, doi = q[:, :, q0:q1], do[:, :, q0:q1]
-            s = qi @ kj.transpose(-2, -1) * sc
-            if causal:
-                s = s.masked_fill(_hidden(q0, q1, k0, k1), NEG_INF)
-            p = torch.exp(s - lse[:, :, q0:q1, None].to(t))
-            dvj += p.transpose(-2, -1) @ doi
-            ds = p * (doi @ vj.transpose(-2, -1) - delta[:, :, q0:q1, None])
-            dq[:, :, q0:q1] += ds @ kj * sc
-            dkj += ds.transpose(-2, -1) @ qi * sc
-        dk[:, :, k0:k1], dv[:, :, k0:k1] = dkj, dvj
-    return dq, dk, dv
-
-
 def backward_numpy(q, k, v, o, lse, do, causal, bm, bn):
     grads = ch06.solution_attention_backward(*(torch.from_numpy(t.numpy()) for t in (q, k, v, do)), causal)
     return tuple(grads)
 
 
+def backward_autograd_in_float16(q, k, v, o, lse, do, causal, bm, bn):
+    if q.dtype != torch.float16:
+        return ch06.solution_flash_backward(q, k, v, o, lse, do, causal, bm, bn)
+    return tuple(g.half() for g in ch06.autograd_grads(q.float(), k.float(), v.float(), do.float(), causal))
+
+
 BACKWARD_WRONG = {
     "per-row softmax, no lse or Delta": (backward_rows_softmax, ["reduced scores over key rows", "aten._softmax"]),
     "tiles from their own softmax": (backward_tiles_softmax, ["reduced scores over key rows"]),
-    "every tile above the diagonal": (backward_every_tile, ["above the causal diagonal"]),
-    "float16 accumulators": (backward_fp16_accumulators, ["float16", "in float32"]),
+    "every tile above the diagonal": (lambda *a: tiled_backward(*a, skip=False), ["above the causal diagonal"]),
+    "float16 accumulators": (lambda *a: tiled_backward(*a, acc_t=a[0].dtype), ["float16", "in float32"]),
     "numpy": (backward_numpy, ["NumPy"]),
+    "autograd in the float16 case": (backward_autograd_in_float16, ["float16", "Nq x Nk"]),
 }
 
 
@@ -366,24 +348,15 @@ class NumpyInside(ch06.SolutionFlashAttention):
         return o
 
 
-class SavesMaxAndSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, bm, bn):
-        o, lse = ch05.solution_flash_forward(q, k, v, causal, bm, bn)
-        ctx.save_for_backward(q, k, v, o, lse, lse.clone())
-        ctx.args = (causal, bm, bn)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, _ = ctx.saved_tensors
-        return (*ch06.solution_flash_backward(q, k, v, o, lse, do, *ctx.args), None, None, None)
-
-
-@pytest.mark.parametrize("wrong,phrases", [(NumpyInside, ["forward", "NumPy"]),
-                                           (SavesMaxAndSum, ["saved 6 tensors", "save only q, k, v, o"])])
+@pytest.mark.parametrize("wrong,phrases", [
+    (NumpyInside, ["forward", "NumPy"]),
+    (keeping(lambda q, k, o, lse, c: lse.clone()), ["saved 6 tensors", "save only q, k, v, o"]),
+    (keeping(lambda q, k, o, lse, c: lse.clone(), how="ctx"), ["on ctx as attributes", "ctx.more[0]"]),
+    (keeping(lambda q, k, o, lse, c: o.detach() * 1, how="global"), ["alive after the forward returned"]),
+])
 def test_function_checker_rejects(wrong, phrases):
     _fails(ch06.check_flash_function(wrong), *phrases)
+    KEPT.clear()
 
 
 # ---------------------------------------------------------------- 07 at D = 128 and long rows

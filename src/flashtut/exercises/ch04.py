@@ -72,6 +72,15 @@ def solution_merge(m_a, d_a, m_b, d_b):
     return m, d_a * torch.exp(m_a - finite_m) + d_b * torch.exp(m_b - finite_m)
 
 
+def _verdict(res: CheckResult, problem: str | None, passed: str) -> CheckResult:
+    """The numbers' verdict ``res`` (already passed) followed by the technique's: ``problem``
+    (a failure, what was wrong) or, when it is None, the ``passed`` note."""
+    if problem is not None:
+        return CheckResult(False, tq.wrap(f"{res.message}\n✗ {problem}"))
+    res.message += f"; {passed}"
+    return res
+
+
 # --- Exercise 4.2: an online softmax of your own ----------------------------------------------
 
 def _softmax_inputs(gen: torch.Generator):
@@ -93,17 +102,14 @@ def check_online_softmax(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     (xg,), _ = tq.private_copies(x)
     got, trace, err = tq.run_watched(lambda: fn(xg, bs), {"x": xg}, reduce_rows={"x": bs})
     head = f"watched on x {tuple(x.shape)}, block_size {bs}"
-    if err is not None:
-        return CheckResult(False, tq.wrap(f"{res.message}\n✗ {head}: {err}"))
-    if trace.wide_reductions:
+    problem = None if err is None else f"{head}: {err}"
+    if err is None and trace.wide_reductions:
         name, op, shape, n = trace.wide_reductions[0]
-        return CheckResult(False, tq.wrap(
-            f"{res.message}\n✗ {head}: the numbers are right, but a reduction (aten.{op} on a tensor of "
-            f"shape {shape}) covered {n} columns of a row at once. The online softmax reads a row one block "
-            f"of block_size columns at a time: take each block's max and sum of exp, fold them into the "
-            f"running state with the merge of exercise 4.1, then normalise"))
-    res.message += f"; {head}: every max and sum covers one block"
-    return res
+        problem = (f"{head}: the numbers are right, but a reduction (aten.{op} on a tensor of shape {shape}) "
+                   f"covered {n} columns of a row at once. The online softmax reads a row one block of "
+                   f"block_size columns at a time: take each block's max and sum of exp, fold them into the "
+                   f"running state with the merge of exercise 4.1, then normalise")
+    return _verdict(res, problem, f"{head}: every max and sum covers one block")
 
 
 def solution_online_softmax(x, block_size):
@@ -162,19 +168,19 @@ def check_combine_states(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     for parts, rows in ((3, 4), (11, 4), (3, 13)):
         n, err = _ops(fn, parts, rows, gen)
         if err is not None:
-            return CheckResult(False, tq.wrap(f"{res.message}\n✗ watched with P = {parts}, {rows} rows: {err}"))
+            return _verdict(res, f"watched with P = {parts}, {rows} rows: {err}", "")
         counts[parts, rows] = n
     base = counts[3, 4]
-    for (parts, rows), n in counts.items():
-        if n > base:
-            what = "states P" if parts != 3 else "rows"
-            return CheckResult(False, tq.wrap(
-                f"{res.message}\n✗ the numbers are right, but your function ran {base} torch operators for "
-                f"P = 3 states of 4 rows and {n} for P = {parts} of {rows} rows: a Python loop over the "
-                f"{what}. Combine all states at once: the maximum over dim 0, then each sum rescaled to it "
-                f"and summed over dim 0"))
-    res.message += f"; no Python loop ({base} torch operators whatever P and the rows)"
-    return res
+    grown = [(parts, rows, n) for (parts, rows), n in counts.items() if n > base]
+    problem = None
+    if grown:
+        parts, rows, n = grown[0]
+        loop = "states P" if parts != 3 else "rows"
+        problem = " ".join([
+            f"the numbers are right, but your function ran {base} torch operators for P = 3 states of 4 rows",
+            f"and {n} for P = {parts} of {rows} rows: a Python loop over the {loop}. Combine all states at",
+            "once: the maximum over dim 0, then each sum rescaled to it and summed over dim 0"])
+    return _verdict(res, problem, f"no Python loop ({base} torch operators whatever P and the rows)")
 
 
 def solution_combine_states(m, d):

@@ -251,13 +251,6 @@ def solution_flash_forward(q, k, v, causal=False, block_m=64, block_n=64):
     return o, lse
 
 
-def _call(fn, args):
-    try:
-        return fn(*args), None
-    except Exception as exc:  # the reader's code raised: say so instead of a traceback wall
-        return None, f"your function raised {type(exc).__name__}: {exc}"
-
-
 @dataclass
 class Limits:
     """What one watched case allows: ``rows[name]`` rows of an input per tensor, score tensors of
@@ -332,6 +325,15 @@ def technique_report(trace, limits: Limits):
         problems.append(f"kept {trace.peak_live:,} elements alive at once (the budget is {limits.live:,}: "
                         f"the outputs and a few tiles): do not keep every tile or a copy of the inputs; "
                         f"fold each tile into running statistics and drop it")
+    if trace.foreign:
+        op, shape = trace.foreign[0]
+        how = "returned" if op == "returned" else f"read (aten.{op})"
+        problems.append(f"{how} a tensor of shape {shape} that it neither made nor was given: a global, a "
+                        f"cache kept from an earlier call or a copy made elsewhere. Compute everything from "
+                        f"the arguments, in this call")
+    if trace.random:
+        problems.append(f"drew random numbers (aten.{trace.random[0]}): attention is deterministic; "
+                        f"regenerating the checker's inputs is not reading them")
     if trace.input_writes:
         name, op = trace.input_writes[0]
         problems.append(f"wrote into its input {name} (aten.{op}); work on copies of the blocks")
@@ -372,6 +374,9 @@ def _fp16_inputs(gen):
     return q, k, v
 
 
+#: the tiles of the float16 case (one query block of 37 rows, 47 key blocks)
+FP16_BLOCKS = (64, 64)
+
 #: the float64 cases of :func:`check_flash_forward`: (B, H, Nq, Nk, D, block_m, block_n), causal
 FORWARD_CASES = (((1, 2, 45, 173, 128, 16, 16), False), ((2, 1, 83, 70, 24, 16, 16), True),
                  ((1, 1, 37, 61, 8, 8, 16), True))
@@ -385,7 +390,9 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
     ``clone``, indexing or ``.to``, counts as a read of them all), scores made one tile at a
     time (never a whole row), each key block loaded once per query block (one pass), few tensors
     alive at once, with ``causal`` no tile above the diagonal computed, inputs left unchanged,
-    nothing taken out to NumPy; and float16 rows long enough that a float16 accumulator fails."""
+    nothing taken out to NumPy, nothing read from outside its arguments (globals, caches), no
+    random numbers; and float16 rows long enough that a float16 accumulator fails, watched the
+    same way."""
     check_callable("fn", fn)
     gen = torch.Generator().manual_seed(check_seed(seed))
     lines, ok = [], True
@@ -419,6 +426,10 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         once = io.count(io.flash2_schedule(Nq, Nk, D, bm, bn, causal)).reads
         for name, key in (("k", "K"), ("v", "V")):
             n_read, n_once = trace.read_elements(name), B * H * once[key]
+            if n_read < n_once and not trace.stopped and not trace.foreign:
+                problems.append(f"read only {n_read:,} elements of {name}; each key block a query block "
+                                f"sees must be loaded once, {n_once:,} in all: the output cannot come from "
+                                f"the {name} it was given")
             if n_read > n_once:
                 why = ("the key blocks after a query block's last row are hidden from all of it: "
                        "stop the inner loop before them" if trace.masked_products else
@@ -433,13 +444,18 @@ def check_flash_forward(fn, seed: int = 0) -> CheckResult:
         return CheckResult(False, tq.wrap("\n".join(lines)))
     q, k, v = _fp16_inputs(gen)
     (qg, kg, vg), kept = tq.private_copies(q, k, v)
-    got, err = _call(fn, (qg, kg, vg, False, 16, 64))
+    bm, bn = FP16_BLOCKS
+    limits = forward_limits(*q.shape[:3], k.shape[2], q.shape[3], bm, bn)
+    got, trace, err = watch_case(lambda: fn(qg, kg, vg, False, bm, bn), dict(q=qg, k=kg, v=vg), limits, False)
     if err is None:
         got, err = _pair(got)
-    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks 16x64"
+    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
+    problems = [] if err else technique_report(trace, limits)
     if err:
         ok = False
         lines.append(f"✗ {head}: {err}")
+    elif problems:
+        ok = add_verdict(lines, head, problems, "")
     else:
         exact = naive_attention(q.double(), k.double(), v.double())
         p16 = torch.softmax((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5, dim=-1) @ v

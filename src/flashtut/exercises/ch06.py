@@ -238,14 +238,21 @@ def _fp16_backward_case(fn, gen, lines) -> bool:
     q, k, v, do = _fp16_backward_inputs(gen)
     Q, K, V, DO = (t.double() for t in (q, k, v, do))
     o, lse = naive_attention(Q, K, V).half(), attention_lse(Q, K).float()
-    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks 64x32"
-    got, error, _ = call_candidate(fn, (q, k, v, o, lse, do, False, 64, 32))
+    bm, bn = 64, 32
+    head = f"float16, q {tuple(q.shape)}, k {tuple(k.shape)}, blocks {bm}x{bn}"
+    names = ("q", "k", "v", "o", "lse", "do")
+    given, _ = tq.private_copies(q, k, v, o, lse, do)
+    limits = backward_limits(*q.shape[:3], k.shape[2], q.shape[3], bm, bn)
+    got, trace, error = watch_case(lambda: fn(*given, False, bm, bn), dict(zip(names, given)), limits, False)
     if error is not None:
-        lines.append(f"✗ {head}: {error.message[2:]}")
+        lines.append(f"✗ {head}: {error}")
         return False
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         lines.append(f"✗ {head}: expected (dq, dk, dv), got {describe(got)}")
         return False
+    problems = backward_technique(trace, limits)
+    if problems:
+        return add_verdict(lines, head, problems, "")
     want = autograd_grads(Q, K, V, DO)
     torch16 = autograd_grads(q, k, v, do)
     bad = []
@@ -340,6 +347,26 @@ def _saved_sizes(run):
     return sizes
 
 
+def _ctx_tensors(node, depth: int = 0) -> list:
+    """``(attribute, tensor)`` for the tensors a Function's forward kept on ``ctx`` as attributes
+    (``ctx.p = p``), in lists, tuples and dicts too: saved for the backward all the same."""
+    found = []
+
+    def walk(name, x, depth):
+        if isinstance(x, torch.Tensor):
+            found.append((name, x))
+        elif depth < 3 and isinstance(x, (list, tuple)):
+            for i, y in enumerate(x):
+                walk(f"{name}[{i}]", y, depth + 1)
+        elif depth < 3 and isinstance(x, dict):
+            for key, y in x.items():
+                walk(f"{name}[{key!r}]", y, depth + 1)
+
+    for name, x in vars(node).items() if hasattr(node, "__dict__") else ():
+        walk(f"ctx.{name}", x, depth)
+    return found
+
+
 def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
     """Check a ``torch.autograd.Function`` subclass used as ``fn_class.apply(q, k, v, causal,
     block_m, block_n) -> o``: ``torch.autograd.gradcheck`` on tiny float64 inputs (causal and
@@ -347,7 +374,8 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
     only ``q, k, v, o`` and the log-sum-exp saved for the backward (nothing of size ``Nq x Nk``);
     forward and backward watched as in ``check_flash_backward`` (blocks read one at a time,
     scores one tile at a time, no softmax over keys in the backward, masked tiles skipped,
-    nothing taken out to NumPy); inputs left unchanged."""
+    nothing taken out to NumPy); nothing kept elsewhere (tensors on ``ctx`` attributes, globals,
+    caches: what the forward leaves alive is ``o`` and the log-sum-exp); inputs left unchanged."""
     if not (isinstance(fn_class, type) and issubclass(fn_class, torch.autograd.Function)):
         return CheckResult(False, tq.wrap(f"✗ expected a subclass of torch.autograd.Function, got "
                                           f"{fn_class!r}: write class MyFlash(torch.autograd.Function)"))
@@ -386,9 +414,19 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
 
         saved, trace, err = watch_case(lambda: _saved_sizes(forward), dict(zip(names, given)), limits, causal)
         where = "forward"
+        if err is None and not isinstance(out.get("o"), torch.Tensor):
+            err = f"returned {describe(out.get('o'))}, not the output tensor o"
         if err is None:
             where = "backward"
-            _, trace_b, err = watch_case(backward, dict(zip(names, given)), limits, causal)
+            node = out["o"].grad_fn
+            on_ctx = _ctx_tensors(node)
+            try:
+                saved_now = list(node.saved_tensors)
+            except Exception:  # noqa: BLE001 - not a custom Function's node: nothing saved to allow
+                saved_now = []
+            _, trace_b, err = tq.run_watched(backward, dict(zip(names, given)), causal=causal,
+                                             block_rows=limits.rows, pair_rows=(limits.bm, limits.bn),
+                                             blocks=(limits.bm, limits.bn), known=saved_now)
         if err is not None:
             lines.append(f"✗ {head}: the {where} {err.removeprefix('your function ')}")
             ok = False
@@ -401,7 +439,18 @@ def check_flash_function(fn_class, seed: int = 0) -> CheckResult:
         changed = tq.mutated(names, [t.detach() for t in given], kept)
         if changed:
             problems.append(f"changed its input {', '.join(changed)}")
+        saved += [(t.numel(), tuple(t.shape)) for _, t in on_ctx]
         big = [shape for n, shape in saved if n > B * H * max(Nq, Nk) * D]
+        kept_alive = B * H * (Nq * D + 2 * Nq)             # o and its log-sum-exp
+        if on_ctx:
+            problems.append(f"kept {len(on_ctx)} tensor(s) on ctx as attributes ({on_ctx[0][0]}, shape "
+                            f"{tuple(on_ctx[0][1].shape)}): tensors for the backward go through "
+                            f"ctx.save_for_backward (autograd checks them for in-place changes and frees "
+                            f"them after the backward); save only q, k, v, o and the log-sum-exp")
+        if trace.live_after > kept_alive:
+            problems.append(f"left {trace.live_after:,} elements alive after the forward returned; o and "
+                            f"the log-sum-exp are {kept_alive:,}: the forward keeps more (a global, a cache, "
+                            f"a class attribute). The backward must recompute from q, k, v, o and lse")
         if big:
             problems.append(f"saved a tensor of shape {big[0]} for the backward: save q, k, v, o "
                             f"and the log-sum-exp, and recompute the probabilities")

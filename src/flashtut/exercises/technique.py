@@ -27,6 +27,7 @@ The chapter 04, 05 and 06 checkers turn these records into verdicts and messages
 """
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ _NO_READ = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new
 #: operators whose outputs share their input's memory (beyond those PyTorch marks as views)
 _ALIAS = frozenset({"_unsafe_view", "alias", "detach", "lift_fresh", "view"})
 #: operators that move or select values without combining them: run on the shadows as they are
-_MOVE = frozenset({"clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
+_MOVE = frozenset({"index_add", "index_add_", "index_reduce", "index_reduce_", "scatter_add",
+                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
                    "index", "index_put", "index_put_", "repeat", "flip", "roll", "constant_pad_nd",
                    "narrow_copy", "where", "take", "take_along_dim", "index_copy", "index_copy_",
                    "masked_select", "masked_scatter", "masked_scatter_", "scatter", "scatter_",
@@ -54,7 +56,10 @@ _MOVE = frozenset({"clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_
                    "expand_copy", "permute_copy", "transpose_copy", "t_copy", "view_copy",
                    "slice_copy", "select_copy", "unsqueeze_copy", "squeeze_copy", "unfold_copy",
                    "_reshape_copy", "tril", "triu", "repeat_interleave", "unbind_copy", "split_copy",
-                   "tile", "movedim", "pad", "reflection_pad1d", "replication_pad1d"})
+                   "tile", "movedim", "pad", "reflection_pad1d", "replication_pad1d", "diag_embed", "diag",
+                   "diagflat", "block_diag"})
+#: moves that fill the rest of their output with zeros (which hold no input row)
+_ZERO_FILLED = frozenset({"tril", "triu", "diag_embed", "diag", "diagflat", "block_diag"})
 #: operators that overwrite their output with values that come from no input
 _FILL = frozenset({"zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_",
                    "geometric_", "cauchy_", "log_normal_"})
@@ -66,6 +71,36 @@ _REDUCE = frozenset({"sum", "mean", "amax", "amin", "max", "min", "logsumexp", "
                      "var_mean", "std_mean", "aminmax", "count_nonzero", "any", "all", "kthvalue"})
 _ROWWISE = frozenset({"_softmax", "_log_softmax", "softmax", "log_softmax", "cumsum", "cumprod",
                       "logcumsumexp", "cummax", "cummin", "sort", "topk", "_safe_softmax"})
+#: arguments that say where values go, not values (never replaced by shadows)
+_INDEX_ARGS = frozenset({"index", "indices", "mask", "condition", "repeats", "offsets", "sorted_sequence"})
+#: accumulating writes: where each value lands is what a copy records
+_ACCUMULATE_AS_MOVE = {
+    "index_add": lambda self, dim, index, source, alpha=1: torch.index_copy(self, dim, index, source),
+    "index_add_": lambda self, dim, index, source, alpha=1: self.index_copy_(dim, index, source),
+    "index_reduce": lambda self, dim, index, source, reduce, include_self=True:
+        torch.index_copy(self, dim, index, source),
+    "index_reduce_": lambda self, dim, index, source, reduce, include_self=True:
+        self.index_copy_(dim, index, source),
+    "scatter_add": lambda self, dim, index, src: torch.scatter(self, dim, index, src),
+    "scatter_add_": lambda self, dim, index, src: self.scatter_(dim, index, src),
+    "scatter_reduce": lambda self, dim, index, src, reduce, include_self=True: torch.scatter(self, dim, index, src),
+    "scatter_reduce_": lambda self, dim, index, src, reduce, include_self=True: self.scatter_(dim, index, src),
+    "index_put": lambda self, indices, values, accumulate=False: torch.index_put(self, indices, values),
+    "index_put_": lambda self, indices, values, accumulate=False: self.index_put_(indices, values),
+    "_index_put_impl_": lambda self, indices, values, accumulate=False, unsafe=False:
+        self.index_put_(indices, values),
+}
+#: reductions and row-wise operators that also return where each value came from
+_INDEXED = frozenset({"sort", "topk", "kthvalue", "max", "min", "median", "nanmedian", "mode", "cummax",
+                      "cummin"})
+#: running sums and products (a difference of neighbours recovers every term)
+_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
+#: reductions that add their terms (an exact zero adds nothing)
+_SUMS = frozenset({"sum", "nansum", "mean", "nanmean"})
+#: operators that draw random numbers (an attention never does; a copy of the checker's inputs would)
+_RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "normal_", "uniform_", "random_",
+                     "bernoulli", "bernoulli_", "exponential_", "multinomial", "randn_like", "rand_like",
+                     "randint_like", "poisson", "cauchy_", "log_normal_", "geometric_"})
 #: Tensor methods that take values out of torch, where nothing can watch them any more
 _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
@@ -91,7 +126,11 @@ class Trace:
     the diagonal that were computed; ``wide_reductions``: ``(name, op, shape, rows)``, reductions
     over more than the allowed rows; ``key_reductions``: ``(op, shape)``, reductions of scores
     over key rows (a softmax, a row max or a row sum); ``outside``: messages for values taken out
-    of torch; ``n_ops``: operators run; ``stopped``: the watch stopped recording after
+    of torch; ``foreign``: ``(op, shape)`` for tensors of more than a block that the function read
+    or returned without making them or being given them (globals, caches, the caller's copies);
+    ``random``: random-number operators run; ``live_after``: elements of the tensors made during
+    the call still alive after it (its result, what it saved or kept); ``n_ops``: operators run;
+    ``stopped``: the watch stopped recording after
     ``STOP_AFTER`` whole reads or score rows (the rest of the records are then incomplete)."""
     reads: dict
     whole_reads: list = field(default_factory=list)
@@ -105,6 +144,9 @@ class Trace:
     wide_reductions: list = field(default_factory=list)
     key_reductions: list = field(default_factory=list)
     outside: list = field(default_factory=list)
+    foreign: list = field(default_factory=list)          # (op, shape): tensors from outside the call
+    random: list = field(default_factory=list)           # operators that drew random numbers
+    live_after: int = 0                   # elements still alive once the function returned
     n_ops: int = 0
     stopped: bool = False
 
@@ -163,6 +205,20 @@ def _varies(sh: torch.Tensor, dims: list) -> bool:
     return bool(((lo < hi) & torch.isfinite(lo) & torch.isfinite(hi)).any())
 
 
+def _selected(sh: torch.Tensor, other: torch.Tensor, side: str) -> torch.Tensor:
+    """Rows carried through a matrix product with a tensor that holds no input data: where
+    ``other`` (``a`` of ``a @ b`` when ``side`` is ``"b"``) picks exactly one term of the sum
+    (one nonzero, as ``torch.eye`` or a permutation does), the product copies that term."""
+    nz = (other.detach() != 0).to(torch.float64)
+    held = (~torch.isnan(sh)).to(torch.float64)
+    val = torch.nan_to_num(sh, nan=0.0)
+    if side == "b":
+        count, hits, got = nz.sum(-1, keepdim=True), nz @ held, nz @ val
+    else:
+        count, hits, got = nz.sum(-2, keepdim=True), held @ nz, val @ nz
+    return torch.where((count == 1) & (hits == 1), got, NAN)
+
+
 def _fmax(values: list, shape) -> torch.Tensor:
     out = None
     for v in values:
@@ -191,7 +247,7 @@ class _Shadows:
         return t.untyped_storage().data_ptr()
 
     def get(self, t) -> dict:
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        if not _holds_data(t):
             return {}
         entry = self.by_ptr.get(self._key(t))
         if entry is None or entry[0] != t.element_size():
@@ -219,7 +275,7 @@ class _Shadows:
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return
         key = self._key(t)
-        if not t.is_floating_point() or not channels:
+        if not _holds_data(t) or not channels:
             self.by_ptr.pop(key, None)
             return
         self.by_ptr.pop(key, None)
@@ -227,7 +283,7 @@ class _Shadows:
 
     def write(self, t, channels: dict):
         """Values were written into ``t`` (a view, perhaps): its elements now hold ``channels``."""
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        if not _holds_data(t):
             return
         key = self._key(t)
         if not channels and key not in self.by_ptr:
@@ -239,6 +295,12 @@ class _Shadows:
                 view.copy_(torch.broadcast_to(channels[c].to(view.device, torch.float64), t.shape))
             else:
                 view.fill_(NAN)
+
+
+def _holds_data(t) -> bool:
+    """Whether ``t`` can hold a copy of input values: any dtype but bool (an integer view or
+    conversion of the input's bits or of its scaled values is a copy too)."""
+    return isinstance(t, torch.Tensor) and t.dtype != torch.bool and t.numel() > 0
 
 
 def _tensors(x) -> list:
@@ -262,7 +324,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
           block_elements: dict | None = None, causal: bool = False, *,
           block_rows: dict | None = None, reduce_rows: dict | None = None,
           pair_rows: tuple | None = None, blocks: tuple | None = None, seq_dims: dict | None = None,
-          python_values: int | None = None):
+          python_values: int | None = None, known=()):
     """Run ``fn()`` and return ``(result, Trace)``.
 
     ``inputs`` maps names to the contiguous tensors ``fn`` uses (sequence along dim 2 of a 4-D
@@ -273,7 +335,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     most query and key rows one tensor of scores may cover; with ``causal`` and ``blocks = (bm,
     bn)``, ``Trace.hidden`` marks the pairs above the diagonal that were computed.
     ``python_values``: how many copies of input values may leave torch as Python numbers
-    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``fn``
+    (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``known``:
+    tensors made before the call that ``fn`` may read besides ``inputs`` (what a forward saved,
+    for its backward); any other tensor from outside of more elements than the smallest block
+    is recorded in ``Trace.foreign``. ``fn``
     raising :class:`OutsideTorch` means it took input values out of torch; ``Trace.outside``
     says so as well."""
     from torch.overrides import TorchFunctionMode
@@ -291,6 +356,24 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     if python_values is None:
         python_values = min(rows_limit.values()) if rows_limit else 64
     input_ptrs = {t.untyped_storage().data_ptr(): name for name, t in inputs.items()}
+    outside_ok = {t.untyped_storage().data_ptr() for t in _tensors(list(known)) if t.numel()}
+    made: set = set()                 # storages made during the call
+    foreign_limit = min((rows_limit[n] * inputs[n].numel() // max(1, inputs[n].shape[seq_dims[n]])
+                         for n in rows_limit if n in inputs), default=None)
+    seen_foreign: set = set()
+
+    def flag_foreign(op, ts):
+        if foreign_limit is None:
+            return
+        for t in ts:
+            if not _holds_data(t) or t.numel() <= foreign_limit:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key in made or key in input_ptrs or key in outside_ok or key in seen_foreign:
+                continue
+            seen_foreign.add(key)
+            trace.foreign.append((op, tuple(t.shape)))
+
     shadows = _Shadows()
     for name, t in inputs.items():
         side = "@q" if name in query_side else "@k"
@@ -321,6 +404,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
         key = t.untyped_storage().data_ptr()
         if key in input_ptrs:
             return
+        made.add(key)
         n = t.numel()
         if n > trace.largest[0]:
             trace.largest = (n, name_of["op"], tuple(t.shape))
@@ -343,7 +427,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     name_of = {"op": ""}
 
     def substitute(x, c, mutated_ids):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
+        if _holds_data(x):
             sh = shadows.get(x).get(c)
             if sh is None:
                 sh = torch.full(x.shape, NAN, dtype=torch.float64, device=x.device)
@@ -354,8 +438,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             return type(x)(substitute(y, c, mutated_ids) for y in x)
         return x
 
-    def channels_for(func, name, args, kwargs, tensors, out, mutated):
-        """The channels of ``out`` computed by ``func`` from ``tensors``' shadows."""
+    def channels_for(func, name, args, kwargs, tensors, out, mutated, out_all=None):
+        """The channels of ``out`` (one of ``out_all``) computed by ``func`` from ``tensors``'
+        shadows."""
         shs = [shadows.get(t) for t in tensors]
         present = set().union(*shs) if shs else set()
         if not present or name in _FILL:
@@ -365,31 +450,50 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             if name == "_to_copy":
                 return {c: s.clone() for c, s in shs[0].items()}
             ids = {id(t) for t in mutated}
+            schema = func._schema.arguments
             for c in present:
-                a = substitute(list(args), c, ids)
+                a = [x if i < len(schema) and schema[i].name in _INDEX_ARGS else substitute(x, c, ids)
+                     for i, x in enumerate(args)]
+                if name in _ZERO_FILLED:          # rows from 1, so that a filled 0 reads as no row
+                    a = [[y + 1 for y in x] if isinstance(x, list) else x + 1 if _holds_data(x) else x
+                         for x in a]
                 if name == "where":              # a number in place of a tensor holds no row
                     a = [NAN if isinstance(x, (int, float)) else x for x in a]
                 if name == "constant_pad_nd" and len(a) > 2:
                     a[2] = NAN
-                k = {key: substitute(v, c, ids) for key, v in kwargs.items()
+                k = {key: (v if key in _INDEX_ARGS else substitute(v, c, ids)) for key, v in kwargs.items()
                      if key not in ("dtype", "device", "layout", "pin_memory")}
-                got = func(*a, **k)
+                got = _ACCUMULATE_AS_MOVE.get(name, func)(*a, **k)
                 got = _tensors(got)[0]
+                if name in _ZERO_FILLED:
+                    got = torch.where(got == 0, NAN, got - 1)
                 if got.shape == out.shape:
                     result[c] = got
             return result
+        if name in ("mv", "addmv"):              # a matrix times a column
+            a, x = (args[0], args[1]) if name == "mv" else (args[1], args[2])
+            col = channels_for(torch.ops.aten.mm.default, "mm", (a, x.unsqueeze(-1)), {}, [a, x],
+                               out.unsqueeze(-1), [])
+            return {c: v.squeeze(-1) for c, v in col.items()}
         if name in _MATMULS and name in ("mm", "bmm", "addmm", "baddbmm"):
             a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
             sa, sb = shadows.get(a), shadows.get(b)
             carry_a = any(c in carry_names for c in sa)
             carry_b = any(c in carry_names for c in sb)
+            # probabilities (scores of query and key rows) weigh values: what they make is new,
+            # even where a masked row keeps a single key
+            score_a, score_b = ("@q" in sa and "@k" in sa), ("@q" in sb and "@k" in sb)
             result = {}
             for c in present:
                 parts = []
                 if c in sa and (c.startswith("@") or not carry_b):
                     parts.append(_consistent(sa[c], [sa[c].dim() - 1], False).unsqueeze(-1))
+                    if c in carry_names and c not in sb and not score_b:   # b selects single columns: a copy
+                        parts.append(_selected(sa[c], b, "a"))
                 if c in sb and (c.startswith("@") or not carry_a):
                     parts.append(_consistent(sb[c], [sb[c].dim() - 2], False).unsqueeze(-2))
+                    if c in carry_names and c not in sa and not score_a:   # a selects single rows (eye @ k): a copy
+                        parts.append(_selected(sb[c], a, "b"))
                 if name in ("addmm", "baddbmm"):
                     sc = shadows.get(args[0])
                     if c in sc:
@@ -401,10 +505,20 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             src = shs[0]
             dims = _dims(tensors[0], _arg(func, args, kwargs, "dim"))
             keepdim = bool(_arg(func, args, kwargs, "keepdim", False))
+            outs = _tensors(out_all)
+            if name in _INDEXED and len(outs) == 2 and not outs[1].is_floating_point():
+                if out is not outs[0] or len(dims) != 1:
+                    return {}                        # the indices: positions, not values
+                idx = outs[1]
+                if idx.dim() < tensors[0].dim():
+                    idx = idx.unsqueeze(dims[0])
+                return {c: torch.gather(s, dims[0], idx).reshape(out.shape) for c, s in src.items()}
             result = {}
             for c, s in src.items():
+                if name in _SUMS and c in carry_names:   # a term that is exactly 0 adds nothing
+                    s = torch.where(tensors[0] != 0, s, NAN)
                 if name in _ROWWISE:
-                    if c.startswith("@"):
+                    if c.startswith("@") or name in _SCANS:   # a scan's element i holds term i
                         result[c] = s if s.shape == out.shape else None
                 else:
                     r = _consistent(s, dims, keepdim)
@@ -543,6 +657,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
                 return out
             tensors = _tensors((args, tuple(kwargs.values())))
             outs = _tensors(out)
+            if name in _RANDOM:
+                trace.random.append(name)
+            if not (func.is_view or name in _ALIAS):
+                flag_foreign(name, tensors)
             arg_ptrs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
             if name == "_local_scalar_dense":
                 if carried(args[0]):
@@ -576,12 +694,12 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
             if computing:
                 flag_operands(name, func, args, kwargs, tensors)
             for t in outs:
-                if not t.is_floating_point():
+                if not _holds_data(t):
                     if not any(t is m for m in mutated) and t.numel():
                         shadows.set_fresh(t, {})
                         count_live(t)
                     continue
-                ch = channels_for(func, name, args, kwargs, tensors, t, mutated)
+                ch = channels_for(func, name, args, kwargs, tensors, t, mutated, out)
                 if any(t is m for m in mutated):
                     shadows.write(t, ch)
                     flag_storage(name, t)
@@ -600,6 +718,10 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     try:
         with _Values(), _Watch():
             result = fn()
+        if not trace.stopped:         # once stopped, what it made is no longer recorded
+            flag_foreign("returned", _tensors(result))
+        gc.collect()                  # what the call left in reference cycles is not kept
+        trace.live_after = live["now"]
     finally:
         torch.set_num_threads(threads)
     return result, trace
