@@ -18,7 +18,7 @@ from .checks import accum_dtype, check_qkv, check_scale
 
 def check_flex_inputs(q, k, v, score_mod, block_mask, scale):
     """Shapes (grouped-query heads allowed), the mod's signature and sizes, the block mask's sizes
-    and device. Returns ``(B, H, Nq, Nk, D, scale)``."""
+    (its lists move to q's device where they are used). Returns ``(B, H, Nq, Nk, D, scale)``."""
     B, H, Nq, Nk, D = check_qkv(q, k, v, gqa=True)
     scale = check_scale(scale, D)
     if score_mod is not None:
@@ -29,9 +29,6 @@ def check_flex_inputs(q, k, v, score_mod, block_mask, scale):
             raise TypeError(f"block_mask must be a BlockMask from flashtut.create_block_mask, or None; got "
                             f"{type(block_mask).__name__}")
         block_mask.check_for(B, H, Nq, Nk)
-        if block_mask.device.type != q.device.type:
-            raise ValueError(f"block_mask lives on {block_mask.device} but q on {q.device}: build it with "
-                             f"create_block_mask(..., device=q.device), or move it with block_mask.to(q.device)")
     return B, H, Nq, Nk, D, scale
 
 

@@ -8,7 +8,7 @@ with elementwise tensor operations (``+``, ``*``, comparisons, ``&``, ``|``, ``t
 ``torch.tanh``, indexing a captured tensor by ``b``, ``h``, ``q_idx`` or ``kv_idx``), so that the
 same function runs on broadcast index tensors in PyTorch and is traced into the Triton kernel.
 
-Masks: :data:`causal`, :func:`sliding_window`, :func:`document`, :func:`prefix_lm`, and
+Masks: :func:`causal`, :func:`sliding_window`, :func:`document`, :func:`prefix_lm`, and
 :func:`and_masks`/:func:`or_masks` to combine them. Score mods: :func:`alibi` (with
 :func:`alibi_slopes`), :func:`softcap`, :func:`relative_bias` (a learned bias per head and distance).
 """
@@ -58,7 +58,7 @@ def _int_vector(name: str, t, what: str) -> torch.Tensor:
 
 def document(doc_ids: torch.Tensor):
     """Packed documents: ``doc_ids[i]`` is the document of position ``i`` (queries and keys alike),
-    and a query sees exactly the keys of its own document. Combine with :data:`causal`
+    and a query sees exactly the keys of its own document. Combine with :func:`causal`
     (``and_masks(causal, document(ids))``) for causal packed sequences, the ``varlen`` of
     ``flashtut.varlen_attention``."""
     doc_ids = _int_vector("doc_ids", doc_ids, "one document id per position").contiguous()

@@ -214,6 +214,12 @@ def test_bad_mods_and_masks_name_what_is_wrong(gen):
         flashtut.flex_reference(q, k, v, block_mask=bm)
     with pytest.raises(TypeError, match="block_mask must be a BlockMask"):
         flashtut.flex_reference(q, k, v, block_mask=torch.ones(20, 20, dtype=torch.bool))
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        flashtut.flex_attention("q", k, v)
+    with pytest.raises(ValueError, match="scale"):
+        flashtut.flex_attention(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match="head"):
+        flashtut.flex_attention(q, k[:, :, :, :4], v)
     with pytest.raises(ValueError, match="mask_mod returned shape"):
         flashtut.create_block_mask(lambda b, h, i, j: torch.ones(3, dtype=torch.bool), None, None, 20, 20,
                                    device="cpu")

@@ -84,7 +84,8 @@ def test_learned_slopes_and_table_get_their_gradients(gen):
         a, r = masks.alibi(s), masks.relative_bias(t)
         return lambda score, b, h, q_idx, kv_idx: r(a(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
 
-    _check(gen, masks.causal, both, Nq=37, Nk=37, params=(slopes, table))
+    # mask blocks of 32 against the interpreter's tiles of 16: each listed block takes two steps
+    _check(gen, masks.causal, both, Nq=37, Nk=37, block=32, params=(slopes, table))
 
 
 def test_queries_and_keys_of_different_lengths_and_a_square_mask_tile(gen):
@@ -95,14 +96,17 @@ def test_queries_and_keys_of_different_lengths_and_a_square_mask_tile(gen):
 
 
 def test_mask_on_batch_and_head(gen):
+    # per-head lists under grouped heads: the dK/dV program of the shared key/value head walks the
+    # lists of each of its query heads
     def per_head(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx - 9 * h) | (b == 1)
 
     q, k, v, do = _inputs(gen, 2, 2, 1, 33, 33, 16)
     bm = flashtut.create_block_mask(per_head, 2, 2, 33, 33, device=DEV, BLOCK_SIZE=16)
-    o = fa.triton_flex_attention(q, k, v, block_mask=bm)
-    o64 = flashtut.flex_reference(q.double(), k.double(), v.double(), block_mask=bm)
-    assert float((o.double() - o64).abs().max()) < 2e-5
+    o, g = _grads(lambda *t: fa.triton_flex_attention(*t, block_mask=bm), q, k, v, do)
+    o64, g64 = _grads(lambda *t: flashtut.flex_reference(*t, block_mask=bm), *(t.double() for t in (q, k, v, do)))
+    for got, want in zip((o, *g), (o64, *g64)):
+        assert float((got.double() - want).abs().max()) < 2e-5
 
 
 def test_float16(gen):

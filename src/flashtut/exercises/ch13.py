@@ -16,6 +16,7 @@ import torch
 
 from ..block_mask import EMPTY, FULL, PARTIAL, check_mask_mod, create_block_mask, evaluate_mask, tile_kinds
 from .. import masks
+from ..flex_reference import flex_reference
 from .checker import CheckResult, check_callable, compare
 
 # --------------------------------------------------------------- exercise 13.1: tile kinds ----
@@ -144,16 +145,16 @@ def check_sink_window(fn) -> CheckResult:
         return CheckResult(False, "\n".join(lines + [f"✗ technique: the Triton kernel cannot compile your mask: {exc}"]))
     lines.append("✓ the Triton kernel compiles your mask_mod")
     if _kernel_runs_here():
-        import flashtut
+        from ..triton.flex_attention import triton_flex_attention
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 1, 40, 16, generator=gen).to(dev) for _ in range(3))
         bm = create_block_mask(fn(6), None, None, 40, 40, device=dev, BLOCK_SIZE=16)
-        got = flashtut.flex_attention(q, k, v, block_mask=bm)
-        ref = flashtut.flex_reference(q.double(), k.double(), v.double(),
+        got = triton_flex_attention(q, k, v, block_mask=bm)
+        ref = flex_reference(q.double(), k.double(), v.double(),
                                       block_mask=create_block_mask(reference_sink_window(6), None, None, 40, 40,
                                                                    device=dev, BLOCK_SIZE=16))
-        res = compare(got, ref, atol=1e-4, rtol=1e-4, name="flex_attention through the kernel, w=6")
+        res = compare(got, ref, atol=1e-4, rtol=1e-4, name="attention through the flex kernel, w=6")
         ok &= bool(res)
         lines.append(str(res))
     return CheckResult(ok, "\n".join(lines))

@@ -57,10 +57,15 @@ HOPPER_TILES = {
     ("fwd", "large"): TileConfig(128, 64, 8, 3), ("fwd+mod", "large"): TileConfig(128, 64, 8, 3),
     ("dkdv", "small"): TileConfig(64, 128, 8, 3), ("dkdv", "large"): TileConfig(32, 128, 8, 3),
     ("dq", "small"): TileConfig(128, 64, 8, 3), ("dq", "large"): TileConfig(128, 64, 8, 3),
+    # a score mod whose captured tensor gets its gradient element by element (atomics on a gathered
+    # index, e.g. masks.relative_bias): its layout conversions took 256 KB of shared memory at
+    # 128 x 64, more than an SM has; 64 x 64 takes 176 KB and spills nothing
+    ("dq+scatter", "small"): TileConfig(64, 64, 8, 3), ("dq+scatter", "large"): TileConfig(64, 64, 8, 3),
 }
 
 
-def _tile(kernel: str, dtype, device, block_d: int, block: tuple[int, int], score_mod: bool = False) -> TileConfig:
+def _tile(kernel: str, dtype, device, block_d: int, block: tuple[int, int], score_mod: bool = False,
+          scatter: bool = False) -> TileConfig:
     """The kernel's tile (``HOPPER_TILES`` on sm_90 at D <= 128, else the plain kernels' first
     choice), shrunk to divide the mask's ``(query block, key block)``."""
     if attention.interpreting():
@@ -68,7 +73,8 @@ def _tile(kernel: str, dtype, device, block_d: int, block: tuple[int, int], scor
     else:
         cap = torch.cuda.get_device_capability(device)
         size = "small" if block_d <= 64 else "large"
-        key = ("fwd+mod" if kernel == "fwd" and score_mod else kernel, size)
+        key = ("fwd+mod" if kernel == "fwd" and score_mod else "dq+scatter" if kernel == "dq" and scatter
+               else kernel, size)
         c = HOPPER_TILES.get(key) if cap[0] >= 9 and block_d <= 128 and dtype != torch.float32 else None
         if c is None:
             c = configs.search_space(kernel, cap, dtype == torch.float32, block_d)[0]
@@ -167,7 +173,7 @@ def _flex_backward(q, k, v, o, lse, do, plan: _Plan):
             *dk.stride()[:3], *dv.stride()[:3], sb, sh, bm.q_indices.shape[-1], H, plan.Hkv, *common,
             SCORE_GRAD=score.grad if score else flex.no_score_grad, GROUPED=plan.Hkv != H, **fns,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, **plan.meta, **_launch_opts(c))
-    c = _tile("dq", q.dtype, q.device, plan.block_d, bm.block_size)
+    c = _tile("dq", q.dtype, q.device, plan.block_d, bm.block_size, scatter=score is not None and score.scatters)
     sb, sh = _list_strides(bm, bm.kv_num_blocks)
     with _ctx(q):
         flex.flex_dq_kernel[(triton.cdiv(Nq, c.block_m), B * H)](

@@ -379,6 +379,7 @@ class CompiledMod:
     captured: tuple = ()
     wants_grad: tuple = ()    # per captured tensor: the backward computes its gradient
     source: str = ""
+    scatters: bool = False    # some gradient is added element by element (an index not of b, h alone)
 
 
 _MODULES: dict = {}
@@ -487,7 +488,8 @@ def _compile_score(score_mod) -> CompiledMod:
               + f"\n\n@triton.jit\ndef grad_params(s, b, h, q_idx, kv_idx, g, {xs}, {gs}, VALID):\n"
               + backward_body(True))
     ns = _load_module(source, "score")
-    return CompiledMod(ns["value"], ns["grad"], ns["grad_params"], tuple(traced.captured), wants, source)
+    scatters = any(wants[i] and not uniform for i, _, uniform in gen.index_of.values())
+    return CompiledMod(ns["value"], ns["grad"], ns["grad_params"], tuple(traced.captured), wants, source, scatters)
 
 
 __all__ = ["compile_mask", "compile_score", "trace", "CompiledMod", "ModError", "MAX_CAPTURED", "SUPPORTED"]
