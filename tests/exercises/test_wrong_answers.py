@@ -4,6 +4,7 @@ place) that it must accept. Sizes are the checkers' own: small, but with D = 128
 than a block and odd lengths, so shortcuts show."""
 import inspect
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -323,6 +324,18 @@ def backward_autograd_in_float16(q, k, v, o, lse, do, causal, bm, bn):
     return tuple(g.half() for g in ch06.autograd_grads(q.float(), k.float(), v.float(), do.float(), causal))
 
 
+def backward_copies_outside_the_operators(how):
+    """Whole matrices on copies of q, k and v made where no operator is seen."""
+    def copy(t):
+        if how == "map_":
+            return torch.zeros_like(t).map_(t, lambda a, b: b)
+        return pickle.loads(pickle.dumps(t))
+
+    def backward(q, k, v, o, lse, do, causal, bm, bn):
+        return ch06.solution_attention_backward(copy(q), copy(k), copy(v), do, causal)
+    return backward
+
+
 BACKWARD_WRONG = {
     "per-row softmax, no lse or Delta": (backward_rows_softmax, ["reduced scores over key rows", "aten._softmax"]),
     "tiles from their own softmax": (backward_tiles_softmax, ["reduced scores over key rows"]),
@@ -330,6 +343,8 @@ BACKWARD_WRONG = {
     "float16 accumulators": (lambda *a: tiled_backward(*a, acc_t=a[0].dtype), ["float16", "in float32"]),
     "numpy": (backward_numpy, ["NumPy"]),
     "autograd in the float16 case": (backward_autograd_in_float16, ["float16", "Nq x Nk"]),
+    "copies by Tensor.map_": (backward_copies_outside_the_operators("map_"), ["Tensor.map_"]),
+    "copies by pickle": (backward_copies_outside_the_operators("pickle"), ["Tensor.untyped_storage"]),
 }
 
 

@@ -104,6 +104,9 @@ _RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "normal_"
 #: Tensor methods that take values out of torch, where nothing can watch them any more
 _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
+#: Tensor methods that reach the memory or run Python per element, where no operator is seen
+_RAW = frozenset({"map_", "map2_", "apply_", "data_ptr", "untyped_storage", "storage", "_typed_storage",
+                  "__dlpack__"})
 
 
 #: whole reads and score rows after which the watch stops recording (the verdict is clear by then)
@@ -623,6 +626,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     class _Values(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             fname = getattr(func, "__name__", "")
+            if fname in _RAW and any(shadows.get(t) for t in _tensors(list(args))):
+                outside(f"used Tensor.{fname} on values computed from the inputs: it reaches memory or runs "
+                        f"Python per element where the checker sees no operator; use torch operators")
             if fname in _NUMPY and args and isinstance(args[0], torch.Tensor):
                 names = [c for c in shadows.get(args[0]) if c in carry_names]
                 if names or any(c.startswith("@") for c in shadows.get(args[0])):
