@@ -6,10 +6,13 @@ Every tensor element computed from an input carries, per element, where it came 
 in-place writes share it as the real data does):
 
 * **carry**, one channel per input: which row of that input the element holds a copy of
-  (copies, ``cat``, ``stack``, ``clone``, indexing, ``.to()``, ``.contiguous()`` and
-  elementwise arithmetic keep it; a matrix product of two inputs' data or a sum over many rows
-  does not: the result is a new quantity). A tensor holding more than one block of an input's
-  rows is a whole read of that input, whatever operator made it;
+  (copies, ``cat``, ``stack``, ``clone``, indexing, ``.to()`` and integer views or
+  conversions, ``.contiguous()``, elementwise arithmetic, sorts and ``topk`` through their
+  indices, scatters and accumulating writes such as ``index_add`` or ``index_put(accumulate=
+  True)``, running sums, and a product or sum in which a constant picks a single term, as
+  ``torch.eye(n) @ k`` does, keep it; a matrix product of two inputs' data or a sum over many
+  rows does not: the result is a new quantity). A tensor holding more than one block of an
+  input's rows is a whole read of that input, whatever operator made it;
 * **dependence** on query rows and on key rows (channels ``@q`` and ``@k``): a score
   ``q_i . k_j`` depends on query row ``i`` and key row ``j``. A tensor of such pairs over more
   than a block of key (or query) rows is a row (or column) of the score matrix, and with
@@ -20,8 +23,13 @@ in-place writes share it as the real data does):
   the largest tensor made and the peak of tensors alive at once, writes into an input, the
   number of operators run;
 * work taken out of torch: ``.numpy()`` or ``np.asarray`` of input data is refused at once
-  (raises :class:`OutsideTorch`), and so is pulling more than a block of its values out as
-  Python numbers (``.item()``, ``.tolist()``).
+  (raises :class:`OutsideTorch`), and so are pulling more than a block of its values out as
+  Python numbers (``.item()``, ``.tolist()``) and reaching its memory or running Python per
+  element (``map_``, ``apply_``, ``data_ptr``, ``untyped_storage``: pickle and ``torch.save``
+  go through it);
+* work from outside the call: tensors of more than a block read or returned that the function
+  neither made nor was given (globals, caches, the caller's copies), random draws, and what
+  stays alive once it returned.
 
 The chapter 04, 05 and 06 checkers turn these records into verdicts and messages.
 """
@@ -48,7 +56,8 @@ _NO_READ = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new
 _ALIAS = frozenset({"_unsafe_view", "alias", "detach", "lift_fresh", "view"})
 #: operators that move or select values without combining them: run on the shadows as they are
 _MOVE = frozenset({"index_add", "index_add_", "index_reduce", "index_reduce_", "scatter_add",
-                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
+                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone",
+                   "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
                    "index", "index_put", "index_put_", "repeat", "flip", "roll", "constant_pad_nd",
                    "narrow_copy", "where", "take", "take_along_dim", "index_copy", "index_copy_",
                    "masked_select", "masked_scatter", "masked_scatter_", "scatter", "scatter_",
