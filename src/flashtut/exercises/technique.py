@@ -336,7 +336,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
           block_elements: dict | None = None, causal: bool = False, *,
           block_rows: dict | None = None, reduce_rows: dict | None = None,
           pair_rows: tuple | None = None, blocks: tuple | None = None, seq_dims: dict | None = None,
-          python_values: int | None = None, known=()):
+          python_values: int | None = None, known=(), outside_limit: int | None = None):
     """Run ``fn()`` and return ``(result, Trace)``.
 
     ``inputs`` maps names to the contiguous tensors ``fn`` uses (sequence along dim 2 of a 4-D
@@ -350,7 +350,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``known``:
     tensors made before the call that ``fn`` may read besides ``inputs`` (what a forward saved,
     for its backward); any other tensor from outside of more elements than the smallest block
-    is recorded in ``Trace.foreign``. ``fn``
+    (or ``outside_limit``) is recorded in ``Trace.foreign``. ``fn``
     raising :class:`OutsideTorch` means it took input values out of torch; ``Trace.outside``
     says so as well."""
     from torch.overrides import TorchFunctionMode
@@ -371,7 +371,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     outside_ok = {t.untyped_storage().data_ptr() for t in _tensors(list(known)) if t.numel()}
     made: set = set()                 # storages made during the call
     foreign_limit = min((rows_limit[n] * inputs[n].numel() // max(1, inputs[n].shape[seq_dims[n]])
-                         for n in rows_limit if n in inputs), default=None)
+                         for n in rows_limit if n in inputs), default=outside_limit)
     seen_foreign: set = set()
 
     def flag_foreign(op, ts):
