@@ -2,8 +2,10 @@
 reader sees, and right answers (the book's worked solutions, the library, answers that work in
 place) that it must accept. Sizes are the checkers' own: small, but with D = 128, more rows
 than a block and odd lengths, so shortcuts show."""
+import concurrent.futures
 import inspect
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -38,6 +40,15 @@ def softmax_max_first(x, bs):
     return torch.exp(x - m) / d
 
 
+def softmax_of_the_callers_copy(x, bs):
+    """torch.softmax of the checker's own x, found in its frame (not the watched copy)."""
+    frame = inspect.currentframe()
+    while frame is not None and not (isinstance(frame.f_locals.get("x"), torch.Tensor)
+                                     and frame.f_locals["x"] is not x and frame.f_locals["x"].shape == x.shape):
+        frame = frame.f_back
+    return torch.softmax(x if frame is None else frame.f_locals["x"], -1)
+
+
 def softmax_numpy(x, bs):
     a = x.numpy()
     e = np.exp(a - a.max(-1, keepdims=True))
@@ -55,6 +66,7 @@ def test_online_softmax_accepts_right_answers(fn):
     (lambda x, bs: torch.softmax(x, -1), ["aten._softmax", "covered 101 columns", "one block"]),
     (softmax_max_first, ["aten.amax", "covered 101 columns"]),
     (softmax_numpy, ["NumPy"]),
+    (softmax_of_the_callers_copy, ["neither made nor was given"]),
     (lambda x, bs: torch.softmax(torch.cat([x[:, s:s + bs] @ torch.eye(x[:, s:s + bs].shape[1], dtype=x.dtype)
                                             for s in range(0, x.shape[1], bs)], 1), -1), ["covered 101 columns"]),
 ])
@@ -210,6 +222,14 @@ def forward_reads_the_callers_copies(q, k, v, causal, bm, bn):
     return flashtut.naive_attention(q0, k0, v0, causal=causal), flashtut.attention_lse(q0, k0, causal=causal)
 
 
+def forward_in_another_thread(q, k, v, causal, bm, bn):
+    """Naive attention run in a worker thread, where the watch of this thread does not look."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        o, lse = pool.submit(lambda: (flashtut.naive_attention(q, k, v, causal=causal),
+                                      flashtut.attention_lse(q, k, causal=causal))).result()
+    return o * 1, lse
+
+
 def forward_regenerates_the_inputs(q, k, v, causal, bm, bn):
     torch.randn(q.shape, dtype=q.dtype)
     return ch05.solution_flash_forward(q, k, v, causal, bm, bn)
@@ -234,6 +254,7 @@ FORWARD_WRONG = {
     "naive attention in the float16 case": (forward_naive_in_float16, ["float16", "whole row of the score matrix"]),
     "the caller's copies": (forward_reads_the_callers_copies, ["neither made nor was given"]),
     "random numbers": (forward_regenerates_the_inputs, ["drew random numbers"]),
+    "another thread": (forward_in_another_thread, ["neither made nor was given"]),
     "numpy": (forward_numpy, ["NumPy"]),
     "python floats": (forward_via_item, ["Python numbers"]),
     "right only for D <= 64": (forward_d64_only, ["q (1, 2, 45, 128)", "values differ"]),
@@ -323,6 +344,18 @@ def backward_autograd_in_float16(q, k, v, o, lse, do, causal, bm, bn):
     return tuple(g.half() for g in ch06.autograd_grads(q.float(), k.float(), v.float(), do.float(), causal))
 
 
+def backward_copies_outside_the_operators(how):
+    """Whole matrices on copies of q, k and v made where no operator is seen."""
+    def copy(t):
+        if how == "map_":
+            return torch.zeros_like(t).map_(t, lambda a, b: b)
+        return pickle.loads(pickle.dumps(t))
+
+    def backward(q, k, v, o, lse, do, causal, bm, bn):
+        return ch06.solution_attention_backward(copy(q), copy(k), copy(v), do, causal)
+    return backward
+
+
 BACKWARD_WRONG = {
     "per-row softmax, no lse or Delta": (backward_rows_softmax, ["reduced scores over key rows", "aten._softmax"]),
     "tiles from their own softmax": (backward_tiles_softmax, ["reduced scores over key rows"]),
@@ -330,6 +363,8 @@ BACKWARD_WRONG = {
     "float16 accumulators": (lambda *a: tiled_backward(*a, acc_t=a[0].dtype), ["float16", "in float32"]),
     "numpy": (backward_numpy, ["NumPy"]),
     "autograd in the float16 case": (backward_autograd_in_float16, ["float16", "Nq x Nk"]),
+    "copies by Tensor.map_": (backward_copies_outside_the_operators("map_"), ["Tensor.map_"]),
+    "copies by pickle": (backward_copies_outside_the_operators("pickle"), ["Tensor.untyped_storage"]),
 }
 
 

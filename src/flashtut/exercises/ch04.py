@@ -100,10 +100,15 @@ def check_online_softmax(fn, trials: int = 6, seed: int = 0) -> CheckResult:
     gen = torch.Generator().manual_seed(check_seed(seed) + 1)
     x, bs = _rows(gen, 5, 101), 8
     (xg,), _ = tq.private_copies(x)
-    got, trace, err = tq.run_watched(lambda: fn(xg, bs), {"x": xg}, reduce_rows={"x": bs})
+    got, trace, err = tq.run_watched(lambda: fn(xg, bs), {"x": xg}, reduce_rows={"x": bs},
+                                     outside_limit=x.shape[0] * bs)
     head = f"watched on x {tuple(x.shape)}, block_size {bs}"
     problem = None if err is None else f"{head}: {err}"
-    if err is None and trace.wide_reductions:
+    if err is None and (trace.foreign or trace.random):
+        what = (f"read a tensor of shape {trace.foreign[0][1]} that it neither made nor was given (a global, a "
+                f"cache, the caller's copy)" if trace.foreign else f"drew random numbers (aten.{trace.random[0]})")
+        problem = f"{head}: your function {what}; compute the softmax from the x it is given"
+    elif err is None and trace.wide_reductions:
         name, op, shape, n = trace.wide_reductions[0]
         problem = (f"{head}: the numbers are right, but a reduction (aten.{op} on a tensor of shape {shape}) "
                    f"covered {n} columns of a row at once. The online softmax reads a row one block of "

@@ -223,6 +223,20 @@ def backward_technique(trace, limits, names=("lse", "o")) -> list:
     return problems
 
 
+def _reads_everything(trace, per_row: int, q_rows: int, k_rows: int) -> list:
+    """A backward must read every query row and every key row some query sees at least once:
+    fewer reads mean the gradients came from somewhere the watch does not see."""
+    if trace.stopped or trace.foreign:
+        return []
+    problems = []
+    for name, rows in (("q", q_rows), ("k", k_rows), ("v", k_rows)):
+        if trace.read_elements(name) < per_row * rows:
+            problems.append(f"read only {trace.read_elements(name):,} elements of {name}; the {rows} rows that "
+                            f"take part need {per_row * rows:,}: the gradients cannot come from the {name} "
+                            f"it was given")
+    return problems
+
+
 def _fp16_backward_inputs(gen):
     """float16 inputs with many query rows (700) over few keys: each dK and dV row sums 700
     terms, so a float16 accumulator drifts while float32 stays within float16 rounding."""
@@ -305,6 +319,7 @@ def check_flash_backward(fn, seed: int = 0) -> CheckResult:
             problems.append(f"changed its input {', '.join(changed)}: a backward reads them and "
                             f"writes only dq, dk and dv")
         problems += backward_technique(trace, limits)
+        problems += _reads_everything(trace, B * H * D, Nq, min(Nk, Nq) if causal else Nk)
         ok &= add_verdict(lines, head, problems, "dq, dk, dv match autograd; tiles recomputed block "
                           "by block from lse and Delta" + (", masked tiles skipped" if causal else ""))
     if ok:

@@ -6,10 +6,13 @@ Every tensor element computed from an input carries, per element, where it came 
 in-place writes share it as the real data does):
 
 * **carry**, one channel per input: which row of that input the element holds a copy of
-  (copies, ``cat``, ``stack``, ``clone``, indexing, ``.to()``, ``.contiguous()`` and
-  elementwise arithmetic keep it; a matrix product of two inputs' data or a sum over many rows
-  does not: the result is a new quantity). A tensor holding more than one block of an input's
-  rows is a whole read of that input, whatever operator made it;
+  (copies, ``cat``, ``stack``, ``clone``, indexing, ``.to()`` and integer views or
+  conversions, ``.contiguous()``, elementwise arithmetic, sorts and ``topk`` through their
+  indices, scatters and accumulating writes such as ``index_add`` or ``index_put(accumulate=
+  True)``, running sums, and a product or sum in which a constant picks a single term, as
+  ``torch.eye(n) @ k`` does, keep it; a matrix product of two inputs' data or a sum over many
+  rows does not: the result is a new quantity). A tensor holding more than one block of an
+  input's rows is a whole read of that input, whatever operator made it;
 * **dependence** on query rows and on key rows (channels ``@q`` and ``@k``): a score
   ``q_i . k_j`` depends on query row ``i`` and key row ``j``. A tensor of such pairs over more
   than a block of key (or query) rows is a row (or column) of the score matrix, and with
@@ -20,8 +23,13 @@ in-place writes share it as the real data does):
   the largest tensor made and the peak of tensors alive at once, writes into an input, the
   number of operators run;
 * work taken out of torch: ``.numpy()`` or ``np.asarray`` of input data is refused at once
-  (raises :class:`OutsideTorch`), and so is pulling more than a block of its values out as
-  Python numbers (``.item()``, ``.tolist()``).
+  (raises :class:`OutsideTorch`), and so are pulling more than a block of its values out as
+  Python numbers (``.item()``, ``.tolist()``) and reaching its memory or running Python per
+  element (``map_``, ``apply_``, ``data_ptr``, ``untyped_storage``: pickle and ``torch.save``
+  go through it);
+* work from outside the call: tensors of more than a block read or returned that the function
+  neither made nor was given (globals, caches, the caller's copies), random draws, and what
+  stays alive once it returned.
 
 The chapter 04, 05 and 06 checkers turn these records into verdicts and messages.
 """
@@ -48,7 +56,8 @@ _NO_READ = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new
 _ALIAS = frozenset({"_unsafe_view", "alias", "detach", "lift_fresh", "view"})
 #: operators that move or select values without combining them: run on the shadows as they are
 _MOVE = frozenset({"index_add", "index_add_", "index_reduce", "index_reduce_", "scatter_add",
-                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone", "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
+                   "scatter_add_", "scatter_reduce", "scatter_reduce_", "_index_put_impl_", "clone",
+                   "_to_copy", "copy", "copy_", "cat", "stack", "index_select", "gather",
                    "index", "index_put", "index_put_", "repeat", "flip", "roll", "constant_pad_nd",
                    "narrow_copy", "where", "take", "take_along_dim", "index_copy", "index_copy_",
                    "masked_select", "masked_scatter", "masked_scatter_", "scatter", "scatter_",
@@ -104,6 +113,9 @@ _RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "normal_"
 #: Tensor methods that take values out of torch, where nothing can watch them any more
 _NUMPY = frozenset({"numpy", "__array__", "__array_interface__"})
 _PYTHON = frozenset({"tolist", "item"})
+#: Tensor methods that reach the memory or run Python per element, where no operator is seen
+_RAW = frozenset({"map_", "map2_", "apply_", "data_ptr", "untyped_storage", "storage", "_typed_storage",
+                  "__dlpack__"})
 
 
 #: whole reads and score rows after which the watch stops recording (the verdict is clear by then)
@@ -324,7 +336,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
           block_elements: dict | None = None, causal: bool = False, *,
           block_rows: dict | None = None, reduce_rows: dict | None = None,
           pair_rows: tuple | None = None, blocks: tuple | None = None, seq_dims: dict | None = None,
-          python_values: int | None = None, known=()):
+          python_values: int | None = None, known=(), outside_limit: int | None = None):
     """Run ``fn()`` and return ``(result, Trace)``.
 
     ``inputs`` maps names to the contiguous tensors ``fn`` uses (sequence along dim 2 of a 4-D
@@ -338,7 +350,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     (default: the smallest block of rows; a maximum or a sum of them is not a copy). ``known``:
     tensors made before the call that ``fn`` may read besides ``inputs`` (what a forward saved,
     for its backward); any other tensor from outside of more elements than the smallest block
-    is recorded in ``Trace.foreign``. ``fn``
+    (or ``outside_limit``) is recorded in ``Trace.foreign``. ``fn``
     raising :class:`OutsideTorch` means it took input values out of torch; ``Trace.outside``
     says so as well."""
     from torch.overrides import TorchFunctionMode
@@ -359,7 +371,7 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     outside_ok = {t.untyped_storage().data_ptr() for t in _tensors(list(known)) if t.numel()}
     made: set = set()                 # storages made during the call
     foreign_limit = min((rows_limit[n] * inputs[n].numel() // max(1, inputs[n].shape[seq_dims[n]])
-                         for n in rows_limit if n in inputs), default=None)
+                         for n in rows_limit if n in inputs), default=outside_limit)
     seen_foreign: set = set()
 
     def flag_foreign(op, ts):
@@ -623,6 +635,9 @@ def watch(fn: Callable, inputs: dict, query_side=("q", "o", "do", "lse"),
     class _Values(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             fname = getattr(func, "__name__", "")
+            if fname in _RAW and any(shadows.get(t) for t in _tensors(list(args))):
+                outside(f"used Tensor.{fname} on values computed from the inputs: it reaches memory or runs "
+                        f"Python per element where the checker sees no operator; use torch operators")
             if fname in _NUMPY and args and isinstance(args[0], torch.Tensor):
                 names = [c for c in shadows.get(args[0]) if c in carry_names]
                 if names or any(c.startswith("@") for c in shadows.get(args[0])):
