@@ -97,25 +97,28 @@ class DecodeCache:
         b = self.prefilling
         if b is not None:
             if pool.lengths[b]:
-                raise ValueError(f"sequence {b} already holds {pool.lengths[b]} tokens; prefill starts "
-                                 "from an empty sequence")
+                raise ValueError(f"sequence {b} already holds {pool.lengths[b]} "
+                                 "tokens; prefill starts from an empty sequence")
             pool.append(k, v, layer=layer, seqs=[b], advance=False)
             return attend(q, k, v, backend)
         # one new key and value per sequence, at position seqlens[b]
         pos = pool.seqlens.long()
         page = pool.block_table.gather(1, (pos // pool.page_size)[:, None])[:, 0].long()
         row = pos % pool.page_size
-        pool.k[layer][page, :, row] = k[:, :, 0].to(pool.k.dtype)
-        pool.v[layer][page, :, row] = v[:, :, 0].to(pool.v.dtype)
-        q = q.to(pool.k.dtype)
+        k_cache, v_cache = pool.k[layer], pool.v[layer]
+        k_cache[page, :, row] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[page, :, row] = v[:, :, 0].to(v_cache.dtype)
+        q = q.to(k_cache.dtype)
+        table = pool.block_table
+        if self.layout == "dense":     # page b is sequence b's whole cache
+            k_cache, v_cache, table = k_cache[:self.batch], v_cache[:self.batch], None
         if self.kernel == "sdpa":
-            return self._sdpa(q, pool.k[layer][:, :, :self.max_len], pool.v[layer][:, :, :self.max_len])
-        table = pool.block_table if self.layout == "paged" else None
-        k_cache = pool.k[layer] if self.layout == "paged" else pool.k[layer][:self.batch]
-        v_cache = pool.v[layer] if self.layout == "paged" else pool.v[layer][:self.batch]
+            return self._sdpa(q, k_cache, v_cache)
         if self.kernel == "reference":
-            return decode_attention_reference(q, k_cache, v_cache, self._after, table, self.scale)
-        return decode_launch(q, k_cache, v_cache, self._after, table, self.scale, self.num_splits)
+            return decode_attention_reference(q, k_cache, v_cache, self._after, table,
+                                              self.scale)
+        return decode_launch(q, k_cache, v_cache, self._after, table, self.scale,
+                             self.num_splits)
 
     def _sdpa(self, q, k, v):
         """SDPA over the dense cache: the ``H / Hkv`` query heads of a group become ``H / Hkv``
@@ -124,8 +127,8 @@ class DecodeCache:
         B, H, _, D = q.shape
         Hkv = k.shape[1]
         visible = (self._keys[None, :] < self._after[:, None])[:, None, None, :]    # (B, 1, 1, max_len)
-        o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k[:B], v[:B], attn_mask=visible,
-                                           scale=self.scale)
+        o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
+                                           attn_mask=visible, scale=self.scale)
         return o.reshape(B, H, 1, D)
 
     def advance(self, n_new: int) -> None:
