@@ -356,3 +356,16 @@ def test_the_kernels_compile_for_the_gpu_without_one(tmp_path, arch=90):
     done = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and "built 6" in done.stdout, done.stderr[-3000:]
+
+
+def test_serving_table_reads_the_rows():
+    from flashtut.bench.decode import serving_table
+
+    rows = [dict(section="generation", method=m, layout="batch 1", prompt=1024, status="ok", tokens_per_s=t)
+            for m, t in (("sdpa dense", 400.0), ("pytorch reference", 20.0), ("triton paged", 500.0))]
+    rows.append(dict(section="generation", method="triton paged", layout="batch mixed-32", prompt=4096,
+                     status="oom"))
+    lines = serving_table(rows).splitlines()
+    assert lines[0] == "| batch | prompt | sdpa dense | pytorch reference | triton paged | ours / SDPA | ours / reference |"
+    assert lines[2] == "| 1 | 1,024 | 400 | 20 | 500 | 1.25 | 25.00 |"
+    assert lines[3] == "| mixed-32 | 4,096 | - | - | - | - | - |"
