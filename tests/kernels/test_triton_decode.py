@@ -369,3 +369,25 @@ def test_serving_table_reads_the_rows():
     assert lines[0] == "| batch | prompt | sdpa dense | pytorch reference | triton paged | ours / SDPA | ours / reference |"
     assert lines[2] == "| 1 | 1,024 | 400 | 20 | 500 | 1.25 | 25.00 |"
     assert lines[3] == "| mixed-32 | 4,096 | - | - | - | - | - |"
+
+
+def test_cpu_without_the_interpreter_says_what_to_do(tmp_path):
+    # a fresh process without TRITON_INTERPRET: the kernel cannot run on CPU tensors, and the
+    # error names the way out (the reference backend, or the interpreter)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch, flashtut\n"
+            "q = torch.randn(1, 2, 1, 8); k = torch.randn(1, 1, 4, 8)\n"
+            "n = torch.tensor([4], dtype=torch.int32)\n"
+            "ref = flashtut.decode_attention(q, k, k, n, backend='reference')\n"
+            "try:\n    flashtut.decode_attention(q, k, k, n)\n"
+            "except RuntimeError as e:\n    print('RuntimeError:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(flashtut.__file__).parents[1])
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert "RuntimeError: decode_attention(backend='triton') got CPU tensors" in done.stdout, done.stderr[-2000:]
+    assert "backend='reference'" in done.stdout

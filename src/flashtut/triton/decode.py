@@ -117,6 +117,12 @@ def check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {q.shape[-1]} is not supported by the Triton decode kernel; "
                          f"accepted: 1 to {MAX_HEAD_DIM}")
+    if q.device.type == "cpu" and triton is not None and not interpreting():
+        raise RuntimeError(
+            "decode_attention(backend='triton') got CPU tensors, but Triton compiles for GPUs: run "
+            "on a CUDA GPU, set TRITON_INTERPRET=1 before importing (before the first `import "
+            "flashtut` / `import triton`) to use Triton's CPU interpreter, or pass "
+            "backend='reference'")
     _require_runtime(q)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
