@@ -391,3 +391,17 @@ def test_cpu_without_the_interpreter_says_what_to_do(tmp_path):
                           cwd=tmp_path)
     assert "RuntimeError: decode_attention(backend='triton') got CPU tensors" in done.stdout, done.stderr[-2000:]
     assert "backend='reference'" in done.stdout
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_strided_lengths_table_and_cache_views(gen):
+    # views with other strides (a lengths column of a wider tensor, a transposed table, a cache
+    # whose head dim is not contiguous) give the answer their contiguous copies give
+    p = make_problem(gen, [20, 9], 4, 2, 1, 16, 8, torch.float32)
+    want = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], p["table"], num_splits=2)
+    lens = torch.stack([p["seqlens"], p["seqlens"] * 0], 1)[:, 0]
+    table = p["table"].t().contiguous().t()
+    k = p["k_pool"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert lens.stride(0) == 2 and table.stride(1) != 1 and k.stride(-1) != 1
+    got = td.triton_decode_attention(p["q"], k, p["v_pool"], lens, table, num_splits=2)
+    torch.testing.assert_close(got, want)

@@ -141,6 +141,10 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
                                                                 q.device)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be an integer from 1 to 256, got {num_splits!r}")
+    # the kernel reads the lengths and each table row with unit stride
+    cache_seqlens = cache_seqlens.contiguous()
+    if block_table is not None:
+        block_table = block_table.contiguous()
     o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
                            num_splits, return_lse=True)
     # the guard of every attention path: every row sees key 0, so every lse must be finite
