@@ -12,7 +12,7 @@ import sys
 import torch
 
 from flashtut.bench.provenance import collect
-from flashtut.bench.report import format_table
+from flashtut.bench.decode import serving_table
 from flashtut.bench.results import save_results
 from flashtut.model.paged_decoding import measure_serving
 
@@ -42,16 +42,7 @@ def main(argv=None) -> int:
 
     measure_serving(device, [int(x) for x in args.prompts.split(",")], args.batches.split(","),
                     new_tokens=args.new_tokens, reference_tokens=args.reference_tokens, on_row=keep)
-    table = {}
-    for r in rows:
-        table.setdefault((r["layout"], r["prompt"]), {})[r["method"]] = r.get("tokens_per_s")
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows)]
-    body = []
-    for (layout, prompt), got in table.items():
-        ours, sdpa, ref = got.get("triton paged"), got.get("sdpa dense"), got.get("pytorch reference")
-        body.append([layout, str(prompt)] + [f"{got[m]:.1f}" if got.get(m) else "-" for m in methods]
-                    + [f"{ours / sdpa:.2f}" if ours and sdpa else "-", f"{ours / ref:.1f}" if ours and ref else "-"])
-    print(format_table(["batch", "prompt"] + methods + ["ours / sdpa", "ours / reference"], body, markdown=True))
+    print(serving_table(rows))
     return 1 if any(r["status"] == "error" for r in rows) else 0
 
 

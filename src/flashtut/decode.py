@@ -337,17 +337,20 @@ def decode_attention_reference(q, k_cache, v_cache, cache_seqlens, block_table=N
 def decode_num_splits(batch: int, kv_heads: int, n_keys: int, num_sms: int,
                       programs_per_sm: int = 4, min_keys_per_split: int = 256,
                       max_splits: int = 64) -> int:
-    """The split count of the decode kernel: :func:`suggest_num_splits` applied to its launch.
+    """The split count of the decode kernel: :func:`suggest_num_splits` applied to
+    its launch.
 
-    The kernel packs every query head of a key/value group into one program (the group shares
-    each K/V tile), so a split-free launch has ``batch * kv_heads`` programs. A memory-bound
-    kernel needs several programs resident per SM to keep enough loads in flight, so the target
-    is ``programs_per_sm * num_sms`` programs; a split shorter than ``min_keys_per_split`` keys
-    costs more in merge and launch than it brings, and ``max_splits`` bounds the partial-state
-    buffer. Batch 1 over 8 KV heads at 64k keys on 132 SMs: 64 splits; batch 32: 3.
+    The kernel packs every query head of a key/value group into one program (the
+    group shares each K/V tile), so a split-free launch has ``batch * kv_heads``
+    programs. A memory-bound kernel needs several programs resident per SM to keep
+    enough loads in flight, so the target is ``programs_per_sm * num_sms`` programs;
+    a split shorter than ``min_keys_per_split`` keys costs more in merge and launch
+    than it brings, and ``max_splits`` bounds the partial-state buffer. Batch 1 over
+    8 KV heads at 64k keys on 132 SMs: 64 splits; batch 32: 3.
     """
-    wanted = suggest_num_splits(batch, kv_heads, 1, n_keys, check_block("num_sms", num_sms)
-                                * check_block("programs_per_sm", programs_per_sm),
+    per_sm = check_block("programs_per_sm", programs_per_sm)
+    target = check_block("num_sms", num_sms) * per_sm
+    wanted = suggest_num_splits(batch, kv_heads, 1, n_keys, target,
                                 min_keys_per_split=min_keys_per_split)
     return min(wanted, check_block("max_splits", max_splits))
 

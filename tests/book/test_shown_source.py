@@ -47,6 +47,12 @@ SHOWN = [
     ("flashtut.model", "ByteTokenizer"),
     ("flashtut.model", "generate"),
     ("flashtut.model", "packed_batch"),
+    ("flashtut.triton.decode_kernels", "decode_split_kernel.fn"),
+    ("flashtut.triton.decode_kernels", "decode_merge_kernel.fn"),
+    ("flashtut.triton.decode_kernels", "_key_place.fn"),
+    ("flashtut.triton.decode", "decode_launch"),
+    ("flashtut.decode", "decode_num_splits"),
+    ("flashtut.model.paged_decoding", "DecodeCache.attend"),
 ]
 
 

@@ -432,3 +432,43 @@ def test_varlen_guard_asks_every_row_for_a_finite_lse_when_none_is_empty():
     out = ft.varlen_attention(q, k, v, cu, cu_k, causal="bottom-right")
     torch.testing.assert_close(out, ft.varlen_attention(q, k, v, cu, cu_k, causal="bottom-right", backend="naive"))
     assert (out[:2] == 0).all()
+
+
+# --- decode_attention over a KV cache (contiguous; the paged table has its own tests in test_decode) ---
+
+DECODE_BACKENDS = ["reference", pytest.param("triton", marks=needs_triton)]
+
+
+def _decode_args():
+    q, k, v = qkv(B=2, H=4, Hkv=2, Nq=2, Nk=9, device=DEV)
+    return [q, k, v, torch.tensor([9, 5], dtype=torch.int32, device=DEV)]
+
+
+@pytest.mark.parametrize("backend", DECODE_BACKENDS)
+@pytest.mark.parametrize("case, exc, words", [
+    ("q list", TypeError, "q must be a torch.Tensor"),
+    ("k_cache None", TypeError, "k_cache must be a torch.Tensor"),
+    ("cache_seqlens list", TypeError, "cache_seqlens must be a torch.Tensor"),
+    ("block_table ndarray", TypeError, "block_table must be a torch.Tensor"),
+    ("int tensors", ValueError, "q has dtype int64"),
+    ("v_cache on meta", ValueError, "v_cache must be on"),
+    ("k_cache 3-D", ValueError, "k_cache must be a 4-D tensor"),
+])
+def test_decode_attention_bad_tensors(backend, case, exc, words):
+    q, k, v, n = _decode_args()
+    args, table = {
+        "q list": ([q.tolist(), k, v, n], None), "k_cache None": ([q, None, v, n], None),
+        "cache_seqlens list": ([q, k, v, [9, 5]], None), "block_table ndarray": ([q, k, v, n], np.zeros((2, 3))),
+        "int tensors": ([q.long(), k.long(), v.long(), n], None), "v_cache on meta": ([q, k, v.to("meta"), n], None),
+        "k_cache 3-D": ([q, k[0], v, n], None),
+    }[case]
+    with pytest.raises(exc, match=words):
+        ft.decode_attention(*args, block_table=table, backend=backend)
+
+
+@pytest.mark.parametrize("backend", DECODE_BACKENDS)
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                      (float("inf"), ValueError), (True, TypeError), ("0.5", TypeError)])
+def test_decode_attention_bad_scale(backend, bad, exc):
+    with pytest.raises(exc, match="scale"):
+        ft.decode_attention(*_decode_args(), scale=bad, backend=backend)

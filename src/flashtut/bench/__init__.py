@@ -9,6 +9,7 @@ Command line (``python -m flashtut.bench --help``; each subcommand has its own `
     python -m flashtut.bench memory --out memory.json      # peak extra memory against N
     python -m flashtut.bench roofline --out roofline.json  # copy bandwidth and matmul TFLOP/s
     python -m flashtut.bench host --out host.json          # host time per call at a tiny size (GPU)
+    python -m flashtut.bench decode --out decode.json      # decode over a KV cache vs the bandwidth
     python -m flashtut.figures plot results.json memory.json --out-dir figures/   # drawn one layer up
 
 ``run`` checks every implementation against a reference before timing it (float64 on the CPU,

@@ -250,4 +250,30 @@ def summary_table(rows) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["run_decode", "measure_case", "summarize", "summary_table", "time_graph", "SDPA_BACKENDS"]
+def serving_table(rows) -> str:
+    """The serving loop's decode tokens per second (``flashtut.model.paged_decoding.
+    measure_serving`` rows) as a Markdown table: one line per batch and prompt length, one
+    column per method, then ours (the paged kernel in a CUDA graph) over SDPA and over the
+    PyTorch reference."""
+    gen = [r for r in rows if r.get("section") == "generation" and r.get("method")]
+    methods = list(dict.fromkeys(r["method"] for r in gen))
+    cases = {}
+    for r in gen:
+        cases.setdefault((r["layout"], r["prompt"]), {})[r["method"]] = (
+            r.get("tokens_per_s") if r.get("status") == "ok" else None)
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "-"
+
+    lines = ["| batch | prompt | " + " | ".join(methods) + " | ours / SDPA | ours / reference |",
+             "|---" * (len(methods) + 4) + "|"]
+    for (layout, prompt), got in cases.items():
+        cells = [f"{got[m]:,.0f}" if got.get(m) else "-" for m in methods]
+        ours = got.get("triton paged")
+        lines.append(f"| {layout.replace('batch ', '')} | {prompt:,} | " + " | ".join(cells)
+                     + f" | {ratio(ours, got.get('sdpa dense'))} | {ratio(ours, got.get('pytorch reference'))} |")
+    return "\n".join(lines)
+
+
+__all__ = ["run_decode", "measure_case", "summarize", "summary_table", "serving_table", "time_graph",
+           "SDPA_BACKENDS"]

@@ -172,7 +172,7 @@ class Attention(nn.Module):
                               window=cfg.window)[None]
         else:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, D)
-            if cache is not None:   # a KVCache, or the paged cache of flashtut.model.paged_decoding
+            if cache is not None:   # a KVCache, or paged_decoding.DecodeCache
                 o = cache.attend(self.layer, q, k, v, backend, window=cfg.window)
             else:
                 o = attend(q, k, v, backend, window=cfg.window)

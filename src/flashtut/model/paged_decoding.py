@@ -97,25 +97,28 @@ class DecodeCache:
         b = self.prefilling
         if b is not None:
             if pool.lengths[b]:
-                raise ValueError(f"sequence {b} already holds {pool.lengths[b]} tokens; prefill starts "
-                                 "from an empty sequence")
+                raise ValueError(f"sequence {b} already holds {pool.lengths[b]} "
+                                 "tokens; prefill starts from an empty sequence")
             pool.append(k, v, layer=layer, seqs=[b], advance=False)
             return attend(q, k, v, backend)
         # one new key and value per sequence, at position seqlens[b]
         pos = pool.seqlens.long()
         page = pool.block_table.gather(1, (pos // pool.page_size)[:, None])[:, 0].long()
         row = pos % pool.page_size
-        pool.k[layer][page, :, row] = k[:, :, 0].to(pool.k.dtype)
-        pool.v[layer][page, :, row] = v[:, :, 0].to(pool.v.dtype)
-        q = q.to(pool.k.dtype)
+        k_cache, v_cache = pool.k[layer], pool.v[layer]
+        k_cache[page, :, row] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[page, :, row] = v[:, :, 0].to(v_cache.dtype)
+        q = q.to(k_cache.dtype)
+        table = pool.block_table
+        if self.layout == "dense":     # page b is sequence b's whole cache
+            k_cache, v_cache, table = k_cache[:self.batch], v_cache[:self.batch], None
         if self.kernel == "sdpa":
-            return self._sdpa(q, pool.k[layer][:, :, :self.max_len], pool.v[layer][:, :, :self.max_len])
-        table = pool.block_table if self.layout == "paged" else None
-        k_cache = pool.k[layer] if self.layout == "paged" else pool.k[layer][:self.batch]
-        v_cache = pool.v[layer] if self.layout == "paged" else pool.v[layer][:self.batch]
+            return self._sdpa(q, k_cache, v_cache)
         if self.kernel == "reference":
-            return decode_attention_reference(q, k_cache, v_cache, self._after, table, self.scale)
-        return decode_launch(q, k_cache, v_cache, self._after, table, self.scale, self.num_splits)
+            return decode_attention_reference(q, k_cache, v_cache, self._after, table,
+                                              self.scale)
+        return decode_launch(q, k_cache, v_cache, self._after, table, self.scale,
+                             self.num_splits)
 
     def _sdpa(self, q, k, v):
         """SDPA over the dense cache: the ``H / Hkv`` query heads of a group become ``H / Hkv``
@@ -124,8 +127,8 @@ class DecodeCache:
         B, H, _, D = q.shape
         Hkv = k.shape[1]
         visible = (self._keys[None, :] < self._after[:, None])[:, None, None, :]    # (B, 1, 1, max_len)
-        o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k[:B], v[:B], attn_mask=visible,
-                                           scale=self.scale)
+        o = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
+                                           attn_mask=visible, scale=self.scale)
         return o.reshape(B, H, 1, D)
 
     def advance(self, n_new: int) -> None:
@@ -260,9 +263,9 @@ class _Clock:
 
 #: (label, kernel, layout, cuda_graph): what :func:`measure_serving` compares
 SERVING_METHODS = (("sdpa dense", "sdpa", "dense", True),
-                   ("pytorch reference", "reference", "paged", False),
+                   ("triton paged", "triton", "paged", True),
                    ("triton paged, eager", "triton", "paged", False),
-                   ("triton paged", "triton", "paged", True))
+                   ("pytorch reference", "reference", "paged", False))
 
 
 def mixed_lengths(batch: int, longest: int, seed: int = 0) -> list[int]:
@@ -285,12 +288,13 @@ def serving_config():
 
 def measure_serving(device, prompts=(1024, 4096, 16384, 65536), batches=("1", "mixed-32"), config=None,
                     dtype=torch.bfloat16, new_tokens: int = 32, reference_tokens: int = 3, seed: int = 0,
-                    methods=SERVING_METHODS, on_row=None) -> list[dict]:
+                    methods=SERVING_METHODS, reference_max_tokens: int = 600_000, on_row=None) -> list[dict]:
     """Rows (``kind`` ``"model"``, ``section`` ``"generation"``) of decode tokens per second: for each
     prompt length and batch (``"1"``, or ``"mixed-N"``: ``N`` prompts of :func:`mixed_lengths`), each
     method of :data:`SERVING_METHODS` generates after the same prompts; the time of the decode steps
     (the prefill excluded: every method prefills alike) gives ``tokens_per_s = batch * steps / s``.
-    The PyTorch reference runs ``reference_tokens`` tokens (it is slow); ``same_tokens`` is the
+    The PyTorch reference runs ``reference_tokens`` tokens (it is slow; ``status`` ``"skipped"``
+    where the batch caches more than ``reference_max_tokens`` tokens); ``same_tokens`` is the
     fraction of new tokens equal to the SDPA baseline's (greedy choices may differ at near-ties)."""
     from ..bench.memory import is_oom, release_cached
 
@@ -310,6 +314,12 @@ def measure_serving(device, prompts=(1024, 4096, 16384, 65536), batches=("1", "m
                 row = dict(kind="model", section="generation", backend="sdpa", method=label, layout=f"batch {batch}",
                            prompt=P, batch=len(lengths), cache_tokens=sum(lengths), new_tokens=n_new,
                            dtype=str(dtype).replace("torch.", ""), cuda_graph=graph)
+                if kernel == "reference" and sum(lengths) > reference_max_tokens:
+                    row.update(status="skipped", reason=f"over {reference_max_tokens} cached tokens")
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
+                    continue
                 try:
                     t = {}
                     out = generate_batch(model, prompt, n_new, kernel=kernel, layout=layout, cuda_graph=graph,

@@ -53,34 +53,38 @@ def _block_rows(rows: int) -> int:
     return min(MAX_ROWS, max(16, triton.next_power_of_2(rows)))
 
 
-def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float, num_splits: int,
-                  out=None, return_lse: bool = False):
-    """Launch the split kernel (and the merge when ``num_splits > 1``) on checked inputs.
+def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
+                  num_splits: int, out=None, return_lse: bool = False):
+    """Launch the split kernel (and the merge when ``num_splits > 1``) on checked
+    inputs.
 
-    No checks and no host synchronisation: the grid depends on the shapes and ``num_splits``
-    only, so a CUDA graph can capture this call and replay it as the lengths grow. ``out``
-    (optional) receives the output. Returns ``o``, or ``(o, lse)`` with ``lse`` ``(B, H, Nq)``
-    float32, natural log."""
+    No checks and no host synchronisation: the grid depends on the shapes and
+    ``num_splits`` only, so a CUDA graph can capture this call and replay it as the
+    lengths grow. ``out`` (optional) receives the output. Returns ``o``, or
+    ``(o, lse)`` with ``lse`` ``(B, H, Nq)`` float32, natural log."""
     B, H, Nq, D = q.shape
     Hkv, page = k_cache.shape[1], k_cache.shape[2]
     group = H // Hkv
     paged = block_table is not None
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache must have unit stride along D (the kernel reads rows "
-                         "of D contiguous values)")
+        raise ValueError("k_cache and v_cache must have unit stride along D "
+                         "(the kernel reads rows of D contiguous values)")
     q = q if q.stride(-1) == 1 else q.contiguous()
     o = torch.empty_like(q) if out is None else out
     block_m = _block_rows(group * Nq)
     block_d = max(16, triton.next_power_of_2(D))
-    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    lse = torch.empty((B, H, Nq), **f32)
     if num_splits > 1:
-        o_part = torch.empty((B, H, Nq, num_splits, D), device=q.device, dtype=torch.float32)
-        l_part = torch.empty((B, H, Nq, num_splits), device=q.device, dtype=torch.float32)
+        o_part = torch.empty((B, H, Nq, num_splits, D), **f32)
+        l_part = torch.empty((B, H, Nq, num_splits), **f32)
     else:
         o_part, l_part = o, lse
-    table = block_table if paged else cache_seqlens          # any int32 pointer when unused
+    table = block_table if paged else cache_seqlens    # any int32 pointer when unused
     grid = (num_splits, B * Hkv, triton.cdiv(group * Nq, block_m))
     big = not interpreting() and q.device.type == "cuda"
+    # three tiles of K and V in flight per program (two in float32: 128 KiB of SMEM)
+    stages = (2 if q.dtype == torch.float32 else 3) if big else 1
     decode_kernels.decode_split_kernel[grid](
         q, k_cache, v_cache, cache_seqlens, table, o, o_part, l_part,
         q.stride(0), q.stride(1), q.stride(2),
@@ -93,11 +97,11 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         TILE_IN_PAGE=paged and page % BLOCK_N == 0,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, EVEN_D=block_d == D,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        # three tiles of K and V in flight per program (two in float32: 128 KiB of shared memory)
-        num_warps=4 if big else 1, num_stages=(2 if q.dtype == torch.float32 else 3) if big else 1)
+        num_warps=4 if big else 1, num_stages=stages)
     if num_splits > 1:
         decode_kernels.decode_merge_kernel[(B * H * Nq,)](
-            o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2), H, Nq, D, num_splits,
+            o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2),
+            H, Nq, D, num_splits,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
             num_warps=4 if big else 1)
     return (o, lse) if return_lse else o
@@ -113,6 +117,12 @@ def check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {q.shape[-1]} is not supported by the Triton decode kernel; "
                          f"accepted: 1 to {MAX_HEAD_DIM}")
+    if q.device.type == "cpu" and triton is not None and not interpreting():
+        raise RuntimeError(
+            "decode_attention(backend='triton') got CPU tensors, but Triton compiles for GPUs: run "
+            "on a CUDA GPU, set TRITON_INTERPRET=1 before importing (before the first `import "
+            "flashtut` / `import triton`) to use Triton's CPU interpreter, or pass "
+            "backend='reference'")
     _require_runtime(q)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         raise ValueError("q has dtype bfloat16, which the Triton CPU interpreter does not support; "
@@ -131,6 +141,10 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
                                                                 q.device)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be an integer from 1 to 256, got {num_splits!r}")
+    # the kernel reads the lengths and each table row with unit stride
+    cache_seqlens = cache_seqlens.contiguous()
+    if block_table is not None:
+        block_table = block_table.contiguous()
     o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
                            num_splits, return_lse=True)
     # the guard of every attention path: every row sees key 0, so every lse must be finite

@@ -34,9 +34,9 @@ LN2_C = tl.constexpr(LN2)
 @triton.jit
 def _key_place(b, start_n, pos, TABLE, stride_tb, n_k,
                PAGED: tl.constexpr, PAGE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
-    """Where key positions ``pos`` (a tile starting at ``start_n``) of sequence ``b`` live:
-    ``(block, row)``, 64-bit, with ``block`` indexing the cache's first dim (the sequence, or
-    the page) and ``row`` its third."""
+    """Where key positions ``pos`` (a tile starting at ``start_n``) of sequence ``b``
+    live: ``(block, row)``, 64-bit, with ``block`` indexing the cache's first dim (the
+    sequence, or the page) and ``row`` its third."""
     if PAGED:
         if TILE_IN_PAGE:      # the whole tile is in the page of its first key
             page = tl.load(TABLE + b * stride_tb + start_n // PAGE)
@@ -59,19 +59,20 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
                         stride_ob, stride_oh, stride_on,
                         n_kv_heads, group, n_q, head_dim, qk_scale, num_splits,
                         SINGLE: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
-                        TILE_IN_PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid ``(num_splits, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Partial states ``OP``
-    ``(B, H, Nq, S, D)`` and ``LP`` ``(B, H, Nq, S)`` are float32, log-sum-exp in base 2; with
-    one split (``SINGLE``) the program writes ``O`` ``(B, H, Nq, D)`` and the natural-log
-    log-sum-exp ``LP`` ``(B, H, Nq)`` instead."""
+                        TILE_IN_PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid ``(num_splits, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Partial states
+    ``OP`` ``(B, H, Nq, S, D)`` and ``LP`` ``(B, H, Nq, S)`` are float32, log-sum-exp
+    in base 2; with one split (``SINGLE``) the program writes ``O`` ``(B, H, Nq, D)``
+    and the natural-log log-sum-exp ``LP`` ``(B, H, Nq)`` instead."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // n_kv_heads).to(tl.int64)
     h_kv = (bh % n_kv_heads).to(tl.int64)
     n_k = tl.load(SEQLENS + b)
 
-    # the rows of this program: row r is query head h_kv * group + r // n_q, query r % n_q
+    # row r of this program: query head h_kv * group + r // n_q, query r % n_q
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < group * n_q
     head = h_kv * group + rows // n_q
@@ -79,7 +80,8 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     offs_d = tl.arange(0, BLOCK_D)
     # no mask along D when D is the tile's width: the loads stay 16-byte vectors
     d_ok = (offs_d < BLOCK_D) if EVEN_D else (offs_d < head_dim)
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :],
+    q_rows = b * stride_qb + head * stride_qh + qi * stride_qn
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # bottom-right: query i is position n_k - n_q + i and sees keys j <= that
     last_key = n_k - n_q + qi
@@ -98,17 +100,23 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     for start_n in range(start, end, BLOCK_N):
         pos = start_n + offs_n
         key_ok = pos < end
-        blk, row = _key_place(b, start_n, pos, TABLE, stride_tb, n_k, PAGED, PAGE, TILE_IN_PAGE)
+        blk, row = _key_place(b, start_n, pos, TABLE, stride_tb, n_k,
+                              PAGED, PAGE, TILE_IN_PAGE)
         if EVEN_D:
             kv_ok = key_ok[:, None]
         else:
             kv_ok = key_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_head + (blk * stride_kb + row * stride_kn)[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(v_head + (blk * stride_vb + row * stride_vn)[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)          # (BLOCK_M, BLOCK_N)
-        s = tl.where(key_ok[None, :] & (pos[None, :] <= last_key[:, None]), s * qk_scale, float("-inf"))
+        k_rows = blk * stride_kb + row * stride_kn
+        v_rows = blk * stride_vb + row * stride_vn
+        k = tl.load(k_head + k_rows[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(v_head + v_rows[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
+        # (BLOCK_M, BLOCK_N) scores, in base 2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        seen_key = key_ok[None, :] & (pos[None, :] <= last_key[:, None])
+        s = tl.where(seen_key, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)    # a row that has seen no key yet
+        # a row that has seen no key yet keeps m = -inf; exp2(-inf - -inf) would be NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -120,22 +128,25 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, OP, LP,
     acc = acc / l_safe[:, None]
     out_ok = row_ok[:, None] & d_ok[None, :]
     if SINGLE:
-        tl.store(O + b * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_on + offs_d[None, :],
-                 acc.to(O.dtype.element_ty), mask=out_ok)
+        o_rows = b * stride_ob + head * stride_oh + qi * stride_on
+        tl.store(O + o_rows[:, None] + offs_d[None, :], acc.to(O.dtype.element_ty),
+                 mask=out_ok)
         lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2_C, float("-inf"))
         tl.store(LP + (b * n_kv_heads * group + head) * n_q + qi, lse, mask=row_ok)
     else:
         # OP is (B, H, Nq, S, D) and LP (B, H, Nq, S), contiguous
         state = ((b * n_kv_heads * group + head) * n_q + qi) * num_splits + split
         tl.store(OP + state[:, None] * head_dim + offs_d[None, :], acc, mask=out_ok)
-        tl.store(LP + state, tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf")), mask=row_ok)
+        lse2 = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))
+        tl.store(LP + state, lse2, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_heads, n_q, head_dim, num_splits,
+def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
+                        n_heads, n_q, head_dim, num_splits,
                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid ``(B * H * Nq,)``: merge the ``S`` partial states of one query row into ``O`` (the
-    output dtype) and ``LSE`` (float32, natural log)."""
+    """Grid ``(B * H * Nq,)``: merge the ``S`` partial states of one query row into
+    ``O`` (the output dtype) and ``LSE`` (float32, natural log)."""
     row = tl.program_id(0).to(tl.int64)
     qi = row % n_q
     bh = row // n_q
@@ -146,11 +157,12 @@ def decode_merge_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_heads
     s_ok = offs_s < num_splits
     d_ok = offs_d < head_dim
     lse = tl.load(LP + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)                    # finite: every row sees key 0, in the first split
-    w = tl.math.exp2(lse - m)             # an empty split weighs exp2(-inf) = 0
+    m = tl.max(lse, 0)              # finite: every row sees key 0, in the first split
+    w = tl.math.exp2(lse - m)       # an empty split weighs exp2(-inf) = 0
     total = tl.sum(w, 0)
     o = tl.load(OP + (row * num_splits + offs_s)[:, None] * head_dim + offs_d[None, :],
                 mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / total
-    tl.store(O + b * stride_ob + h * stride_oh + qi * stride_on + offs_d, out.to(O.dtype.element_ty), mask=d_ok)
+    o_row = b * stride_ob + h * stride_oh + qi * stride_on
+    tl.store(O + o_row + offs_d, out.to(O.dtype.element_ty), mask=d_ok)
     tl.store(LSE + row, (m + tl.math.log2(total)) * LN2_C)
