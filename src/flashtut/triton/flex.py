@@ -58,6 +58,32 @@ def no_mask_mod(b, h, q_idx, kv_idx, X0, X1, X2, X3):
 
 
 @triton.jit
+def _listed_tiles(a_base, b_base, stride_a, stride_b, idx_ptr, it, offs, offs_d, d_ok, n,
+                  PARTIAL: tl.constexpr, PAD_D: tl.constexpr, BLOCK: tl.constexpr, LIST_BLOCK: tl.constexpr):
+    """Step ``it`` of a walk over listed blocks of ``LIST_BLOCK`` rows, ``BLOCK`` rows a step: the rows
+    (``idx``; clamped in bounds for the mods, ``idx_c``) and their tiles of two tensors (K and V, or Q
+    and dO). ``PARTIAL``: rows past ``n`` read as zeros; a full block needs no bounds."""
+    blk = tl.load(idx_ptr + it // (LIST_BLOCK // BLOCK))
+    idx = blk * LIST_BLOCK + (it % (LIST_BLOCK // BLOCK)) * BLOCK + offs
+    a_ptrs = a_base + idx[:, None] * stride_a + offs_d[None, :]
+    b_ptrs = b_base + idx[:, None] * stride_b + offs_d[None, :]
+    if PARTIAL:
+        ok = (idx[:, None] < n) & d_ok
+        a = tl.load(a_ptrs, mask=ok, other=0.0)
+        b = tl.load(b_ptrs, mask=ok, other=0.0)
+        idx_c = tl.minimum(idx, n - 1)
+    else:
+        if PAD_D:
+            a = tl.load(a_ptrs, mask=d_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=d_ok, other=0.0)
+        else:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        idx_c = idx
+    return a, b, idx, idx_c
+
+
+@triton.jit
 def _fwd_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, n_listed, idx_ptr,
                 b, h, rows, offs_n, offs_d, n_q, n_k, head_dim, sm_scale, qk_scale,
                 X0, X1, X2, X3, M0, M1, M2, M3,
@@ -70,23 +96,8 @@ def _fwd_blocks(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, n_listed
     d_ok = offs_d[None, :] < head_dim
     rows_c = tl.minimum(rows, n_q - 1)          # padding rows read the mods in bounds
     for it in range(0, n_listed * RATIO):
-        blk = tl.load(idx_ptr + it // RATIO)
-        cols = blk * KV_BLOCK + (it % RATIO) * BLOCK_N + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
-        if PARTIAL:
-            kv_ok = (cols[:, None] < n_k) & d_ok
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-            cols_c = tl.minimum(cols, n_k - 1)
-        else:
-            if PAD_D:
-                k = tl.load(k_ptrs, mask=d_ok, other=0.0)
-                v = tl.load(v_ptrs, mask=d_ok, other=0.0)
-            else:
-                k = tl.load(k_ptrs)
-                v = tl.load(v_ptrs)
-            cols_c = cols
+        k, v, cols, cols_c = _listed_tiles(k_base, v_base, stride_kn, stride_vn, idx_ptr, it, offs_n, offs_d,
+                                           d_ok, n_k, PARTIAL, PAD_D, BLOCK_N, KV_BLOCK)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if HAS_SCORE:
             s = SCORE_MOD(s * sm_scale, b, h, rows_c[:, None], cols_c[None, :], X0, X1, X2, X3) * LOG2E_C
@@ -182,23 +193,8 @@ def _dq_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, n_l
     d_ok = offs_d[None, :] < head_dim
     rows_c = tl.minimum(rows, n_q - 1)
     for it in range(0, n_listed * RATIO):
-        blk = tl.load(idx_ptr + it // RATIO)
-        cols = blk * KV_BLOCK + (it % RATIO) * BLOCK_N + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
-        if PARTIAL:
-            kv_ok = (cols[:, None] < n_k) & d_ok
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-            cols_c = tl.minimum(cols, n_k - 1)
-        else:
-            if PAD_D:
-                k = tl.load(k_ptrs, mask=d_ok, other=0.0)
-                v = tl.load(v_ptrs, mask=d_ok, other=0.0)
-            else:
-                k = tl.load(k_ptrs)
-                v = tl.load(v_ptrs)
-            cols_c = cols
+        k, v, cols, cols_c = _listed_tiles(k_base, v_base, stride_kn, stride_vn, idx_ptr, it, offs_n, offs_d,
+                                           d_ok, n_k, PARTIAL, PAD_D, BLOCK_N, KV_BLOCK)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if HAS_SCORE:
             s_nat = s * sm_scale
@@ -290,27 +286,15 @@ def _dkdv_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn,
     d_ok = offs_d[None, :] < head_dim
     cols_c = tl.minimum(cols, n_k - 1)
     for it in range(0, n_listed * RATIO):
-        blk = tl.load(idx_ptr + it // RATIO)
-        rows = blk * Q_BLOCK + (it % RATIO) * BLOCK_M + offs_m
-        q_ptrs = q_base + rows[:, None] * stride_qn + offs_d[None, :]
-        do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
+        q, do, rows, rows_c = _listed_tiles(q_base, do_base, stride_qn, stride_don, idx_ptr, it, offs_m, offs_d,
+                                            d_ok, n_q, PARTIAL, PAD_D, BLOCK_M, Q_BLOCK)
         if PARTIAL:
             row_ok = rows < n_q
-            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             lse = tl.load(lse_base + rows, mask=row_ok, other=0.0)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
-            rows_c = tl.minimum(rows, n_q - 1)
         else:
-            if PAD_D:
-                q = tl.load(q_ptrs, mask=d_ok, other=0.0)
-                do = tl.load(do_ptrs, mask=d_ok, other=0.0)
-            else:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-            rows_c = rows
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)      # (BLOCK_N, BLOCK_M)
         if HAS_SCORE:
