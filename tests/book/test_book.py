@@ -1,9 +1,9 @@
 """The book builds with warnings as errors, and a real headless Chromium renders it.
 
 The build runs once per session (every notebook executed, as ``make book`` does) into the
-repository's ``_build``; ``conftest.py`` beside this file starts it in the background when collection
-ends, and the tests that read it run last. The browser half opens the index page and a chapter page over a local
-``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
+repository's ``_build``; ``tests/book_build.py`` starts it in the background when collection
+ends, and the tests that read it run last. The browser half opens the index page and a chapter
+page over a local ``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
 TeX errors, the console has no JavaScript errors or exceptions, nothing (MathJax above all) is
 fetched from a non-local host, and a screenshot is saved under ``_build/screenshots`` (its path
 is printed). Every page of the table of contents is opened at 1280 and at 400 CSS pixels: each
@@ -47,7 +47,7 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-# --- building (tests/book/conftest.py starts it when collection ends; the tests that read it run
+# --- building (tests/book_build.py starts it when collection ends; the tests that read it run
 # last, the fixture `book` waits for it) ---
 
 def _toc_files(toc: Path) -> list[str]:

@@ -1,4 +1,5 @@
-"""The book build of ``test_book.py``, started in the background as soon as collection ends.
+"""The book build of ``tests/book/test_book.py``, started in the background as soon as collection ends
+(``tests/conftest.py`` calls :func:`schedule` and :func:`stop` and provides the fixtures below).
 
 Building the book executes every notebook, one after the other, in one process: minutes of a single
 core. So when a selected test needs the build (the ``book`` fixture), the build starts as soon as the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 LOG = ROOT / "_build" / "book-build.log"
 
@@ -82,8 +83,9 @@ class _Running:
 _RUNNING: _Running | None = None
 
 
-@pytest.hookimpl(trylast=True)          # after -m and -k have deselected what they deselect
-def pytest_collection_modifyitems(session, config, items):
+def schedule(config, items) -> None:
+    """Run the tests that read the build last and start it, if any of ``items`` (what -m and -k left)
+    needs it."""
     global _RUNNING
     needs = [item for item in items if "book" in getattr(item, "fixturenames", ())]
     if not needs:
@@ -96,9 +98,10 @@ def pytest_collection_modifyitems(session, config, items):
     _RUNNING = _Running(exe)
 
 
-def pytest_sessionfinish(session):
+def stop() -> None:
+    """Stop a build that no test waited for (-x ended the session early, or ^C)."""
     global _RUNNING
-    if _RUNNING is not None:      # the book tests did not run (-x stopped the session, or ^C)
+    if _RUNNING is not None:
         _RUNNING.stop()
         _RUNNING = None
 
