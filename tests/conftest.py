@@ -1,6 +1,8 @@
 """Shared test set-up.
 
 * ``gpu``-marked tests are skipped when no CUDA GPU is present.
+* The book build starts in the background when collection ends, and the tests that read it run last
+  (``book_build.py``).
 * Without a GPU, Triton runs through its CPU interpreter: TRITON_INTERPRET must be set before
   triton is first imported, so it is set here, before any test module imports flashtut.
 """
@@ -10,18 +12,27 @@ from pathlib import Path
 import pytest
 import torch
 
+import book_build
+from book_build import book, capsys_session_disabled  # noqa: F401 (fixtures of tests/book/test_book.py)
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(trylast=True)          # after -m and -k have deselected what they deselect
 def pytest_collection_modifyitems(config, items):
+    book_build.schedule(config, items)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none found); run on a GPU with `make gpu-test`")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session):
+    book_build.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@
 #   triton     chapter 07's runs: Triton against SDPA flash, autotuned, and the N sweep
 #                                                                                  triton_h200.json, triton_h200_sweep.json
 #   cuda       chapter 08's runs: the ladder and the fast kernel, its tile shapes cuda_h200.json, cuda_tiles_h200.json
-#   host       host time per call (chapter 09)                                     host_overhead_h200.json
+#   host       host time per call (experiments/host_overhead)                      host_overhead_h200.json
 #   real-models  Triton with grouped-query heads, a window and packed batches against SDPA flash
 #                                                                                  real_models_h200.json
 #   capstone   chapter 12's GPT: loss per backend, tokens/s and memory, generation, packed batches

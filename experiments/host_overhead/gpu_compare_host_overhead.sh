@@ -4,7 +4,7 @@
 #   OUT=/some/dir BEFORE=<commit> bash experiments/host_overhead/gpu_compare_host_overhead.sh
 # writes $OUT/host_before.json, $OUT/host_after.json and $OUT/gpu_tests_cuda.log. Each side is timed
 # by its own `python -m flashtut.bench host`, so BEFORE must be a commit that has that subcommand
-# (book/data/host_overhead_h200.json compared f9f88b4, older, with a script since retired).
+# (data/host_overhead_h200.json compared f9f88b4, older, with a script since retired).
 set -u
 OUT=${OUT:-.gpu_out}
 LOG="$OUT/host_overhead.log"

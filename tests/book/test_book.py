@@ -1,8 +1,9 @@
 """The book builds with warnings as errors, and a real headless Chromium renders it.
 
 The build runs once per session (every notebook executed, as ``make book`` does) into the
-repository's ``_build``. The browser half opens the index page and a chapter page over a local
-``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
+repository's ``_build``; ``tests/book_build.py`` starts it in the background when collection
+ends, and the tests that read it run last. The browser half opens the index page and a chapter
+page over a local ``http.server`` on 127.0.0.1, waits for MathJax, and checks: typeset math is present and has no
 TeX errors, the console has no JavaScript errors or exceptions, nothing (MathJax above all) is
 fetched from a non-local host, and a screenshot is saved under ``_build/screenshots`` (its path
 is printed). Every page of the table of contents is opened at 1280 and at 400 CSS pixels: each
@@ -28,7 +29,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -47,28 +47,8 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-# --- building ---------------------------------------------------------------------------------
-
-@dataclass
-class Build:
-    returncode: int
-    seconds: float
-    log: Path
-    toc: Path
-
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _jupyter_book() -> list[str]:
-    beside = Path(sys.executable).parent / "jupyter-book"
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("jupyter-book")
-    if found:
-        return [found]
-    pytest.skip("jupyter-book is not installed in this environment (make test installs it)")
-
+# --- building (tests/book_build.py starts it when collection ends; the tests that read it run
+# last, the fixture `book` waits for it) ---
 
 def _toc_files(toc: Path) -> list[str]:
     """Every document listed in a jb-book table of contents (root, parts, chapters, sections)."""
@@ -87,42 +67,6 @@ def _toc_files(toc: Path) -> list[str]:
         walk(part.get("chapters"))
     walk(data.get("chapters"))
     return [re.sub(r"\.(md|ipynb)$", "", f) for f in files]
-
-
-@pytest.fixture(scope="session")
-def book(capsys_session_disabled) -> Build:
-    toc = Path(os.environ.get("FLASHTUT_BOOK_TOC", ROOT / "_toc.yml")).resolve()
-    log = ROOT / "_build" / "book-build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    if os.environ.get("FLASHTUT_BOOK_REUSE") == "1" and (HTML / "index.html").exists():
-        capsys_session_disabled(f"\n[book] reusing the HTML in {HTML} (FLASHTUT_BOOK_REUSE=1)")
-        return Build(0, 0.0, log if log.exists() else Path(os.devnull), toc)
-    # a fresh execution of every notebook: the cache keys on the cells' code, not on src/
-    shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
-    cmd = _jupyter_book() + ["build", str(ROOT), "-W", "-n", "--keep-going"]
-    if toc != (ROOT / "_toc.yml").resolve():
-        cmd += ["--toc", str(toc)]
-    start = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    seconds = time.perf_counter() - start
-    capsys_session_disabled(f"\n[book] `{' '.join(cmd)}` exited {proc.returncode} after {seconds:.0f} s; log: {log}")
-    return Build(proc.returncode, seconds, log, toc)
-
-
-@pytest.fixture(scope="session")
-def capsys_session_disabled(pytestconfig):
-    """Print straight to the terminal, past pytest's capture, so paths and timings show up."""
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def emit(message: str):
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
-                print(message, flush=True)
-        else:
-            print(message, flush=True)
-
-    return emit
 
 
 def test_book_builds_with_warnings_as_errors(book):
@@ -505,7 +449,7 @@ class _new_target:
         return False
 
 
-def _chapter_page(book: Build) -> str:
+def _chapter_page(book) -> str:
     """The first chapter under notebooks/ that has math, else the errata page (MyST notebook)."""
     for f in _toc_files(book.toc):
         page = HTML / f"{f}.html"

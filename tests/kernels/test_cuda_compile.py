@@ -1,12 +1,14 @@
 """Every CUDA C kernel compiles for sm_75, sm_80 and sm_90, with nvcc and through NVRTC (CPU only).
 
-* nvcc -std=c++17: each .cu as-is (default macros), and each (source, defines) build the runtime
-  makes on a T4 (sm_75), an A100 (sm_80) and an H100/H200 (sm_90); the default run compiles what
-  ``cuda_attention`` runs (``configs.kernel_plan`` per dtype and head dim, both backward paths) and each
-  ladder step at its default, the rest of the matrix (every step at every built head dim and dtype, the
-  backward's measured alternatives) is marked ``slow`` (``make test-all``);
 * NVRTC, loaded from the ``nvidia-cuda-nvrtc`` wheel, with exactly ``nvrtc_options`` (what CuPy's
-  RawModule hands NVRTC at run time) on the same builds;
+  RawModule hands NVRTC at run time) on each (source, defines) build the runtime makes on a T4 (sm_75),
+  an A100 (sm_80) and an H100/H200 (sm_90); the default run compiles what ``cuda_attention`` runs
+  (``configs.kernel_plan`` per dtype and head dim, both backward paths) and each ladder step at its
+  default, the rest of the matrix (every step at every built head dim and dtype, the backward's measured
+  alternatives) is marked ``slow`` (``make test-all``);
+* nvcc -std=c++17: each .cu as-is (default macros) for the three archs; the runtime builds again, with
+  nvcc, only in the full matrix (``slow``): NVRTC already compiles each shipped one with the runtime's
+  own compiler and options, and nvcc starts a process per build, several times NVRTC's cost;
 * ptxas' resource report (registers, shared memory, stack, spills) is printed (``pytest -rA``
   shows it) and attached to the test report with ``record_property``; the fast kernels
   (step 2, step 3, and the backward) must not spill to local memory.
@@ -198,14 +200,13 @@ WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 def _nvcc_groups():
-    """Runtime builds grouped by (source, defines), with the archs that use each; those that no arch
-    ships (:func:`shipped_builds`) marked slow."""
-    groups, shipped = defaultdict(set), set()
+    """Runtime builds grouped by (source, defines), with the archs that use each; all of them in the full
+    matrix only (slow: test_nvrtc_runtime_builds compiles the shipped ones in the default run)."""
+    groups = defaultdict(set)
     for arch in ARCHS:
         for source, defs in runtime_builds(arch):
             groups[(source, tuple(sorted(defs.items())))].add(arch)
-        shipped |= {(source, tuple(sorted(defs.items()))) for source, defs in shipped_builds(arch)}
-    return [g if g[0] in shipped else pytest.param(g, marks=pytest.mark.slow) for g in sorted(groups.items())]
+    return [pytest.param(g, marks=pytest.mark.slow) for g in sorted(groups.items())]
 
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")

@@ -73,9 +73,9 @@ class LaunchConfig:
 
 
 #: the fast kernel's tile shapes, (warps, keys per K/V tile, 16-row m-tiles per warp), fastest
-#: first, as measured on an H200 (book/data/cuda_tiles_h200.json, book/perflog_cuda.md): at D = 128
-#: 8 warps of 16 rows with 128-key tiles; at D = 64, 4 warps of 32 rows, so that every K and V
-#: fragment read from shared memory feeds two MMAs
+#: first, as measured on an H200 (experiments/cuda_ladder/data/cuda_tiles_h200.json, book/perflog_cuda.md):
+#: at D = 128 8 warps of 16 rows with 128-key tiles; at D = 64, 4 warps of 32 rows, so that every K
+#: and V fragment read from shared memory feeds two MMAs
 V3_TILES = {128: [(8, 128, 1), (8, 64, 1), (4, 64, 1)], 64: [(4, 64, 2), (8, 64, 1), (4, 64, 1)],
             256: [(8, 64, 1), (4, 64, 1)]}
 
