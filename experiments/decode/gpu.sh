@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding at the memory limit (issue 33), on one GPU, from the repository root, in at most about 235 s:
+# Decoding at the memory limit, on one GPU, from the repository root, in at most about 235 s:
 #   1. the gpu tests of the decode kernel, the paged cache and the serving loop (the yardstick, CUDA graph replay);
 #   2. python -m flashtut.bench decode: the kernel's bandwidth fraction against the copy bandwidth measured in the
 #      same run, the paged read's cost against the contiguous one, and its speed against SDPA's best form, at cache

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ring attention on ONE GPU (issue 35): the compute path of every rank (the Triton kernel returning
+# Ring attention on ONE GPU: the compute path of every rank (the Triton kernel returning
 # (o, lse) per pair of shards, then the merge) timed against one unsharded kernel of the same total
 # work, then the GPU tests of flashtut.distributed. From the repository root:
 #   OUT=/some/dir bash experiments/ring/gpu.sh        (at most about 230 s)

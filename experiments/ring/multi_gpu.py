@@ -1,4 +1,4 @@
-"""Ring attention measured on every GPU of one machine (issue 36): NCCL, the zigzag cut, D = 128.
+"""Ring attention measured on every GPU of one machine: NCCL, the zigzag cut, D = 128.
 
 Run by torchrun, one process per GPU (experiments/ring/multi_gpu.sh does it):
 

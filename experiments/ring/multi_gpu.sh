@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ring attention on every GPU of one machine (issue 36): NCCL over all GPUs (NVLink multicast off), the
+# Ring attention on every GPU of one machine: NCCL over all GPUs (NVLink multicast off), the
 # zigzag cut, D = 128, float16 and bfloat16, causal and not, N from 128k to 1M tokens in total (while the
 # budget lasts), forward and backward timed against each GPU alone on its shard, the K/V transfers
 # alone, and the error of sampled rows against a float32 reference. From the repository root, on a

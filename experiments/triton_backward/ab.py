@@ -15,7 +15,7 @@ Three parts, each a subcommand (``experiments/triton_backward/gpu.sh`` runs them
   each candidate's that passed the gate, through autograd (``o.backward(do, retain_graph=True)``,
   as ``python -m flashtut.bench`` times it), ``triton.testing.do_bench`` medians, in ``--rounds``
   interleaved rounds. Ratio = SDPA flash's time / the candidate's.
-* ``fwd-guard``: the forward in bfloat16 against float16 at N = 4096 (issue 32.3): the public
+* ``fwd-guard``: the forward in bfloat16 against float16 at N = 4096 (the overflow guard): the public
   ``triton_attention`` forward in both dtypes, and bfloat16 with the overflow guard switched off
   (this experiment only), interleaved, with SDPA flash's forward for the ratios.
 

@@ -6,7 +6,7 @@
 #    check every candidate's gradients on ragged shapes by the yardstick; this also fills Triton's cache.
 # 2. time: one process, the protocol grid (D 128/64, N 16384/4096, fp16/bf16, causal and not), SDPA flash and
 #    every candidate that passed the gate, interleaved rounds; ratios = SDPA flash's time / the candidate's.
-# 3. fwd-guard: the forward in bfloat16 against float16 at N = 4096 (issue 32.3).
+# 3. fwd-guard: the forward in bfloat16 against float16 at N = 4096 (the overflow guard).
 # 4. the gpu tests of the head dims above 128, in the time left (T_TESTS caps them).
 # Results under $OUT: run.log (the summary printed here), gate_*.json/.log, triton_backward.json/.txt (results
 # format, kind speed), fwd_guard.json/.txt, gpu_tests.log.

@@ -48,12 +48,14 @@ def test_the_tile_figure_draws_one_panel_per_mask():
     assert "10/16 tiles visited" in fig.axes[0].get_title()
 
 
-def test_the_chapter_reads_its_measurement_from_book_data_in_folded_code():
+def test_measured_cells_are_folded_and_read_committed_data():
+    # the comparison with PyTorch's FlexAttention (experiments/flex) enters once a GPU run is committed
     nb = json.loads(NOTEBOOK.read_text())
-    measured = [c for c in nb["cells"] if c["cell_type"] == "code" and "flex_*.json" in "".join(c["source"])]
-    assert len(measured) == 1
-    assert "hide-input" in measured[0]["metadata"].get("tags", [])
-    assert "measured_caption" in "".join(measured[0]["source"])
+    for c in nb["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and "load_results" in src:
+            assert "hide-input" in c["metadata"].get("tags", [])
+            assert "measured_caption" in src
     toc = (ROOT / "_toc.yml").read_text()
     assert toc.index("notebooks/12_real_model") < toc.index("notebooks/13_masks")
 

@@ -269,7 +269,7 @@ def ring_attention(q, k, v, causal=False, scale: float | None = None, group=None
     its shard of the output of attention over the whole sequence, in ``q``'s dtype. ``k``/``v`` may
     have fewer heads than ``q`` (grouped-query). Works on gloo (CPU tensors, any float dtype; the
     tiled PyTorch loops run each step) and NCCL (CUDA tensors; the Triton kernels run each step)
-    process groups. Bad inputs on any rank raise on every rank (see :func:`agree`); a rank that
+    process groups. Bad inputs on any rank raise on every rank (see ``ring.agree``); a rank that
     stops leaves the others a ``RuntimeError`` after the group's timeout.
     """
     layout = agree(q, k, v, causal, scale, group)

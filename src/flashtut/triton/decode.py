@@ -16,7 +16,7 @@ import torch
 from ..checks import output_health, raise_if_overflowed
 from ..constants import LOG2E
 from ..decode import check_decode_inputs, decode_num_splits
-from .attention import MAX_HEAD_DIM, _require_runtime, interpreting
+from .attention import _require_runtime, interpreting
 
 try:
     import triton
@@ -26,6 +26,9 @@ except ImportError:  # pragma: no cover - the facade reports the missing package
     triton = None
 
 #: dtypes of the decode kernel (float64: use backend="reference")
+#: the head dims the decode kernel's tiles are built for (its (m, l, o) partial states keep one
+#: D-wide row per query in registers)
+DECODE_MAX_HEAD_DIM = 128
 DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: keys per tile; smaller for short caches would change little: the step is bound by the long ones
 BLOCK_N = 64
@@ -114,9 +117,9 @@ def check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
     if q.dtype not in DECODE_DTYPES:
         raise ValueError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the Triton decode kernel accepts "
                          "float16, bfloat16 or float32 (for float64 use backend='reference')")
-    if q.shape[-1] > MAX_HEAD_DIM:
+    if q.shape[-1] > DECODE_MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {q.shape[-1]} is not supported by the Triton decode kernel; "
-                         f"accepted: 1 to {MAX_HEAD_DIM}")
+                         f"accepted: 1 to {DECODE_MAX_HEAD_DIM}")
     if q.device.type == "cpu" and triton is not None and not interpreting():
         raise RuntimeError(
             "decode_attention(backend='triton') got CPU tensors, but Triton compiles for GPUs: run "
