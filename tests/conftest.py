@@ -60,6 +60,27 @@ def pytest_terminal_summary(terminalreporter):
 EXPERIMENT_DATA = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*/data"))
 
 
+def notebook_cells(name: str) -> list[tuple[str, str, list]]:
+    """``(kind, source, tags)`` of every cell of ``notebooks/<name>``, in order."""
+    import json
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / name).read_text())
+    return [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
+
+
+def measured_cells(cells) -> list[tuple[list, tuple, list[str]]]:
+    """For each code cell of ``cells`` (as :func:`notebook_cells` gives them) that loads committed results:
+    its tags, the cell after it (where the caption goes) and the files it names in ``load_results``."""
+    import re
+
+    out = []
+    for i, (kind, src, tags) in enumerate(cells):
+        files = re.findall(r'load_results\("([^"]+)"', src)
+        if kind == "code" and files:
+            out.append((tags, cells[i + 1], files))
+    return out
+
+
 def load_committed(name: str):
     """A committed results file by name: the book's (as the chapters load it), else an experiment's."""
     from flashtut import results_data

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from conftest import load_committed  # noqa: E402
+from conftest import load_committed, measured_cells, notebook_cells  # noqa: E402
 
 from flashtut.cuda.models import hopper_layout as hl  # noqa: E402
 from flashtut.cuda.models import hopper_schedule as hs  # noqa: E402
@@ -238,12 +238,7 @@ def test_exercise_11_9_answer_counts_the_turns_it_quotes():
 # ---------------------------------------------------------------- what the chapter now teaches
 
 def _cells(name="11_hopper.ipynb"):
-    import json
-    from pathlib import Path
-
-    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / name).read_text())
-    return [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", []))
-            for c in nb["cells"]]
+    return notebook_cells(name)
 
 
 def _text(name="11_hopper.ipynb"):
@@ -266,17 +261,12 @@ def test_every_measurement_is_folded_and_captioned_with_its_gpu_and_file():
     import re
 
     cells = _cells()
-    measured = 0
-    for i, (kind, src, tags) in enumerate(cells):
-        files = re.findall(r'load_results\("([^"]+)"', src)
-        if kind != "code" or not files:
-            continue
-        measured += 1
-        assert "hide-input" in tags, src[:60]
-        caption = cells[i + 1][1]
-        assert cells[i + 1][0] == "markdown" and re.match(r"\*(Figure|Table) 11\.\d+: ", caption), caption[:60]
+    measured = measured_cells(cells)
+    for tags, (kind, caption, _), files in measured:
+        assert "hide-input" in tags, files
+        assert kind == "markdown" and re.match(r"\*(Figure|Table) 11\.\d+: ", caption), caption[:60]
         assert "H200" in caption and all(f"`{f}`" in caption for f in files), caption
-    assert measured >= 5
+    assert len(measured) >= 5
     # figures and tables numbered in order, each once
     for kind in ("Figure", "Table"):
         numbers = [int(n) for _, src, _ in cells for n in re.findall(rf"^\*{kind} 11\.(\d+):", src, re.M)]

@@ -4,7 +4,6 @@ plausible wrong ones fail and say where), the figure, the chapter's shape (headi
 measurement naming the GPU and the files) and the numbers its text and its worklog quote from the data."""
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -16,7 +15,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from conftest import load_committed  # noqa: E402
+from conftest import load_committed, measured_cells, notebook_cells  # noqa: E402
 
 from flashtut.cuda import hopper_backward as hb  # noqa: E402
 from flashtut.cuda.models import hopper_bwd as hbm  # noqa: E402
@@ -30,8 +29,7 @@ NOTEBOOK = ROOT / "notebooks" / "11_hopper_backward.ipynb"
 
 
 def _cells():
-    nb = json.loads(NOTEBOOK.read_text())
-    return [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
+    return notebook_cells(NOTEBOOK.name)
 
 
 def _text():
@@ -192,17 +190,12 @@ def test_chapter_shape():
         numbers = [int(n) for _, src, _ in cells for n in re.findall(rf"^\*{kind} 11b\.(\d+):", src, re.M)]
         assert numbers == list(range(1, len(numbers) + 1)) and numbers, kind
     # every measured cell folded, its caption one line naming the GPU and every file it loads
-    measured = 0
-    for i, (kind, src, tags) in enumerate(cells):
-        files = re.findall(r'load_results\("([^"]+)"', src)
-        if kind != "code" or not files:
-            continue
-        measured += 1
+    measured = measured_cells(cells)
+    for tags, (_, caption, _), files in measured:
         assert "hide-input" in tags
-        caption = cells[i + 1][1]
         assert re.match(r"\*Table 11b\.\d+: ", caption) and "\n" not in caption.strip()
         assert "H100" in caption and all(f"`{f}`" in caption for f in files)
-    assert measured == 2      # the ladder (11b.7) and the protocol through cuda_attention (11b.8)
+    assert len(measured) == 2      # the ladder (11b.7) and the protocol through cuda_attention (11b.8)
     # the kernel is shown from the package, never copied into the notebook
     code = "\n".join(src for kind, src, _ in cells if kind == "code")
     assert 'show_file("cuda/kernels/bwd_hopper.cu"' in code and "asm volatile" not in code
