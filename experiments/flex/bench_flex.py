@@ -81,6 +81,11 @@ def main(argv=None):
         return 2
     from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
+    # one compilation per mask and score mod (each is a new code object): past dynamo's default
+    # limit of 8 it would fall back to the unfused eager implementation and time that instead
+    torch._dynamo.config.recompile_limit = 256
+    # the backward is timed by replaying it on one graph (retain_graph), which donated buffers forbid
+    torch._functorch.config.donated_buffer = False
     compiled = torch.compile(torch_flex, dynamic=False)
     t0 = time.time()
     rows = []

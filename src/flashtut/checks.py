@@ -331,12 +331,20 @@ def _overflow_error(dtype: torch.dtype, scale: float, what: str, inputs=()) -> V
         f"{what} would be NaN or Inf; scale is {scale:.3g}: bring the inputs or the scale down")
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives on a GPU whose current stream is being captured into a CUDA graph: then
+    nothing may be read back to the host (a read would end the capture), so checks of values are
+    skipped; they run on the eager calls before the capture."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def raise_if_flagged(flag: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
                      what: str = "gradients", inputs=()) -> None:
     """Raise the overflow ValueError when ``flag`` (a one-element tensor that a kernel or a check
     set: nonzero means a non-finite value was produced) is set: the one host sync of the guard,
-    skipped for dtypes whose scores cannot overflow (:func:`scores_can_overflow`)."""
-    if flag.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+    skipped for dtypes whose scores cannot overflow (:func:`scores_can_overflow`) and while a CUDA
+    graph is captured (:func:`capturing`)."""
+    if flag.is_meta or not scores_can_overflow(dtype, scale, head_dim) or capturing(flag):
         return
     if bool(flag):
         raise _overflow_error(dtype, scale, what, inputs)
@@ -355,7 +363,7 @@ def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, hea
     small host sync, and nothing at all for dtypes whose scores cannot overflow
     (:func:`scores_can_overflow`). ``inputs``: ``(name, tensor)`` pairs read only once an overflow
     was found, to blame an input that was not finite to begin with."""
-    if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim):
+    if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim) or capturing(lse):
         return
     if seen is None:
         bad = (torch.isnan(lse) | torch.isposinf(lse)).any()

@@ -29,8 +29,8 @@ import math
 
 import torch
 
-from .checks import (accum_dtype, check_block, check_bool, check_float_dtype, check_mask, check_qkv,
-                     check_scale, check_tensor, diag_offset, output_health, raise_if_overflowed,
+from .checks import (accum_dtype, capturing, check_block, check_bool, check_float_dtype, check_mask,
+                     check_qkv, check_scale, check_tensor, diag_offset, output_health, raise_if_overflowed,
                      rows_that_see_keys)
 from .softmax import merge_softmax_states
 from .tiled import attention_loops
@@ -228,7 +228,9 @@ def suggest_num_splits(batch: int, heads: int, n_queries: int, n_keys: int,
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None):
     """Check the arguments of :func:`decode_attention` (the API reference's rules) and return
-    ``(lengths, scale)``: the cache lengths as a list of ints and the resolved scale.
+    ``(lengths, scale)``: the cache lengths as a list of ints and the resolved scale. While a CUDA
+    graph is captured the lengths and the table are not read (``lengths`` is None): their values
+    are checked on the eager calls.
 
     Contiguous cache: ``k_cache``/``v_cache`` are ``(B, Hkv, Nmax, D)`` and ``block_table`` is
     None. Paged cache: ``(num_pages, Hkv, page_size, D)`` with an int32 ``(B, max_pages)`` table.
@@ -281,7 +283,6 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
         raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != q.device:
         raise ValueError(f"cache_seqlens must be on {q.device} like q, got {cache_seqlens.device}")
-    lengths = cache_seqlens.tolist()
     if paged:
         if block_table.dtype != torch.int32:
             raise ValueError(f"block_table must have dtype int32, got {str(block_table.dtype).replace('torch.', '')}")
@@ -293,6 +294,9 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
         capacity, what = block_table.shape[1] * n2, f"max_pages * page_size = {block_table.shape[1]} * {n2}"
     else:
         capacity, what = n2, "Nmax"
+    if capturing(q):          # a CUDA graph is being captured: the values stay on the device, unread
+        return None, scale
+    lengths = cache_seqlens.tolist()
     for b, n in enumerate(lengths):
         if n < Nq:
             raise ValueError(f"cache_seqlens[{b}] = {n} is shorter than the Nq = {Nq} new queries "
@@ -327,6 +331,9 @@ def decode_attention_reference(q, k_cache, v_cache, cache_seqlens, block_table=N
     ``cache_seqlens[b]`` cached positions (through the block table when paged) and run
     :func:`split_kv_attention` with the bottom-right alignment. Any dtype, any device."""
     lengths, scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    if lengths is None:
+        raise RuntimeError("decode_attention(backend='reference') reads the cache lengths on the host, "
+                           "which a CUDA graph cannot capture: capture backend='triton'")
     out = [split_kv_attention(q[b:b + 1], gather_cache(k_cache, b, n, block_table)[None],
                               gather_cache(v_cache, b, n, block_table)[None], num_splits,
                               causal="bottom-right", scale=scale)

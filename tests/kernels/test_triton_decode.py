@@ -141,9 +141,9 @@ def test_interpreter_refuses_what_the_kernel_does_not_take(gen):
 GPU_CASES = [
     # lengths, H, Hkv, Nq, page_size
     ([1, 4097, 64, 1000, 31], 32, 8, 1, 16),
-    ([3000, 17, 1, 2048], 32, 8, 4, 64),
+    ([3000, 17, 4, 2048], 32, 8, 4, 64),       # a sequence exactly Nq long
     ([5000], 32, 8, 16, 256),
-    ([700, 1, 129], 16, 1, 2, 128),
+    ([700, 2, 129], 16, 1, 2, 128),
     ([333, 90], 8, 8, 3, 32),
 ]
 
@@ -192,6 +192,28 @@ def test_gpu_decode_step_replays_in_a_cuda_graph(gen):
         graph.replay()
         torch.cuda.synchronize()
         judge({**p, "lengths": lengths}, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_public_decode_attention_is_captured_in_a_cuda_graph(gen, dtype):
+    # the public call checks the lengths and the table on eager calls only: under capture it
+    # reads nothing back (bfloat16's overflow guard included), so the benchmark's graphs hold it
+    p = make_problem(gen, [600, 2000, 4], 32, 8, 4, 128, 64, dtype)
+    seqlens = p["seqlens"].clone()
+    call = lambda: flashtut.decode_attention(p["q"], p["k_pool"], p["v_pool"], seqlens, p["table"])
+    call()                                     # eager: checked and compiled
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for lengths in ([600, 2000, 4], [301, 1999, 4]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        judge({**p, "lengths": lengths}, out)
+    with pytest.raises(ValueError, match="cache_seqlens"):      # eager calls still check
+        flashtut.decode_attention(p["q"], p["k_pool"], p["v_pool"], seqlens - 2, p["table"])
 
 
 # ---------------------------------------------------------------- generation (chapter 12) ----

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import output_health, raise_if_overflowed
+from ..checks import capturing, output_health, raise_if_overflowed, scores_can_overflow
 from ..constants import LOG2E
 from ..decode import check_decode_inputs, decode_num_splits
 from .attention import _require_runtime, interpreting
@@ -47,8 +47,8 @@ def num_sms(device) -> int:
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_len: int, device) -> int:
-    """The launch's split count on ``device``: :func:`flashtut.decode.decode_num_splits`; one
-    on the CPU interpreter."""
+    """The launch's split count on ``device`` for caches of up to ``max_len`` positions:
+    :func:`flashtut.decode.decode_num_splits`; one on the CPU interpreter."""
     return decode_num_splits(batch, kv_heads, max(1, max_len), num_sms(device), max_splits=MAX_SPLITS)
 
 
@@ -138,9 +138,12 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
     """``flashtut.decode_attention(..., backend="triton")``; ``num_splits`` None chooses it by
     :func:`choose_num_splits`. Returns ``o`` ``(B, H, Nq, D)`` (and the natural-log ``lse``
     with ``return_lse=True``)."""
-    lengths, scale = check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    _, scale = check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
     if num_splits is None:
-        num_splits = 1 if interpreting() else choose_num_splits(q.shape[0], k_cache.shape[1], max(lengths),
+        # from the cache's capacity, a shape, so that the launch needs no value read back: splits
+        # past a sequence's length exit at once
+        capacity = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
+        num_splits = 1 if interpreting() else choose_num_splits(q.shape[0], k_cache.shape[1], capacity,
                                                                 q.device)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be an integer from 1 to 256, got {num_splits!r}")
@@ -150,9 +153,11 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
         block_table = block_table.contiguous()
     o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
                            num_splits, return_lse=True)
-    # the guard of every attention path: every row sees key 0, so every lse must be finite
-    raise_if_overflowed(lse + output_health(o), q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]),
-                        inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    # the guard of every attention path: every row sees key 0, so every lse must be finite (for
+    # dtypes whose scores can overflow, and outside a CUDA graph's capture)
+    if scores_can_overflow(q.dtype, scale, q.shape[-1]) and not capturing(q):
+        raise_if_overflowed(lse + output_health(o), q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]),
+                            inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     return (o, lse) if return_lse else o
 
 
