@@ -220,7 +220,11 @@ new Promise((resolve) => {
   (function poll() {
     const ready = document.readyState === "complete" && !/\\/index\\.html$|\\/$/.test(location.pathname);
     const mj = window.MathJax;
-    if (ready && mj && mj.startup && mj.startup.promise) {
+    // a page with no formula loads no MathJax: nothing to wait for
+    const loads = document.querySelector('script[src*="mathjax" i]') !== null;
+    if (ready && !loads) {
+      resolve({url: location.href, math: 0, errors: 0});
+    } else if (ready && mj && mj.startup && mj.startup.promise) {
       mj.startup.promise.then(() => resolve({
         url: location.href,
         math: document.querySelectorAll("mjx-container").length,
