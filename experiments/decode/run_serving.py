@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", default="1024,4096,16384,65536")
     p.add_argument("--batches", default="1,mixed-32")
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--reference-tokens", type=int, default=3)
+    p.add_argument("--reference-tokens", type=int, default=4)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")

@@ -238,7 +238,8 @@ def test_generate_batch_matches_recomputing_every_prefix(gen):
         got = m.generate_batch(gpt, prompts, 5, kernel=kernel, layout=layout, page_size=4, timings=timings)
         for b, (g, w) in enumerate(zip(got, want)):
             assert torch.equal(g, w), f"{kernel}/{layout}, sequence {b}: {g.tolist()} != {w.tolist()}"
-        assert timings["steps"] == 4 and timings["decode_s"] > 0
+        # 5 new tokens: the prefill's, one untimed step that compiles, three timed
+        assert timings["steps"] == 3 and timings["decode_s"] > 0 and timings["setup_s"] > 0
 
 
 def test_decode_cache_errors():
@@ -310,10 +311,12 @@ def test_measure_serving_rows():
     assert mixed_lengths(5, 160)[-1] == 160 and min(mixed_lengths(5, 160)) >= 10
     cfg = m.GPTConfig(n_layer=1, d_model=32, n_head=4, n_kv_head=2)
     rows = measure_serving("cpu", prompts=(9,), batches=("mixed-2",), config=cfg, dtype=torch.float32,
-                           new_tokens=3, reference_tokens=2)
+                           new_tokens=3, reference_tokens=3)
     assert [r["method"] for r in rows] == ["sdpa dense", "triton paged", "triton paged, eager", "pytorch reference"]
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["batch"] == 2 for r in rows)
     assert all(r["same_tokens"] == 1.0 for r in rows[1:])
+    with pytest.raises(ValueError, match="reference_tokens must be at least 3"):
+        measure_serving("cpu", prompts=(9,), batches=("1",), config=cfg, reference_tokens=2)
 
 
 @pytest.mark.skipif(not CPU, reason="interpreter test")

@@ -178,7 +178,8 @@ def generate_batch(model: GPT, prompts, new_tokens: int, kernel: str = "triton",
     ``kernel``/``layout``/``page_size``/``num_splits``: the cache (:class:`DecodeCache`).
     ``cuda_graph``: capture the decode step once and replay it (default: on a CUDA device).
     ``dtype``: autocast dtype (None: the model's own). ``timings``, a dict, receives the seconds
-    of the prefill and of the decode steps (``"prefill_s"``, ``"decode_s"``, ``"steps"``).
+    of the prefill, of the first step with the graph's capture (``"setup_s"``) and of the
+    ``"steps"`` decode steps after it (``"decode_s"``).
     """
     new_tokens = check_block("new_tokens", new_tokens)
     seqs = _prompts(prompts, model.config.vocab_size)
@@ -211,30 +212,34 @@ def generate_batch(model: GPT, prompts, new_tokens: int, kernel: str = "triton",
 
     produced = [tokens.clone()]
     remaining = new_tokens - 1
-    if remaining and cuda_graph:
-        # one eager step compiles the kernels (and is a real step); the capture records the next
-        # one without running it; each replay is one step that feeds its own next input
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+    run = step
+    if remaining:
+        # one eager step first (a real step): it compiles the kernels, so neither that nor the
+        # graph's capture is in the decode time. The capture records the next step without running
+        # it; each replay is one step that feeds its own next input
+        side = torch.cuda.Stream(device) if cuda_graph else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             step()
-        torch.cuda.current_stream(device).wait_stream(side)
+        if side is not None:
+            torch.cuda.current_stream(device).wait_stream(side)
         cache.count_step()
         produced.append(tokens.clone())
         remaining -= 1
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        run = graph.replay
-    else:
-        run = step
+        if cuda_graph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            run = graph.replay
+    setup_s = clock.lap()
     for _ in range(remaining):
         run()
         cache.count_step()
         produced.append(tokens.clone())
     decode_s = clock.lap()
     if timings is not None:
-        timings.update(prefill_s=prefill_s, decode_s=decode_s, steps=new_tokens - 1)
+        timings.update(prefill_s=prefill_s, setup_s=setup_s, decode_s=decode_s, steps=remaining)
     new = torch.cat(produced, dim=1)
     return [torch.cat([out[b][0], new[b]]) for b in range(B)]
 
@@ -292,12 +297,17 @@ def measure_serving(device, prompts=(1024, 4096, 16384, 65536), batches=("1", "m
     """Rows (``kind`` ``"model"``, ``section`` ``"generation"``) of decode tokens per second: for each
     prompt length and batch (``"1"``, or ``"mixed-N"``: ``N`` prompts of :func:`mixed_lengths`), each
     method of :data:`SERVING_METHODS` generates after the same prompts; the time of the decode steps
-    (the prefill excluded: every method prefills alike) gives ``tokens_per_s = batch * steps / s``.
+    (the prefill and the first step, which compiles the kernels and captures the graph, excluded)
+    gives ``tokens_per_s = batch * steps / s``.
     The PyTorch reference runs ``reference_tokens`` tokens (it is slow; ``status`` ``"skipped"``
     where the batch caches more than ``reference_max_tokens`` tokens); ``same_tokens`` is the
     fraction of new tokens equal to the SDPA baseline's (greedy choices may differ at near-ties)."""
     from ..bench.memory import is_oom, release_cached
 
+    for name, n in (("new_tokens", new_tokens), ("reference_tokens", reference_tokens)):
+        if check_block(name, n) < 3:
+            raise ValueError(f"{name} must be at least 3 (the first new token comes from the prefill, the "
+                             f"second compiles the kernels untimed, the rest are timed), got {n}")
     device = torch.device(device)
     config = config or serving_config()
     model = GPT(config, attention_backend="sdpa", seed=seed).to(device=device, dtype=dtype)
@@ -331,7 +341,8 @@ def measure_serving(device, prompts=(1024, 4096, 16384, 65536), batches=("1", "m
                         k = min(n_new, baseline.shape[1])
                         row["same_tokens"] = float((new[:, :k] == baseline[:, :k]).float().mean())
                     row.update(status="ok", ms=1e3 * t["decode_s"] / t["steps"],
-                               tokens_per_s=len(lengths) * t["steps"] / t["decode_s"], prefill_s=t["prefill_s"])
+                               tokens_per_s=len(lengths) * t["steps"] / t["decode_s"], prefill_s=t["prefill_s"],
+                               setup_s=t["setup_s"])
                 except Exception as e:                          # noqa: BLE001 - reported in the row
                     row.update(status="oom" if is_oom(e) else "error", error=f"{type(e).__name__}: {e}"[:300])
                 release_cached(device)
