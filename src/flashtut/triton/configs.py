@@ -59,8 +59,9 @@ def _cfgs(rows):
     return [TileConfig(*r) for r in rows]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim class
-# (``head_dim_class``), best first; the measurements behind each list are in book/perflog_triton.md.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, GPU generation and head-dim
+# class (``head_dim_class``), best first; the measurements behind each list are in
+# the worklog, book/perflog_triton.md.
 FWD = {
     ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3),
                                 (128, 64, 8, 3), (128, 64, 8, 4)]),
@@ -105,8 +106,8 @@ BWD_DQ = {
     ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
                                (32, 32, 4, 1)]),
 }
-# The first entry of a list is what runs with autotuning off; a sliding window (every dK/dV
-# program sees the same short query range) moves its own first choice to the front.
+# The first entry of a list is what runs with autotuning off; a sliding window (every
+# dK/dV program sees the same short query range) puts its own first choice in front.
 WINDOW_FIRST = {
     ("dkdv", "hopper", "large"): TileConfig(64, 128, 8, 2),
 }
