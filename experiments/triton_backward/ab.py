@@ -5,10 +5,9 @@ Three parts, each a subcommand (``experiments/triton_backward/gpu.sh`` runs them
 * ``gate``: the correctness gate, and the compiler's warm-up. For one class of the protocol (head
   dim, causal, dtype) it runs every candidate's forward and autograd backward on two ragged shapes
   (Nq = 1040, Nk = 784 and the reverse: lengths no tile of 32 or more divides) and judges the
-  gradients by the book's yardstick (``flashtut.bench.accuracy.yardstick``); the ``tma`` candidate
-  also on lengths that are not multiples of 16. The shapes keep the timing shapes' compile-time
-  specialisations (row strides and lse strides multiples of 16), so the gate fills Triton's cache
-  for the timing process. ``gpu.sh`` runs the 8 classes x 3 parts of the candidates in 24
+  gradients by the book's yardstick (``flashtut.bench.accuracy.yardstick``). The shapes keep the
+  timing shapes' compile-time specialisations (row strides and lse strides multiples of 16), so the
+  gate fills Triton's cache for the timing process. ``gpu.sh`` runs the 8 classes x 3 parts of the candidates in 24
   processes at once.
 * ``time``: the protocol grid (16k tokens, hidden 2048: D = 64 with 32 heads, D = 128 with 16;
   N = 4096 and 16384; float16 and bfloat16; causal and not). Per case SDPA flash's backward and
@@ -21,8 +20,8 @@ Three parts, each a subcommand (``experiments/triton_backward/gpu.sh`` runs them
 
 Candidates (``CANDIDATES``; the tile tables are ``flashtut.triton.configs``):
 
-* ``base``: what ships, autotuning off (each list's first entry: dK/dV 64x128/w8/s3 and dQ
-  128x64/w8/s3 at D = 64 and 128 on Hopper).
+* ``base``: what ships, autotuning off (each list's first entry on Hopper: dK/dV and dQ
+  64x64/w4/s3 at D = 64; dK/dV 64x128/w8/s3 and dQ 128x64/w8/s3 at D = 128).
 * ``autotuned``: the autotuner over the shipped lists, once per case (its pick is printed): which
   entry should come first per head dim, mask and dtype.
 * ``deep``: narrower streamed tiles with deeper pipelines, the Triton tutorial's shape (dK/dV 32
@@ -30,9 +29,6 @@ Candidates (``CANDIDATES``; the tile tables are ``flashtut.triton.configs``):
   4 stages at D = 128).
 * ``fused``: dQ added with float32 atomics by the dK/dV program (``use_fused_backward``), five tile
   products instead of seven, base tiles.
-* ``tma``: base tiles, the streamed tiles (Q, dO in dK/dV; K, V in dQ) loaded through tensor
-  descriptors, Hopper's TMA (``use_backward_options(tma=True)``).
-* ``tma-deep``: both of the above.
 
 Writes ``gate_<class>.json`` (gate), ``triton_backward.json`` (time; results format, kind speed)
 and ``fwd_guard.json`` (fwd-guard) to ``--out-dir``, and prints one summary line per row.
@@ -59,8 +55,6 @@ TOKENS, HIDDEN = 16384, 2048
 DIMS, LENGTHS = (128, 64), (16384, 4096)
 #: the gate's (Nq, Nk): no tile of 32 or more divides them, every row and lse stride stays a multiple of 16
 GATE_SHAPES = [(1040, 784), (784, 1040)]
-#: what ``tma`` is also checked on (float16): lengths that are not multiples of 16
-ODD_SHAPE = (1001, 999)
 DEVICE = "cuda"
 
 
@@ -76,12 +70,9 @@ CANDIDATES = {
     "autotuned": (lambda D: [], True, "autotuner over the shipped lists"),
     "deep": (lambda D: [A.use_configs(**_deep(D))], False, "32-row/key streamed tiles, deeper pipeline"),
     "fused": (lambda D: [A.use_fused_backward(True)], False, "dQ by float32 atomics in the dK/dV kernel"),
-    "tma": (lambda D: [A.use_backward_options(tma=True)], False, "streamed tiles by TMA descriptors"),
-    "tma-deep": (lambda D: [A.use_backward_options(tma=True), A.use_configs(**_deep(D))], False,
-                 "TMA and the deep tiles"),
 }
 #: the gate's parts, about equal in compilations (``autotuned`` compiles every entry of the lists)
-PARTS = {"a": ["base", "deep"], "b": ["autotuned"], "c": ["tma", "fused", "tma-deep"]}
+PARTS = {"a": ["base", "deep"], "b": ["autotuned"], "c": ["fused"]}
 
 
 @contextlib.contextmanager
@@ -135,7 +126,6 @@ def gate(D: int, causal: bool, dtype_name: str, names: list[str], out_dir: str, 
 
     dtype = DTYPES[dtype_name]
     H = H or heads(D)
-    shapes = list(GATE_SHAPES)
     rows, lines = [], []
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"gate_D{D}_c{int(causal)}_{dtype_name}_{'-'.join(names)}.json")
@@ -144,7 +134,6 @@ def gate(D: int, causal: bool, dtype_name: str, names: list[str], out_dir: str, 
         t0 = time.time()
         try:
             with candidate(name, D):
-                todo = shapes + ([ODD_SHAPE] if name.startswith("tma") and dtype == torch.float16 else [])
                 pinned = [None]
                 if name == "autotuned":      # compile and check every entry the autotuner may pick
                     cap = capability or torch.cuda.get_device_capability()
@@ -152,7 +141,7 @@ def gate(D: int, causal: bool, dtype_name: str, names: list[str], out_dir: str, 
                     pinned += [dict(dq=c) for c in configs.search_space("dq", cap, False, D)]
                     os.environ["FLASHTUT_TRITON_AUTOTUNE"] = "0"
                 for pin in pinned:
-                    for Nq, Nk in todo:
+                    for Nq, Nk in GATE_SHAPES:
                         q, k, v, do = _inputs(1, H, Nq, Nk, D, dtype, seed=Nq + D)
                         with A.use_configs(**pin) if pin else contextlib.nullcontext():
                             o, grads = _grads(q, k, v, do, causal)

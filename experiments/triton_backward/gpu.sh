@@ -29,7 +29,7 @@ wait
 grep -h "^gate" "$OUT"/gate_*.log | sort > "$OUT/gate_summary.txt"
 grep "FAIL" "$OUT/gate_summary.txt" | tee -a "$LOG"
 echo "gate: $(grep -c PASS "$OUT/gate_summary.txt") pass, $(grep -c FAIL "$OUT/gate_summary.txt") fail" \
-     "of 8 classes x 6 candidates (missing rows: cut off by T_GATE)" | tee -a "$LOG"
+     "of 8 classes x 4 candidates (missing rows: cut off by T_GATE)" | tee -a "$LOG"
 
 stage time
 t=$(( $(left) - ${RESERVE_S:-45} ))

@@ -68,7 +68,7 @@ def compile_kernel(kernel: str, arch: int, D: int, cfg: TileConfig, dtype: str =
     fn = {"fwd": forward.attn_fwd_kernel, "dq": backward.bwd_dq_kernel}.get(kernel, backward.bwd_dkdv_kernel)
     cx = dict(common)
     if kernel != "fwd":
-        cx.update(DS_FP32=False, TMA=False)
+        cx.update(DS_FP32=False)
     if kernel.startswith("dkdv"):
         cx.update(FUSED_DQ=kernel == "dkdv_fused", GROUPED=False, WIDE_ROWS=False)
     cx.update(extra or {})

@@ -21,7 +21,6 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpret
 def tiny(monkeypatch):
     monkeypatch.setattr(ab, "DEVICE", "cpu")
     monkeypatch.setattr(ab, "GATE_SHAPES", [(40, 29)])
-    monkeypatch.setattr(ab, "ODD_SHAPE", (23, 37))
 
 
 def test_gate_passes_every_candidate(tiny, tmp_path):
@@ -64,11 +63,11 @@ def test_time_grid_writes_results_rows_and_skips_what_failed_the_gate(cpu_timing
     from flashtut.bench.results import load_results
     ab.gate(32, False, "float16", ["fused"], str(tmp_path), H=1)          # passes
     with open(tmp_path / "gate_fake.json", "w") as f:                     # a candidate that failed
-        f.write('[{"candidate": "tma", "D": 32, "causal": false, "dtype": "float16", "passed": false}]')
-    rows = ab.time_grid(["base", "fused", "tma", "deep"], 2, str(tmp_path), 600, dims=(32,), lengths=(48,),
+        f.write('[{"candidate": "autotuned", "D": 32, "causal": false, "dtype": "float16", "passed": false}]')
+    rows = ab.time_grid(["base", "fused", "autotuned", "deep"], 2, str(tmp_path), 600, dims=(32,), lengths=(48,),
                         dtypes=("float16",))
     got = {(r["candidate"], r["causal"]) for r in rows}
-    # base always; fused passed; tma failed and deep never reached the gate (causal: no gate row at all)
+    # base always; fused passed; autotuned failed and deep never reached the gate (causal: no gate row at all)
     assert got == {(n, c) for n in ("sdpa-flash", "base", "fused") for c in (False, True)} - {("fused", True)}
     assert all(len(r["ms_rounds"]) == 2 and r["ratio"] > 0 for r in rows)
     doc = load_results(tmp_path / "triton_backward.json")

@@ -107,24 +107,6 @@ def test_interpreter_head_dims_up_to_256(gen, D, dtype, causal):
 
 @pytest.mark.skipif(not CPU, reason="interpreter test")
 @pytest.mark.parametrize("causal", [False, True])
-def test_interpreter_tma_option_computes_the_same(gen, causal):
-    """The backward's TMA candidate (experiments/triton_backward) changes how tiles arrive, not the
-    arithmetic: the same gradients, on ragged lengths (rows past the end arrive as zeros) and a
-    padded head dim (so do the columns past D)."""
-    q, k, v, do = _qkvd(gen, 1, 2, 45, 38, 24, torch.float16)
-    o, lse = tk.triton_forward(q, k, v, causal)
-    base = tk.triton_backward(q, k, v, o, lse, do, causal)
-    with tk.use_backward_options(tma=True):
-        got = tk.triton_backward(q, k, v, o, lse, do, causal)
-    for a, b in zip(got, base):
-        assert torch.equal(a, b)
-    with pytest.raises(TypeError, match="tma must be True or False"):
-        with tk.use_backward_options(tma="yes"):
-            pass
-
-
-@pytest.mark.skipif(not CPU, reason="interpreter test")
-@pytest.mark.parametrize("causal", [False, True])
 def test_interpreter_autograd_saves_only_qkvo_lse(gen, causal):
     q, k, v, do = _qkvd(gen, 1, 2, 41, 35, 32, torch.float32)
     ro, _, rdq, rdk, rdv = _reference(q, k, v, do, causal, None)

@@ -137,7 +137,7 @@ _TUNED: dict = {}
 
 #: what each kernel's autotuner keys on besides the tensors' dtypes (which Triton adds itself)
 _TUNE_KEYS = {"fwd": ["N_BUCKET", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN"]}
-_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32", "TMA"]
+_TUNE_KEYS["dq"] = _TUNE_KEYS["fwd"] + ["DS_FP32"]
 _TUNE_KEYS["dkdv"] = _TUNE_KEYS["dq"] + ["FUSED_DQ", "GROUPED", "WIDE_ROWS"]
 
 
@@ -330,50 +330,6 @@ def use_fused_backward(enabled: bool = True):
         _FUSED_DQ.pop()
 
 
-#: the backward kernels' options under measurement (experiments/triton_backward), off unless a
-#: ``use_backward_options`` block turns them on
-_BWD_OPTIONS: list = []
-
-
-@contextlib.contextmanager
-def use_backward_options(tma: bool = False):
-    """Run the backward kernels with a candidate option that is being measured, not yet the
-    default: ``tma`` loads the streamed tiles (``Q``, ``dO`` in the dK/dV kernel, ``K``, ``V`` in
-    the dQ kernel) through tensor descriptors, Hopper's TMA copies (on a GPU of sm_90 or newer,
-    with 16-byte aligned rows; elsewhere the pointer loads run)."""
-    _BWD_OPTIONS.append(dict(TMA=check_bool("tma", tma)))
-    try:
-        yield
-    finally:
-        _BWD_OPTIONS.pop()
-
-
-def _tma_scratch(size: int, alignment: int, stream):
-    # device-side tensor descriptors live in a global scratch buffer that Triton asks for
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _tma_fits(tensors) -> bool:
-    """Whether TMA can copy tiles of these tensors: a GPU of sm_90 or newer (or the interpreter),
-    16-byte aligned base addresses and row strides (other than the unit stride along D)."""
-    t0 = tensors[0]
-    if t0.is_cuda and torch.cuda.get_device_capability(t0.device)[0] < 9:
-        return False
-    if not t0.is_cuda and not interpreting():
-        return False
-    return all(t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
-               for t in tensors)
-
-
-def _backward_options(tensors) -> dict:
-    opts = dict(_BWD_OPTIONS[-1]) if _BWD_OPTIONS else dict(TMA=False)
-    if opts["TMA"] and not _tma_fits(tensors):
-        opts["TMA"] = False
-    if opts["TMA"] and tensors[0].is_cuda:
-        triton.set_allocator(_tma_scratch)
-    return opts
-
-
 def _fused_dq(q: torch.Tensor, mask, ds_fp32: bool) -> bool:
     if _FUSED_DQ:
         return _FUSED_DQ[-1]
@@ -417,8 +373,7 @@ class _BackwardPlan:
             self.dq_acc = self.dk                    # an unused argument: never read or written
         bucket = configs.length_bucket(max(L.Nq, L.Nk))
         self.meta = dict(_mask_meta(mask), VARLEN=L.varlen, BLOCK_D=block_d, PAD_D=block_d != L.D,
-                         DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32,
-                         **_backward_options((q, k, v, do)))
+                         DOT_PREC=_dot_precision(q.dtype), DS_FP32=ds_fp32)
         # the dK/dV kernel addresses query rows (of one sequence) in 32 bits unless row * stride,
         # padded by the largest tile, can reach 2**31
         row_stride = max(_strides(t)[2] for t in (q, do, self.dq_acc))
@@ -636,6 +591,5 @@ def varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, bounds_q, bounds_k, mask,
 
 
 __all__ = ["triton_attention", "triton_forward", "triton_backward", "TritonAttention", "interpreting",
-           "best_configs", "use_configs", "use_fused_backward", "use_backward_options", "TileConfig",
-           "KERNEL_DTYPES", "MAX_HEAD_DIM",
+           "best_configs", "use_configs", "use_fused_backward", "TileConfig", "KERNEL_DTYPES", "MAX_HEAD_DIM",
            "varlen_attention", "varlen_triton"]

