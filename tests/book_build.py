@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -65,8 +66,11 @@ class _Running:
         self.log = LOG.open("w")
         self.start = time.perf_counter()
         # a session of its own, so that an interrupted test run can stop it with its notebook kernels
+        # one thread for the notebooks' PyTorch: the suite runs beside the build, and two processes
+        # each spinning two OpenMP threads on two cores run several times slower than one each
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
 
     def wait(self) -> tuple[int, float]:
         returncode = self.proc.wait()
@@ -96,6 +100,7 @@ def schedule(config, items) -> None:
     if config.option.collectonly or _reuse() or exe is None or _RUNNING is not None:
         return
     _RUNNING = _Running(exe)
+    torch.set_num_threads(1)          # the suite's share of the cores, beside the build (see _Running)
 
 
 def stop() -> None:
