@@ -61,8 +61,10 @@ class _Running:
         if _toc() != (ROOT / "_toc.yml").resolve():
             self.cmd += ["--toc", str(_toc())]
         LOG.parent.mkdir(parents=True, exist_ok=True)
-        # a fresh execution of every notebook: the cache keys on the cells' code, not on src/
-        shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
+        # a fresh execution of every notebook: the cache keys on the cells' code, not on src/, and
+        # Sphinx rereads (so executes) only the documents whose files changed since its last build
+        for stale in (".jupyter_cache", ".doctrees"):
+            shutil.rmtree(ROOT / "_build" / stale, ignore_errors=True)
         self.log = LOG.open("w")
         self.start = time.perf_counter()
         # a session of its own, so that an interrupted test run can stop it with its notebook kernels
