@@ -2,7 +2,7 @@
 the chapter keeps the book's rules for a measured figure (folded code, read from book/data)."""
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import load_committed, measured_cells, notebook_cells  # noqa: E402
 
 import flashtut  # noqa: E402
 from flashtut import masks  # noqa: E402
@@ -48,14 +49,23 @@ def test_the_tile_figure_draws_one_panel_per_mask():
     assert "10/16 tiles visited" in fig.axes[0].get_title()
 
 
-def test_measured_cells_are_folded_and_read_committed_data():
-    # the comparison with PyTorch's FlexAttention (experiments/flex) enters once a GPU run is committed
-    nb = json.loads(NOTEBOOK.read_text())
-    for c in nb["cells"]:
-        src = "".join(c["source"])
-        if c["cell_type"] == "code" and "load_results" in src:
-            assert "hide-input" in c["metadata"].get("tags", [])
-            assert "measured_caption" in src
+def test_the_measured_section_reads_committed_data_in_folded_code_and_captions_it():
+    # 13.7: the comparison with PyTorch's FlexAttention (experiments/flex), one table, then its reading
+    cells = notebook_cells(NOTEBOOK.name)
+    measured = measured_cells(cells)
+    assert [files for _, _, files in measured] == [["flex_h100.json"]]
+    (tags, (kind, after, _), _), = measured
+    assert "hide-input" in tags
+    src = next(s for k, s, _ in cells if k == "code" and "load_results" in s)
+    assert "measured_caption(" in src and "Table 13.1: " in src and "versus_flex_table" in src
+    assert kind == "markdown" and "Ours is slower in every row" in after
+    rows, _ = load_committed("flex_h100.json")
+    assert {r["impl"] for r in rows if r.get("kind") == "speed"} == {"triton-flex", "flex", "triton"}
+    assert flex_plots.versus_flex_rows(rows)          # both sides measured on the same cases
+    headings = re.findall(r"^## (13\.\d+) ", "\n".join(s for k, s, _ in cells if k == "markdown"), re.M)
+    assert headings == [f"13.{i}" for i in range(1, 8)]
+    md = "\n".join(s for k, s, _ in cells if k == "markdown")
+    assert md.index("## 13.7 Measured") < md.index("## Exercises")
     toc = (ROOT / "_toc.yml").read_text()
     assert toc.index("notebooks/12_real_model") < toc.index("notebooks/13_masks")
 
