@@ -75,3 +75,31 @@ def test_the_chapter_draws_the_four_masks_of_the_issue():
     for name in ("masks.causal", "masks.sliding_window", "masks.document", "masks.prefix_lm", "masks.alibi",
                  "masks.softcap"):
         assert name in text, name
+
+
+def test_the_reading_of_13_7_quotes_the_committed_run():
+    rows, _ = load_committed("flex_h100.json")
+    table = flex_plots.versus_flex_rows(rows)
+
+    def span(values):
+        return f"{min(values):.2f} to {max(values):.2f}"
+
+    ms = {(r["impl"], r["mask"], r["N"], r["mode"]): r["ms"] for r in rows if r.get("kind") == "speed"}
+
+    def fixed(mask, mode):
+        return [ms["triton", m, n, md] / ms["triton-flex", m, n, md] for (i, m, n, md) in ms
+                if i == "triton" and m == mask and md == mode]
+
+    reading = " ".join(next(s for k, s, _ in notebook_cells(NOTEBOOK.name)
+                            if k == "markdown" and "Ours is slower in every row" in s).split())
+    fwd, bwd = [e["fwd_ratio"] for e in table], [e["bwd_ratio"] for e in table]
+    assert max(fwd + bwd) < 1.0                                     # "slower in every row"
+    assert f"reaches {span(fwd)} of PyTorch's speed, the backward {span(bwd)}" in reading
+    by_bwd = sorted(table, key=lambda e: e["bwd_ratio"])
+    assert (by_bwd[0]["mask"], by_bwd[-1]["mask"]) == ("document", "softcap")
+    assert f"at most {max(e['err_ratio'] for e in table):.2f}" in reading
+    assert f"{span(fixed('causal', 'fwd'))} of its speed forward, {span(fixed('causal', 'bwd'))} backward" in reading
+    assert f"the forward is close ({span(fixed('window', 'fwd'))})" in reading
+    assert f"the backward at {span(fixed('window', 'bwd'))}" in reading
+    build = {(r["impl"].startswith("flashtut"), r["mask"]): r["ms"] for r in rows if r.get("kind") == "host"}
+    assert all(build[True, m] <= build[False, m] for _, m in build)  # "no slower than PyTorch's"
