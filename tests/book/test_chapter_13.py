@@ -2,7 +2,7 @@
 the chapter keeps the book's rules for a measured figure (folded code, read from book/data)."""
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import load_committed, measured_cells, notebook_cells  # noqa: E402
 
 import flashtut  # noqa: E402
 from flashtut import masks  # noqa: E402
@@ -48,14 +49,23 @@ def test_the_tile_figure_draws_one_panel_per_mask():
     assert "10/16 tiles visited" in fig.axes[0].get_title()
 
 
-def test_measured_cells_are_folded_and_read_committed_data():
-    # the comparison with PyTorch's FlexAttention (experiments/flex) enters once a GPU run is committed
-    nb = json.loads(NOTEBOOK.read_text())
-    for c in nb["cells"]:
-        src = "".join(c["source"])
-        if c["cell_type"] == "code" and "load_results" in src:
-            assert "hide-input" in c["metadata"].get("tags", [])
-            assert "measured_caption" in src
+def test_the_measured_section_reads_committed_data_in_folded_code_and_captions_it():
+    # 13.7: the comparison with PyTorch's FlexAttention (experiments/flex), one table, then its reading
+    cells = notebook_cells(NOTEBOOK.name)
+    measured = measured_cells(cells)
+    assert [files for _, _, files in measured] == [["flex_h100.json"]]
+    (tags, (kind, after, _), _), = measured
+    assert "hide-input" in tags
+    src = next(s for k, s, _ in cells if k == "code" and "load_results" in s)
+    assert "measured_caption(" in src and "Table 13.1: " in src and "versus_flex_table" in src
+    assert kind == "markdown" and "Ours is slower in every row" in after
+    rows, _ = load_committed("flex_h100.json")
+    assert {r["impl"] for r in rows if r.get("kind") == "speed"} == {"triton-flex", "flex", "triton"}
+    assert flex_plots.versus_flex_rows(rows)          # both sides measured on the same cases
+    headings = re.findall(r"^## (13\.\d+) ", "\n".join(s for k, s, _ in cells if k == "markdown"), re.M)
+    assert headings == [f"13.{i}" for i in range(1, 8)]
+    md = "\n".join(s for k, s, _ in cells if k == "markdown")
+    assert md.index("## 13.7 Measured") < md.index("## Exercises")
     toc = (ROOT / "_toc.yml").read_text()
     assert toc.index("notebooks/12_real_model") < toc.index("notebooks/13_masks")
 
@@ -65,3 +75,31 @@ def test_the_chapter_draws_the_four_masks_of_the_issue():
     for name in ("masks.causal", "masks.sliding_window", "masks.document", "masks.prefix_lm", "masks.alibi",
                  "masks.softcap"):
         assert name in text, name
+
+
+def test_the_reading_of_13_7_quotes_the_committed_run():
+    rows, _ = load_committed("flex_h100.json")
+    table = flex_plots.versus_flex_rows(rows)
+
+    def span(values):
+        return f"{min(values):.2f} to {max(values):.2f}"
+
+    ms = {(r["impl"], r["mask"], r["N"], r["mode"]): r["ms"] for r in rows if r.get("kind") == "speed"}
+
+    def fixed(mask, mode):
+        return [ms["triton", m, n, md] / ms["triton-flex", m, n, md] for (i, m, n, md) in ms
+                if i == "triton" and m == mask and md == mode]
+
+    reading = " ".join(next(s for k, s, _ in notebook_cells(NOTEBOOK.name)
+                            if k == "markdown" and "Ours is slower in every row" in s).split())
+    fwd, bwd = [e["fwd_ratio"] for e in table], [e["bwd_ratio"] for e in table]
+    assert max(fwd + bwd) < 1.0                                     # "slower in every row"
+    assert f"reaches {span(fwd)} of PyTorch's speed, the backward {span(bwd)}" in reading
+    by_bwd = sorted(table, key=lambda e: e["bwd_ratio"])
+    assert (by_bwd[0]["mask"], by_bwd[-1]["mask"]) == ("document", "softcap")
+    assert f"at most {max(e['err_ratio'] for e in table):.2f}" in reading
+    assert f"{span(fixed('causal', 'fwd'))} of its speed forward, {span(fixed('causal', 'bwd'))} backward" in reading
+    assert f"the forward is close ({span(fixed('window', 'fwd'))})" in reading
+    assert f"the backward at {span(fixed('window', 'bwd'))}" in reading
+    build = {(r["impl"].startswith("flashtut"), r["mask"]): r["ms"] for r in rows if r.get("kind") == "host"}
+    assert all(build[True, m] <= build[False, m] for _, m in build)  # "no slower than PyTorch's"
