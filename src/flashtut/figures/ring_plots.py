@@ -1,10 +1,13 @@
 """Chapter 14's figures: ring attention's merge across ranks, its schedule as a timeline, and who
-computes which part of the causal score matrix under each cut. Drawing only: each function takes
-numbers computed elsewhere (``flashtut.distributed``) and returns the figure."""
+computes which part of the causal score matrix under each cut, and the table of its measured
+compute path on one GPU. Drawing only: each function takes numbers computed or measured elsewhere
+(``flashtut.distributed``, the rows of ``experiments/ring/compute_path.py``) and returns the figure
+or the table; none opens a file."""
 from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
+from ..bench.report import _SHORT_DTYPE  # the tables' short dtype names, one copy
 from .style import INK, PALETTE, subplots
 
 
@@ -104,7 +107,6 @@ def owner_figure(panels):
 
 #: the rows ``experiments/ring/compute_path.py`` writes for the ring's steps: ``ring-compute-w<world>``
 RING_COMPUTE_PREFIX = "ring-compute-w"
-_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def ring_compute_table(rows):
