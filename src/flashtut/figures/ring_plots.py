@@ -1,10 +1,13 @@
 """Chapter 14's figures: ring attention's merge across ranks, its schedule as a timeline, and who
-computes which part of the causal score matrix under each cut. Drawing only: each function takes
-numbers computed elsewhere (``flashtut.distributed``) and returns the figure."""
+computes which part of the causal score matrix under each cut, and the table of its measured
+compute path on one GPU. Drawing only: each function takes numbers computed or measured elsewhere
+(``flashtut.distributed``, the rows of ``experiments/ring/compute_path.py``) and returns the figure
+or the table; none opens a file."""
 from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
+from ..bench.report import _SHORT_DTYPE  # the tables' short dtype names, one copy
 from .style import INK, PALETTE, subplots
 
 
@@ -102,4 +105,40 @@ def owner_figure(panels):
     return fig
 
 
-__all__ = ["merge_weights_figure", "ring_timeline_figure", "owner_figure"]
+#: the rows ``experiments/ring/compute_path.py`` writes for the ring's steps: ``ring-compute-w<world>``
+RING_COMPUTE_PREFIX = "ring-compute-w"
+
+
+def ring_compute_table(rows):
+    """(header, body) of chapter 14's measured table for ``flashtut.notebook.show_table``: the ring's
+    compute path on one GPU. One line per case (dtype, N, full or causal mask), one column per world
+    size; each cell is the unsharded kernel's time over the time of every rank's kernels and merges,
+    ``forward / backward`` (1.00: splitting the sequence costs nothing; ``-`` where a mode was not
+    measured). ``rows``: speed rows of ``experiments/ring/compute_path.py`` (``impl``
+    ``ring-compute-w<world>`` with ``vs_unsharded``); other rows are ignored. Cases sort float16
+    before bfloat16, then by N, then full before causal."""
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"rows: expected a list of result rows (dicts), got {type(rows).__name__}")
+    ratio = {}
+    for r in rows:
+        if not isinstance(r, dict):
+            raise TypeError(f"rows: expected dicts, got an element of type {type(r).__name__}")
+        if str(r.get("impl", "")).startswith(RING_COMPUTE_PREFIX) and r.get("vs_unsharded") is not None:
+            ratio[(r["dtype"], r["N"], bool(r["causal"]), r["world"], r["mode"])] = r["vs_unsharded"]
+    if not ratio:
+        raise ValueError(f"rows: none is a ring compute row (impl '{RING_COMPUTE_PREFIX}<world>' with "
+                         "vs_unsharded); pass the rows of experiments/ring/compute_path.py")
+    order = {"float16": 0, "bfloat16": 1}
+    cases = sorted({key[:3] for key in ratio}, key=lambda c: (order.get(c[0], 2), c[0], c[1], c[2]))
+    worlds = sorted({key[3] for key in ratio})
+
+    def cell(case, world):
+        pair = [ratio.get((*case, world, mode)) for mode in ("fwd", "bwd")]
+        return " / ".join("-" if x is None else f"{x:.2f}" for x in pair)
+
+    body = [[f"{_SHORT_DTYPE.get(c[0], c[0])}, {c[1] // 1024}k, {'causal' if c[2] else 'full'}"]
+            + [cell(c, w) for w in worlds] for c in cases]
+    return ["dtype, N, mask"] + [f"{w} ranks" for w in worlds], body
+
+
+__all__ = ["merge_weights_figure", "ring_timeline_figure", "owner_figure", "ring_compute_table"]
