@@ -351,7 +351,8 @@ def raise_if_flagged(flag: torch.Tensor, dtype: torch.dtype, scale: float, head_
 
 
 def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, head_dim: int,
-                        what: str = "output", seen: tuple[int, int] | None = None, inputs=()) -> None:
+                        what: str = "output", seen: tuple[int, int] | None = None, inputs=(),
+                        output: torch.Tensor | None = None) -> None:
     """The overflow guard of every attention path (reference, tiled, Triton): raise the documented
     ValueError when the scaled scores (or a value computed from them) overflowed.
 
@@ -362,9 +363,12 @@ def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, hea
     scattered) only NaN and ``+inf`` are flagged. One reduction over ``N`` floats per row and one
     small host sync, and nothing at all for dtypes whose scores cannot overflow
     (:func:`scores_can_overflow`). ``inputs``: ``(name, tensor)`` pairs read only once an overflow
-    was found, to blame an input that was not finite to begin with."""
+    was found, to blame an input that was not finite to begin with. ``output``: the path's output,
+    whose :func:`output_health` is folded into ``lse`` here, only where the guard runs at all."""
     if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim) or capturing(lse):
         return
+    if output is not None:
+        lse = lse + output_health(output)
     if seen is None:
         bad = (torch.isnan(lse) | torch.isposinf(lse)).any()
     else:

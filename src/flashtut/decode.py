@@ -30,7 +30,7 @@ import math
 import torch
 
 from .checks import (accum_dtype, capturing, check_block, check_bool, check_float_dtype, check_mask,
-                     check_qkv, check_scale, check_tensor, diag_offset, output_health, raise_if_overflowed,
+                     check_qkv, check_scale, check_tensor, diag_offset, raise_if_overflowed,
                      rows_that_see_keys)
 from .softmax import merge_softmax_states
 from .tiled import attention_loops
@@ -187,7 +187,7 @@ def split_kv_attention(q, k, v, num_splits: int, causal=False,
     o, lse = functools.reduce(lambda a, b: merge_attention_states(*a, *b), partials)
     o = o.to(q.dtype)
     # the guard every path shares, once, on the merged result (a split's NaN reaches it)
-    raise_if_overflowed(lse + output_health(o), q.dtype, scale, D,
+    raise_if_overflowed(lse, q.dtype, scale, D, output=o,
                         seen=rows_that_see_keys(alignment, window, Nq, Nk),
                         inputs=(("q", q), ("k", k), ("v", v)))
     return (o, lse) if return_lse else o

@@ -162,7 +162,8 @@ def format_ratio_table(table: list[dict], baseline: str = "sdpa-flash", markdown
     return format_table(header, body, markdown)
 
 
-_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+#: the tables' short dtype names
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 #: the backward run as the book shows it (book/perflog_cuda_bwd.md, chapter 08), for
@@ -196,7 +197,7 @@ def case_table(rows: list[dict], columns: dict, baseline: str = "sdpa-flash",
     body = []
     for D, N, dtype, causal in cases:
         b = tf[(baseline, D, N, dtype, causal)]
-        cells = [str(D), str(N), _SHORT_DTYPE.get(dtype, dtype), _fmt(causal), f"{b:.0f}"]
+        cells = [str(D), str(N), SHORT_DTYPE.get(dtype, dtype), _fmt(causal), f"{b:.0f}"]
         for column in columns.values():
             t = tf.get((column_impl(column, D), D, N, dtype, causal))
             cells.append(f"{t:.0f} ({t / b:.2f})" if t else "-")
@@ -353,7 +354,7 @@ def headline_table(sources: list[tuple[str, str, list[dict]]], D: int = 128, N: 
               if r.get("kind", "speed") == "speed" and r.get("tflops") and r.get("D") == D
               and r.get("N") == N}
         for dtype in dtypes:
-            cells = [label, _SHORT_DTYPE.get(dtype, dtype)]
+            cells = [label, SHORT_DTYPE.get(dtype, dtype)]
             for _, mode, causal in HEADLINE_COLUMNS:
                 mine, base = tf.get((impl, mode, dtype, causal)), tf.get((baseline, mode, dtype, causal))
                 cells.append(f"{mine / base:.2f}" if mine and base else "-")

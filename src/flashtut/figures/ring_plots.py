@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
-from ..bench.report import _SHORT_DTYPE  # the tables' short dtype names, one copy
+from ..bench.report import SHORT_DTYPE
 from .style import INK, PALETTE, subplots
 
 
@@ -136,7 +136,7 @@ def ring_compute_table(rows):
         pair = [ratio.get((*case, world, mode)) for mode in ("fwd", "bwd")]
         return " / ".join("-" if x is None else f"{x:.2f}" for x in pair)
 
-    body = [[f"{_SHORT_DTYPE.get(c[0], c[0])}, {c[1] // 1024}k, {'causal' if c[2] else 'full'}"]
+    body = [[f"{SHORT_DTYPE.get(c[0], c[0])}, {c[1] // 1024}k, {'causal' if c[2] else 'full'}"]
             + [cell(c, w) for w in worlds] for c in cases]
     return ["dtype, N, mask"] + [f"{w} ranks" for w in worlds], body
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
+from ..bench.report import SHORT_DTYPE
 from .style import INK, PALETTE, subplots
 
 _IMPL_STYLE = {"triton": (PALETTE[0], "o", "flashtut Triton"),
@@ -147,13 +148,12 @@ def results_table(rows) -> str:
     rows = side_by_side(rows)
     head = ("| D | N | dtype | causal | fwd TFLOP/s (x SDPA) | bwd TFLOP/s (x SDPA) | error / SDPA's |\n"
             "|---:|---:|---|---|---:|---:|---:|\n")
-    lines = [f"| {r['D']} | {r['N']} | {_SHORT_DTYPE.get(r['dtype'], r['dtype'])} | {'yes' if r['causal'] else 'no'} "
+    lines = [f"| {r['D']} | {r['N']} | {SHORT_DTYPE.get(r['dtype'], r['dtype'])} | {'yes' if r['causal'] else 'no'} "
              f"| {r['fwd_tflops_triton']:.0f} ({r['fwd_ratio']:.2f}) | {r['bwd_tflops_triton']:.0f} ({r['bwd_ratio']:.2f}) "
              f"| {_error_ratio(r)} |" for r in rows]
     return head + "\n".join(lines)
 
 
-_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def versus_flash_rows(rows, impl: str) -> list[dict]:
@@ -199,7 +199,7 @@ def versus_flash_table(rows, impl: str, modes=("fwd", "bwd")) -> str:
     lines = [head, rule]
     ratios: dict = {m: [] for m in modes}
     for e in table:
-        line = f"| {e['D']} | {e['N']} | {_SHORT_DTYPE.get(e['dtype'], e['dtype'])} | {'yes' if e['causal'] else 'no'} |"
+        line = f"| {e['D']} | {e['N']} | {SHORT_DTYPE.get(e['dtype'], e['dtype'])} | {'yes' if e['causal'] else 'no'} |"
         for m in modes:
             ours, flash = e.get(f"{m}_ours"), e.get(f"{m}_flash")
             if ours is None or flash is None:

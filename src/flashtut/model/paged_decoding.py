@@ -217,10 +217,10 @@ def generate_batch(model: GPT, prompts, new_tokens: int, kernel: str = "triton",
         # one eager step first (a real step): it compiles the kernels, so neither that nor the
         # graph's capture is in the decode time. The capture records the next step without running
         # it; each replay is one step that feeds its own next input
-        side = torch.cuda.Stream(device) if cuda_graph else None
+        side = torch.cuda.Stream(device) if cuda_graph else None       # None: the stream as it is
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        with torch.cuda.stream(side):
             step()
         if side is not None:
             torch.cuda.current_stream(device).wait_stream(side)

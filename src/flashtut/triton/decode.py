@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import capturing, output_health, raise_if_overflowed, scores_can_overflow
+from ..checks import raise_if_overflowed
 from ..constants import LOG2E
 from ..decode import check_decode_inputs, decode_num_splits
 from .attention import _require_runtime, interpreting
@@ -25,10 +25,10 @@ try:
 except ImportError:  # pragma: no cover - the facade reports the missing package
     triton = None
 
-#: dtypes of the decode kernel (float64: use backend="reference")
 #: the head dims the decode kernel's tiles are built for (its (m, l, o) partial states keep one
 #: D-wide row per query in registers)
 DECODE_MAX_HEAD_DIM = 128
+#: dtypes of the decode kernel (float64: use backend="reference")
 DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: keys per tile; smaller for short caches would change little: the step is bound by the long ones
 BLOCK_N = 64
@@ -153,11 +153,9 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
         block_table = block_table.contiguous()
     o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
                            num_splits, return_lse=True)
-    # the guard of every attention path: every row sees key 0, so every lse must be finite (for
-    # dtypes whose scores can overflow, and outside a CUDA graph's capture)
-    if scores_can_overflow(q.dtype, scale, q.shape[-1]) and not capturing(q):
-        raise_if_overflowed(lse + output_health(o), q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]),
-                            inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    # the guard of every attention path: every row sees key 0, so every lse must be finite
+    raise_if_overflowed(lse, q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]), output=o,
+                        inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     return (o, lse) if return_lse else o
 
 
