@@ -69,11 +69,11 @@ def versus_flex_rows(rows) -> list[dict]:
 
 
 def versus_flex_table(rows) -> tuple[list[str], list[list[str]]]:
-    """Header and body of the Markdown table (``flashtut.notebook.show_table``): per case, the speed
-    ratio and our TFLOP/s in one cell per pass, "0.92x (379)" (PyTorch's TFLOP/s is ours over the
-    ratio), and the error ratio; five columns besides D and dtype, narrow enough for a phone."""
-    header = ["D", "dtype", "N", "mask / mod", "forward ratio (TFLOP/s)", "backward ratio (TFLOP/s)",
-              "error ratio"]
+    """Header and body of the Markdown table (``flashtut.notebook.show_table``): per case, one cell
+    per pass, the speed ratio then our TFLOP/s, "0.92x (379)" (PyTorch's TFLOP/s is ours over the
+    ratio), and the error ratio. Five short columns besides D and dtype, one word or number each,
+    so that the table fits a phone's column without wrapping; the caption says what they hold."""
+    header = ["D", "dtype", "N", "mask / mod", "forward", "backward", "error"]
     body = []
     for e in versus_flex_rows(rows):
         passes = [f"{e[f'{m}_ratio']:.2f}x ({e[f'{m}_ours']:.0f})" if f"{m}_ratio" in e else "-"
