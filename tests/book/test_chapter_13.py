@@ -35,7 +35,9 @@ def test_the_ratio_is_their_time_over_ours_and_the_error_ratio_is_ours_over_thei
     assert e["fwd_ratio"] == pytest.approx(1.5) and e["bwd_ratio"] == pytest.approx(0.8)
     assert e["err_ratio"] == pytest.approx(0.5)
     header, body = flex_plots.versus_flex_table(rows)
-    assert len(body) == 1 and body[0][6] == "1.50x" and len(body[0]) == len(header)
+    # one cell per pass, the ratio and our TFLOP/s: 100 / 2 ms forward, 100 / 5 ms backward
+    assert body == [["128", "float16", "4096", "causal", "1.50x (50)", "0.80x (20)", "0.50"]]
+    assert len(header) == len(body[0])
     assert flex_plots.versus_flex_figure(rows) is not None
     with pytest.raises(ValueError, match="no mask measured"):
         flex_plots.versus_flex_figure(rows[-1:])
@@ -58,10 +60,18 @@ def test_the_measured_section_reads_committed_data_in_folded_code_and_captions_i
     assert "hide-input" in tags
     src = next(s for k, s, _ in cells if k == "code" and "load_results" in s)
     assert "measured_caption(" in src and "Table 13.1: " in src and "versus_flex_table" in src
+    # the short headers are spelled out in the caption
+    assert "time over ours (our TFLOP/s), error as ours over PyTorch's" in src
     assert kind == "markdown" and "Ours is slower in every row" in after
     rows, _ = load_committed("flex_h100.json")
     assert {r["impl"] for r in rows if r.get("kind") == "speed"} == {"triton-flex", "flex", "triton"}
     assert flex_plots.versus_flex_rows(rows)          # both sides measured on the same cases
+    # Table 13.1 fits a phone's column unwrapped (344 of 368 px at 400 px): five columns once the
+    # chapter moves D and dtype to the caption, no cell longer than "0.92x (379)" nor header than
+    # "mask / mod" (a table's columns take the width of their widest header unwrapped too)
+    header, body = flex_plots.versus_flex_table([r for r in rows if r.get("kind") == "speed"])
+    assert all(len({row[i] for row in body}) == 1 for i in (0, 1)) and len(header) == 7
+    assert max(len(c) for row in body for c in row[2:]) <= 11 and max(map(len, header[2:])) <= 10
     headings = re.findall(r"^## (13\.\d+) ", "\n".join(s for k, s, _ in cells if k == "markdown"), re.M)
     assert headings == [f"13.{i}" for i in range(1, 8)]
     md = "\n".join(s for k, s, _ in cells if k == "markdown")

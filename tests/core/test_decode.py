@@ -509,10 +509,19 @@ def test_decode_figures_draw_the_rule_and_the_rows():
                                      ("triton-decode", "paged", 64, 1.1, 2200.0),
                                      ("sdpa-flash", "dense", None, 2.0, 1200.0),
                                      ("sdpa-cudnn-rows", "dense", None, 1.5, 1600.0)]]
-    fig = decode_plots.plot_decode_bandwidth(rows, 3000.0)
+    fig = decode_plots.plot_decode_bandwidth(rows + [dict(r, B=32) for r in rows[:4]], 3000.0)
     ys = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].lines if not line.get_label().startswith("_")}
     assert ys == {"triton (contiguous)": [0.8, 0.8], "triton (paged, 64)": [2200 / 3000] * 2,
                   "SDPA, best form": [1600 / 3000] * 2}
+    # legible on a phone: the batches stacked in one column (a taller figure), one legend under
+    # both panels, clear of the data
+    fig.canvas.draw()
+    (top, bottom), (legend,) = [ax.get_position() for ax in fig.axes], fig.legends
+    assert [ax.get_title() for ax in fig.axes] == ["batch 1, bfloat16", "batch 32, bfloat16"]
+    assert top.y0 > bottom.y1 and fig.get_figheight() > fig.get_figwidth()
+    assert [t.get_text() for t in legend.get_texts()] == list(ys)
+    box = legend.get_window_extent().transformed(fig.transFigure.inverted())
+    assert box.y1 < bottom.y0 and not any(ax.get_legend() for ax in fig.axes)
     with pytest.raises(ValueError, match="copy_gb_per_s"):
         decode_plots.plot_decode_bandwidth(rows, 0)
     with pytest.raises(ValueError, match="float16"):

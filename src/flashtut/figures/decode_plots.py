@@ -149,16 +149,19 @@ def plot_decode_splits(num_sms: int = 132, kv_heads: int = 8, batches=(1, 2, 4, 
 def plot_decode_bandwidth(rows, copy_gb_per_s: float, dtype: str = "bfloat16"):
     """Measured decode attention (``flashtut.bench decode`` rows): the fraction of the copy
     bandwidth each implementation reaches against the cache length, one panel per batch; ours
-    over a contiguous and a paged cache, and SDPA's fastest form at each length. Returns the
-    matplotlib figure."""
+    over a contiguous and a paged cache, and SDPA's fastest form at each length. The panels stack
+    in one column over a shared axis, with the legend under them, off the data: on a phone the
+    figure scales to the column's width, and a column of panels keeps its text about 1.5 times
+    the size that panels side by side would. Returns the matplotlib figure."""
     if not (copy_gb_per_s and copy_gb_per_s > 0):
         raise ValueError(f"copy_gb_per_s must be a positive bandwidth, got {copy_gb_per_s!r}")
     ok = [r for r in rows if r.get("kind") == "decode" and r.get("status") == "ok" and r.get("dtype") == dtype]
     batches = sorted({r["B"] for r in ok})
     if not batches:
         raise ValueError(f"no timed decode row in {dtype}")
-    fig, axes = subplots(1, len(batches), figsize=(4 * len(batches), 3.2), squeeze=False)
-    for ax, B in zip(axes[0], batches):
+    fig, axes = subplots(len(batches), 1, figsize=(4.6, 2.4 * len(batches) + 1.0), squeeze=False,
+                         sharex=True)
+    for ax, B in zip(axes[:, 0], batches):
         mine = [r for r in ok if r["B"] == B]
         lines = {"triton (contiguous)": [r for r in mine if r["impl"] == "triton-decode" and r["layout"] == "contiguous"]}
         for ps in sorted({r["page_size"] for r in mine if r["layout"] == "paged"}, reverse=True):
@@ -178,9 +181,14 @@ def plot_decode_bandwidth(rows, copy_gb_per_s: float, dtype: str = "bfloat16"):
             ax.plot([r["N"] for r in rs], [r["gb_per_s"] / copy_gb_per_s for r in rs], label=label, ms=4, **style)
         ax.axhline(0.8, color="#999999", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="cache length (keys)", ylabel="fraction of copy bandwidth", ylim=(0, 1.1),
-               title=f"batch {B}, {dtype}")
-    axes[0][0].legend(fontsize=8, loc="lower right")
+        ax.set(ylim=(0, 1.1), title=f"batch {B}, {dtype}")
+    axes[-1][0].set_xlabel("cache length (keys)")
+    fig.supylabel("fraction of copy bandwidth", fontsize=11)
+    handles = {}
+    for ax in axes[:, 0]:                       # every series once, whichever panel has it
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=2)
     return fig
 
 
