@@ -32,17 +32,18 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 # the full compile matrix is marked slow: what cuda_attention ships still compiles here through NVRTC (the
-# runtime's compiler) for sm_75, sm_80 and sm_90a, and every kernel file at its defaults through nvcc
+# runtime's compiler) for sm_75, sm_80 and sm_90a, and every kernel file at its defaults through nvcc.
+# The tests spread over the cores (pytest-xdist, -n auto); the book builds once, beside them.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n auto
 
 # everything, the full compile matrix included
 test-all: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 # everything but the book build and the browser test
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not book and not slow"
+	$(BIN)/python -m pytest -m "not book and not slow" -n auto
 
 # on a GPU machine whose python already has torch/triton/cupy (no venv). Triton autotuning is
 # off (each kernel compiles its first configuration) so the suite takes minutes, not an hour of

@@ -1,8 +1,8 @@
 """Shared test set-up.
 
 * ``gpu``-marked tests are skipped when no CUDA GPU is present.
-* The book build starts in the background when collection ends, and the tests that read it run last
-  (``book_build.py``).
+* The book build starts in the background when collection ends (under pytest-xdist, once, in the
+  controller), and the tests that read it run last (``book_build.py``).
 * Without a GPU, Triton runs through its CPU interpreter: TRITON_INTERPRET must be set before
   triton is first imported, so it is set here, before any test module imports flashtut.
 """
@@ -18,6 +18,9 @@ from book_build import book, capsys_session_disabled  # noqa: F401 (fixtures of 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist starts a worker per core: one PyTorch thread each, or they oversubscribe the cores
+    torch.set_num_threads(1)
 
 
 @pytest.hookimpl(trylast=True)          # after -m and -k have deselected what they deselect
@@ -33,6 +36,16 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session):
     book_build.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):                      # pytest-xdist's controller: one build for all workers
+    book_build.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    book_build.collection_finished()
 
 
 @pytest.fixture
