@@ -136,6 +136,99 @@ def test_interpreter_refuses_what_the_kernel_does_not_take(gen):
                                    p["table"], num_splits=0)
 
 
+# the launch's variants (``DecodeTuning``): the merge fused into the split kernel, the table read one
+# tile ahead, tiles of other widths
+FUSED = td.DecodeTuning(fused_merge=True, page_ahead=True)
+VARIANTS = [FUSED, td.DecodeTuning(page_ahead=True), td.DecodeTuning(block_n=16, fused_merge=True),
+            td.DecodeTuning(block_n=128, fused_merge=True, page_ahead=True)]
+
+
+def exact_table(p, page):
+    """``p``'s table cut to the pages its longest sequence needs: that sequence's last entry
+    ends its row, so a read one tile ahead must not go past it."""
+    return p["table"][:, :max(-(-n // page) for n in p["lengths"])].contiguous()
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.parametrize("tuning", VARIANTS, ids=lambda t: "bn{}{}{}".format(
+    t.block_n, "-fused" if t.fused_merge else "", "-ahead" if t.page_ahead else ""))
+@pytest.mark.parametrize("case", [
+    # ragged lengths with one-token caches; full pages next to pages holding one position; a
+    # tile in one page (64 % 16) and a tile over several (16 < 64); multi-query, 4 new queries
+    ([1, 70, 64, 3, 48], 8, 2, 1, 16, 16),
+    ([130, 1, 64], 8, 2, 1, 16, 64),
+    ([9, 33, 12], 6, 1, 4, 24, 3),
+], ids=["p16", "p64", "p3-mq"])
+def test_interpreter_variants_equal_the_shipped_launch(gen, case, tuning):
+    # every variant gives the shipped launch's answer (the fused merge is the merge kernel's code
+    # in another place: to rounding) and passes the yardstick, paged and contiguous, with more
+    # splits than a short sequence has tiles
+    lengths, H, Hkv, Nq, D, page = case
+    p = make_problem(gen, lengths, H, Hkv, Nq, D, page, torch.float32)
+    table = exact_table(p, page)
+    for splits in (1, 2, 5):
+        want, want_lse = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table,
+                                                    num_splits=splits, return_lse=True)
+        got, lse = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table,
+                                              num_splits=splits, return_lse=True, tuning=tuning)
+        judge(p, got)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-6)
+        dense = td.triton_decode_attention(p["q"], p["k_dense"], p["v_dense"], p["seqlens"], num_splits=splits,
+                                           tuning=tuning)
+        judge(p, dense)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_fused_merge_is_the_merge_kernel_and_leaves_its_counters_at_zero(gen):
+    # float16, ragged lengths (a one-token cache, a sequence of whole pages): the fused merge runs
+    # the merge kernel's code, so its answer is the two-launch answer bit for bit; each call
+    # leaves every ticket counter at zero, so a second call (and a call of another shape) gives
+    # the same answer
+    p = make_problem(gen, [1, 64, 100, 17], 8, 2, 1, 16, 16, torch.float16)
+    table = exact_table(p, 16)
+    args = (p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table)
+    two = td.triton_decode_attention(*args, num_splits=4, return_lse=True,
+                                     tuning=td.DecodeTuning(page_ahead=True))
+    first = td.triton_decode_attention(*args, num_splits=4, return_lse=True, tuning=FUSED)
+    counters = td._merge_counters(torch.device("cpu"), 1)
+    assert not counters.any(), counters[:16]
+    other = make_problem(gen, [5, 80], 4, 2, 1, 8, 16, torch.float16)
+    judge(other, td.triton_decode_attention(other["q"], other["k_pool"], other["v_pool"], other["seqlens"],
+                                            other["table"], num_splits=3, tuning=FUSED))
+    second = td.triton_decode_attention(*args, num_splits=4, return_lse=True, tuning=FUSED)
+    assert not counters.any()
+    for got in (first, second):
+        assert torch.equal(got[0], two[0]) and torch.equal(got[1], two[1])
+    judge(p, first[0])
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_a_stuck_counter_is_caught(gen):
+    # the checker can fail: a counter left one ticket ahead makes a program that is not the
+    # last merge states that are not written yet, and the answer leaves the yardstick
+    p = make_problem(gen, [90, 70], 8, 2, 1, 16, 16, torch.float32)
+    counters = td._merge_counters(torch.device("cpu"), 1)
+    counters[:4] = 1
+    try:
+        o = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], p["table"],
+                                       num_splits=3, tuning=FUSED)
+    finally:
+        counters.zero_()
+    with pytest.raises(AssertionError, match="sequence 0"):
+        judge(p, o)
+
+
+def test_decode_tuning_refuses_what_the_kernel_does_not_take():
+    for bad, match in ((dict(block_n=48), "block_n"), (dict(block_n=8), "block_n"), (dict(num_warps=3), "num_warps"),
+                       (dict(num_stages=0), "num_stages"), (dict(num_warps=True), "num_warps")):
+        with pytest.raises(ValueError, match=match):
+            td.DecodeTuning(**bad)
+    q = torch.zeros(1, 1, 1, 8)
+    with pytest.raises(TypeError, match="tuning"):
+        td.triton_decode_attention(q, q, q, torch.ones(1, dtype=torch.int32), tuning={"block_n": 64})
+
+
 # ---------------------------------------------------------------- GPU ----
 
 GPU_CASES = [
