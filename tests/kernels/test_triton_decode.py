@@ -309,6 +309,49 @@ def test_gpu_public_decode_attention_is_captured_in_a_cuda_graph(gen, dtype):
         flashtut.decode_attention(p["q"], p["k_pool"], p["v_pool"], seqlens - 2, p["table"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", VARIANTS, ids=lambda t: "bn{}{}{}".format(
+    t.block_n, "-fused" if t.fused_merge else "", "-ahead" if t.page_ahead else ""))
+def test_gpu_variants_equal_the_shipped_launch(gen, tuning):
+    # bfloat16, GQA 32/8, D = 128, ragged lengths over pages of 16 (a tile over several pages), a table
+    # that ends where the longest sequence does, the split count the launch chooses
+    p = make_problem(gen, [1, 4097, 64, 1000, 31], 32, 8, 1, 128, 16, torch.bfloat16)
+    table = exact_table(p, 16)
+    splits = td.choose_num_splits(5, 8, 4097, "cuda")
+    want = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table, num_splits=splits)
+    got = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table, num_splits=splits,
+                                     tuning=tuning)
+    judge(p, got)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    judge(p, td.triton_decode_attention(p["q"], p["k_dense"], p["v_dense"], p["seqlens"], num_splits=splits,
+                                        tuning=tuning))
+
+
+@pytest.mark.gpu
+def test_gpu_fused_merge_replays_in_a_cuda_graph(gen):
+    # the counters are reset by the kernel itself: a captured step replays many times (lengths growing,
+    # pages of 64, a tile in one page) and every replay gives the two-launch answer bit for bit
+    p = make_problem(gen, [600, 2000, 1, 64], 32, 8, 1, 128, 64, torch.float16)
+    seqlens = p["seqlens"].clone()
+    out, out_two = torch.empty_like(p["q"]), torch.empty_like(p["q"])
+    splits = td.choose_num_splits(4, 8, 2000, "cuda")
+    args = (p["q"], p["k_pool"], p["v_pool"], seqlens, p["table"], 128 ** -0.5, splits)
+    td.decode_launch(*args, out=out, tuning=FUSED)                 # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        td.decode_launch(*args, out=out, tuning=FUSED)
+    for lengths in ([300, 1000, 1, 64], [600, 2000, 1, 64], [451, 1999, 1, 63]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        for _ in range(5):
+            graph.replay()
+        td.decode_launch(*args, out=out_two, tuning=td.DecodeTuning(page_ahead=True))
+        torch.cuda.synchronize()
+        assert torch.equal(out, out_two), lengths
+        judge({**p, "lengths": lengths}, out)
+    assert not td._merge_counters(out.device, 1).any()
+
+
 # ---------------------------------------------------------------- generation (chapter 12) ----
 
 from flashtut import model as m  # noqa: E402

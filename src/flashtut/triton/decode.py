@@ -83,18 +83,25 @@ class DecodeTuning:
 #: the launch every caller gets
 SHIPPED = DecodeTuning()
 
-#: zeroed int32 counters of the fused merge, per (device, stream), kept between calls (the kernel
-#: leaves them at zero); a buffer is never freed, since a captured CUDA graph keeps its address
+#: the fused merge's int32 counters per device, zeroed when made and left at zero by every launch;
+#: the last is handed out, and none is freed (a captured CUDA graph keeps the address it was given).
+#: Calls on one device share them: run its decode steps in one stream order, as a model's layers run.
 _COUNTERS: dict = {}
 
 
 def _merge_counters(device, n: int):
-    """At least ``n`` zeroed int32 counters for a launch on ``device``'s current stream."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    kept = _COUNTERS.setdefault((str(device), stream), [])
-    if not kept or kept[-1].numel() < n:
-        kept.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
-    return kept[-1]
+    """At least ``n`` zeroed int32 counters on ``device``. Made on an eager call (the first call
+    compiles the kernel, so it is eager); a call inside a CUDA-graph capture that finds too few
+    gets counters of its own, zeroed by the graph on each replay and handed to no other call."""
+    kept = _COUNTERS.setdefault(str(device), [])
+    if kept and kept[-1].numel() >= n:
+        return kept[-1]
+    made = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _COUNTERS.setdefault("captured", []).append(made)
+    else:
+        kept.append(made)
+    return made
 
 
 def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,

@@ -1,0 +1,157 @@
+"""Launch variants of the decode kernel, timed in one process against the shipped launch.
+
+Each variant is a :class:`flashtut.triton.decode.DecodeTuning` (keys per tile, warps, pipeline
+stages, the merge fused into the split kernel, the block table read one tile ahead) and a split
+count rule (:func:`flashtut.decode.decode_num_splits` with other ``programs_per_sm`` or
+``min_keys_per_split``). Every case is measured by the benchmark's own harness
+(:func:`flashtut.bench.decode.measure_case`: the same problem sets, the yardstick before and after
+timing, medians of CUDA-graph replays), with the copy bandwidth measured first in this process.
+
+    python experiments/decode/sweep.py --out decode_sweep.json        # on a GPU, about 160 s
+    python experiments/decode/sweep.py --variants shipped,fused+ahead --cases 1:16384
+
+The table: one line per variant, batch, cache length and dtype: the contiguous cache's time and
+bandwidth fraction, the paged read's cost against it (page 64 / 16), and the speed against the
+shipped launch on the same case. It stops starting cases after ``--budget-s`` seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from flashtut.bench.cli import _Saver
+from flashtut.bench.decode import measure_case
+from flashtut.bench.provenance import collect
+from flashtut.bench.roofline import copy_bandwidth
+from flashtut.decode import decode_num_splits
+from flashtut.triton.decode import MAX_SPLITS, SHIPPED, DecodeTuning, num_sms
+
+FA = dict(fused_merge=True, page_ahead=True)
+#: name -> (tuning, split rule: keyword arguments of decode_num_splits)
+VARIANTS = {
+    "shipped": (SHIPPED, {}),
+    "ahead": (DecodeTuning(page_ahead=True), {}),
+    "fused": (DecodeTuning(fused_merge=True), {}),
+    "fused+ahead": (DecodeTuning(**FA), {}),
+    "fa/bn128": (DecodeTuning(block_n=128, **FA), {}),
+    "fa/stages2": (DecodeTuning(num_stages=2, **FA), {}),
+    "fa/stages4": (DecodeTuning(num_stages=4, **FA), {}),
+    "fa/warps8": (DecodeTuning(num_warps=8, **FA), {}),
+    "fa/2 per SM": (DecodeTuning(**FA), dict(programs_per_sm=2)),
+    "fa/1 per SM": (DecodeTuning(**FA), dict(programs_per_sm=1)),
+    "fa/min 128 keys": (DecodeTuning(**FA), dict(min_keys_per_split=128)),
+    "fa/min 1k keys": (DecodeTuning(**FA), dict(min_keys_per_split=1024)),
+}
+#: (batch, cache length), the most telling first (each in every dtype): a budget that runs out drops
+#: the last ones
+CASES = ((1, 16384), (1, 1024), (1, 4096), (32, 4096), (32, 16384), (1, 65536))
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def impl_name(variant: str) -> str:
+    return "triton-decode" if variant == "shipped" else f"triton-decode/{variant}"
+
+
+def table(rows) -> str:
+    """The sweep's rows as a Markdown table (see the module's docstring)."""
+    copy = [r["gb_per_s"] for r in rows if r.get("kind") == "roofline" and r.get("gb_per_s")]
+    peak = max(copy) if copy else None
+    got = {}
+    for r in rows:
+        if r.get("kind") == "decode" and r.get("variant"):
+            got[(r["variant"], r["dtype"], r["B"], r["N"], r.get("page_size"))] = r
+    pages = sorted({k[4] for k in got if k[4] is not None}, reverse=True)
+    lines = [f"| variant | batch | cache length | dtype | splits | us | bandwidth fraction "
+             f"| paged cost ({' / '.join(map(str, pages))}) | x shipped |", "|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({k[:4] for k in got}, key=lambda k: (k[1], k[2], k[3], list(VARIANTS).index(k[0])
+                                                        if k[0] in VARIANTS else 99))
+    for v, dtype, B, N in keys:
+        c = got.get((v, dtype, B, N, None))
+        ok = c is not None and c.get("status") == "ok"
+        us = f"{1e3 * c['ms']:.1f}" if ok else (c or {}).get("status", "-")
+        frac = f"{c['gb_per_s'] / peak:.2f}" if ok and peak else ""
+        costs = []
+        for ps in pages:
+            p = got.get((v, dtype, B, N, ps))
+            costs.append(f"{100 * (p['ms'] / c['ms'] - 1):+.1f}%" if ok and p and p.get("status") == "ok"
+                         else (p or {}).get("status", "-"))
+        base = got.get(("shipped", dtype, B, N, None))
+        speed = f"{base['ms'] / c['ms']:.2f}" if ok and base and base.get("status") == "ok" else ""
+        lines.append(f"| {v} | {B} | {N} | {dtype} | {(c or {}).get('num_splits', '')} | {us} | {frac} "
+                     f"| {' / '.join(costs)} | {speed} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="results JSON (kind decode), rewritten after every row")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names (default: all)")
+    ap.add_argument("--cases", default=",".join(f"{b}:{n}" for b, n in CASES), help="batch:length,...")
+    ap.add_argument("--dtypes", default=None, help="default float16,bfloat16 (float32 on the CPU)")
+    ap.add_argument("--page-sizes", default="64,16")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--budget-s", type=float, default=150.0, help="start no case after this many seconds")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("on a CPU the kernel runs through Triton's interpreter: set TRITON_INTERPRET=1")
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        ap.error(f"argument --variants: unknown {unknown}; accepted: {', '.join(VARIANTS)}")
+    try:
+        cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+        pages = [int(p) for p in args.page_sizes.split(",")]
+        assert all(len(c) == 2 and min(c) > 0 for c in cases) and pages and min(pages) > 0
+        assert all(max(pages) % p == 0 for p in pages)
+    except (ValueError, AssertionError):
+        ap.error("argument --cases: batch:length pairs such as 1:16384,32:4096; --page-sizes: positive sizes "
+                 "that each divide the largest")
+    dnames = (args.dtypes or ("float16,bfloat16" if device.type == "cuda" else "float32")).split(",")
+    if any(d not in DTYPES for d in dnames):
+        ap.error(f"argument --dtypes: accepted {', '.join(DTYPES)}, got {args.dtypes}")
+
+    t0 = time.monotonic()
+    saver = _Saver(args.out, "decode", collect(device, sys.argv[1:] if argv is None else argv),
+                   {"variants": names, "cases": cases, "dtypes": dnames, "page_sizes": pages}, every_s=0.0)
+    sms = num_sms(device)
+    skipped = []
+    try:
+        saver(copy_bandwidth(device))
+        for B, N in cases:
+            for dname in dnames:
+                if time.monotonic() - t0 > args.budget_s:
+                    skipped.append(f"{dname} {B}x{N}")
+                    continue
+                kernels = {}
+                for v in names:
+                    tuning, rule = VARIANTS[v]
+                    splits = decode_num_splits(B, args.kv_heads, N, sms, max_splits=MAX_SPLITS, **rule)
+                    kernels[impl_name(v)] = (tuning, splits)
+                for row in measure_case(B, args.heads, args.kv_heads, N, args.head_dim, DTYPES[dname], device,
+                                        tuple(pages), sdpa=False, kernels=kernels):
+                    row["variant"] = next((v for v in names if impl_name(v) == row["impl"]), None)
+                    saver(row)
+                print(f"{dname} batch {B} length {N}: done at {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    finally:
+        saver.flush()
+    print(table(saver.rows))
+    if skipped:
+        print(f"not measured (budget of {args.budget_s:.0f} s spent): {', '.join(skipped)}")
+    bad = [r for r in saver.rows if r.get("status") in ("failed", "error")]
+    for r in bad:
+        print(f"{r['status']}: {r.get('variant')} {r['dtype']} {r['B']}x{r['N']} {r['layout']} {r.get('page_size')}: "
+              f"{r.get('error', 'outside the yardstick')}")
+    print(f"{len(saver.rows)} rows in {time.monotonic() - t0:.0f} s" + (f", written to {args.out}" if args.out else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
