@@ -105,7 +105,8 @@ def _merge_counters(device, n: int):
 
 
 def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
-                  num_splits: int, out=None, return_lse: bool = False, tuning: DecodeTuning = SHIPPED):
+                  num_splits: int, out=None, return_lse: bool = False,
+                  tuning: DecodeTuning = SHIPPED):
     """Launch the split kernel (and the merge when ``num_splits > 1``, unless the split
     kernel merges: ``tuning.fused_merge``) on checked inputs.
 
@@ -137,8 +138,8 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
     fused = tuning.fused_merge and num_splits > 1
     counters = _merge_counters(q.device, grid[1] * grid[2]) if fused else cache_seqlens
     big = not interpreting() and q.device.type == "cuda"
-    # tiles of K and V in flight per program (float32 tiles are twice as large: 2 at most)
-    stages = (min(2, tuning.num_stages) if q.dtype == torch.float32 else tuning.num_stages) if big else 1
+    # tiles of K and V in flight per program (float32's are twice as large: 2 at most)
+    stages = min(tuning.num_stages, 2 if q.dtype == torch.float32 else 8) if big else 1
     decode_kernels.decode_split_kernel[grid](
         q, k_cache, v_cache, cache_seqlens, table, o, lse, o_part, l_part, counters,
         q.stride(0), q.stride(1), q.stride(2),
@@ -148,7 +149,8 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         o.stride(0), o.stride(1), o.stride(2),
         Hkv, group, Nq, D, scale * LOG2E, num_splits,
         SINGLE=num_splits == 1, PAGED=paged, PAGE=page if paged else 1,
-        TILE_IN_PAGE=paged and page % tuning.block_n == 0, PAGE_AHEAD=paged and tuning.page_ahead,
+        TILE_IN_PAGE=paged and page % tuning.block_n == 0,
+        PAGE_AHEAD=paged and tuning.page_ahead,
         FUSED_MERGE=fused, BLOCK_M=block_m, BLOCK_N=tuning.block_n, BLOCK_D=block_d,
         BLOCK_S=block_s, EVEN_D=block_d == D,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",

@@ -40,14 +40,15 @@ LN2_C = tl.constexpr(LN2)
 def _tile_pages(b, start_n, pos, limit, TABLE, stride_tb,
                 PAGED: tl.constexpr, PAGE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
     """The block-table entries of the tile of key positions ``pos`` (starting at
-    ``start_n``) of sequence ``b``: one (the page of the tile's first key) when the whole
-    tile is in one page, else one per key; none for a tile at or past ``limit`` (its
-    entries may lie past the table's row). Unused (0) for a contiguous cache."""
+    ``start_n``) of sequence ``b``: one (the page of the tile's first key) when the
+    whole tile is in one page, else one per key; none for a tile at or past ``limit``
+    (its entries may lie past the table's row). Unused (0) for a contiguous cache."""
+    row = TABLE + b * stride_tb
     if PAGED:
         if TILE_IN_PAGE:
-            page = tl.load(TABLE + b * stride_tb + start_n // PAGE, mask=start_n < limit, other=0)
+            page = tl.load(row + start_n // PAGE, mask=start_n < limit, other=0)
         else:                 # one entry per key (in L1 after the first read)
-            page = tl.load(TABLE + b * stride_tb + pos // PAGE, mask=pos < limit, other=0)
+            page = tl.load(row + pos // PAGE, mask=pos < limit, other=0)
     else:
         page = 0
     return page
@@ -56,8 +57,8 @@ def _tile_pages(b, start_n, pos, limit, TABLE, stride_tb,
 @triton.jit
 def _key_place(b, pos, page, PAGED: tl.constexpr, PAGE: tl.constexpr):
     """Where key positions ``pos`` of sequence ``b`` live, given their table entries
-    ``page`` (:func:`_tile_pages`): ``(block, row)``, 64-bit, with ``block`` indexing the
-    cache's first dim (the sequence, or the page) and ``row`` its third."""
+    ``page`` (:func:`_tile_pages`): ``(block, row)``, 64-bit, with ``block`` indexing
+    the cache's first dim (the sequence, or the page) and ``row`` its third."""
     if PAGED:
         blk = page.to(tl.int64)
         row = (pos % PAGE).to(tl.int64)
@@ -71,8 +72,9 @@ def _key_place(b, pos, page, PAGED: tl.constexpr, PAGE: tl.constexpr):
 def _merge_row(OP, LP, O, LSE, row, o_row, head_dim, num_splits,
                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """Merge the ``num_splits`` partial states of query row ``row`` (its index in
-    ``(B, H, Nq)``) into ``O`` at offset ``o_row`` and ``LSE`` (natural log). The states
-    are read from L2 (``.cg``): in the fused merge, other programs wrote them moments ago."""
+    ``(B, H, Nq)``) into ``O`` at offset ``o_row`` and ``LSE`` (natural log). The
+    states are read from L2 (``.cg``): in the fused merge, other programs wrote them
+    moments ago, and this SM's L1 may hold an older copy of their lines."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < num_splits
@@ -100,14 +102,16 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, LSE, OP, LP, COUNTERS,
                         SINGLE: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                         TILE_IN_PAGE: tl.constexpr, PAGE_AHEAD: tl.constexpr,
                         FUSED_MERGE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_S: tl.constexpr, EVEN_D: tl.constexpr,
+                        DOT_PREC: tl.constexpr):
     """Grid ``(num_splits, B * Hkv, cdiv(GROUP * Nq, BLOCK_M))``. Writes ``O``
-    ``(B, H, Nq, D)`` and the natural-log log-sum-exp ``LSE`` ``(B, H, Nq)`` when there is
-    one split (``SINGLE``) or when it merges (``FUSED_MERGE``); otherwise only the float32
-    partial states ``OP`` ``(B, H, Nq, S, D)`` and ``LP`` ``(B, H, Nq, S)`` (log-sum-exp in
-    base 2), which ``decode_merge_kernel`` merges. ``COUNTERS``: one int32 per (sequence,
-    key/value head, row block), zero before the launch and after it (fused merge only)."""
+    ``(B, H, Nq, D)`` and the natural-log log-sum-exp ``LSE`` ``(B, H, Nq)`` when
+    there is one split (``SINGLE``) or when it merges (``FUSED_MERGE``); otherwise
+    only the float32 partial states ``OP`` ``(B, H, Nq, S, D)`` and ``LP``
+    ``(B, H, Nq, S)`` (log-sum-exp in base 2), which ``decode_merge_kernel`` merges.
+    ``COUNTERS``: one int32 per (sequence, key/value head, row block), zero before
+    the launch and after it (fused merge only)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // n_kv_heads).to(tl.int64)
@@ -145,10 +149,11 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, LSE, OP, LP, COUNTERS,
     for start_n in range(start, end, BLOCK_N):
         pos = start_n + offs_n
         key_ok = pos < end
-        if PAGE_AHEAD:        # this tile's entries came with the last iteration; fetch the next
+        if PAGE_AHEAD:
+            # this tile's entries came with the last iteration; fetch the next tile's
             here = pages
-            pages = _tile_pages(b, start_n + BLOCK_N, pos + BLOCK_N, end, TABLE, stride_tb,
-                                PAGED, PAGE, TILE_IN_PAGE)
+            pages = _tile_pages(b, start_n + BLOCK_N, pos + BLOCK_N, end, TABLE,
+                                stride_tb, PAGED, PAGE, TILE_IN_PAGE)
         else:
             here = _tile_pages(b, start_n, pos, end, TABLE, stride_tb,
                                PAGED, PAGE, TILE_IN_PAGE)
@@ -206,7 +211,8 @@ def decode_split_kernel(Q, K, V, SEQLENS, TABLE, O, LSE, OP, LP, COUNTERS,
                     _merge_row(OP, LP, O, LSE, (b * n_heads + h_r) * n_q + q_r,
                                b * stride_ob + h_r * stride_oh + q_r * stride_on,
                                head_dim, num_splits, BLOCK_S, BLOCK_D)
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")   # ready for the next call
+                # ready for the next call
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["num_splits"])
