@@ -205,18 +205,19 @@ def test_interpreter_fused_merge_is_the_merge_kernel_and_leaves_its_counters_at_
 
 @pytest.mark.skipif(not CPU, reason="interpreter test")
 def test_interpreter_a_stuck_counter_is_caught(gen):
-    # the checker can fail: a counter left one ticket ahead makes a program that is not the
-    # last merge states that are not written yet, and the answer leaves the yardstick
+    # the checker can fail: counters left S tickets ahead give no program the last ticket, so
+    # nothing merges, the output keeps its zeros and leaves the yardstick
     p = make_problem(gen, [90, 70], 8, 2, 1, 16, 16, torch.float32)
     counters = td._merge_counters(torch.device("cpu"), 1)
-    counters[:4] = 1
+    counters[:4] = 3
+    out = torch.zeros_like(p["q"])
     try:
-        o = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], p["table"],
-                                       num_splits=3, tuning=FUSED)
+        td.decode_launch(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], p["table"], 0.25, 3, out=out,
+                         tuning=FUSED)
     finally:
         counters.zero_()
     with pytest.raises(AssertionError, match="sequence 0"):
-        judge(p, o)
+        judge(p, out)
 
 
 def test_decode_tuning_refuses_what_the_kernel_does_not_take():
