@@ -5,9 +5,10 @@ stages, the merge fused into the split kernel, the block table read one tile ahe
 count rule (:func:`flashtut.decode.decode_num_splits` with other ``programs_per_sm`` or
 ``min_keys_per_split``). Every case is measured by the benchmark's own harness
 (:func:`flashtut.bench.decode.measure_case`: the same problem sets, the yardstick before and after
-timing, medians of CUDA-graph replays), with the copy bandwidth measured first in this process.
+timing, medians of CUDA-graph replays), with the copy bandwidth measured first in this process. On a
+GPU, worker processes compile every launch first (``--precompile``), so the budget goes to timing.
 
-    python experiments/decode/sweep.py --out decode_sweep.json        # on a GPU, about 160 s
+    python experiments/decode/sweep.py --out decode_sweep.json        # on a GPU, at most about 160 s
     python experiments/decode/sweep.py --variants shipped,fused+ahead --cases 1:16384
 
 The table: one line per variant, batch, cache length and dtype: the contiguous cache's time and
@@ -17,7 +18,9 @@ shipped launch on the same case. It stops starting cases after ``--budget-s`` se
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -28,7 +31,7 @@ from flashtut.bench.decode import measure_case
 from flashtut.bench.provenance import collect
 from flashtut.bench.roofline import copy_bandwidth
 from flashtut.decode import decode_num_splits
-from flashtut.triton.decode import MAX_SPLITS, SHIPPED, DecodeTuning, num_sms
+from flashtut.triton.decode import MAX_SPLITS, SHIPPED, DecodeTuning, num_sms, triton_decode_attention
 
 FA = dict(fused_merge=True, page_ahead=True)
 #: name -> (tuning, split rule: keyword arguments of decode_num_splits)
@@ -54,6 +57,48 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 def impl_name(variant: str) -> str:
     return "triton-decode" if variant == "shipped" else f"triton-decode/{variant}"
+
+
+def launches(names, cases, dnames, pages, kv_heads, sms) -> list[tuple]:
+    """Every distinct compiled launch the sweep makes: (variant, split count, dtype, page size or
+    None). The split count picks the merge's width, a compile-time constant."""
+    jobs = set()
+    for B, N in cases:
+        for v in names:
+            tuning, rule = VARIANTS[v]
+            splits = decode_num_splits(B, kv_heads, N, sms, max_splits=MAX_SPLITS, **rule)
+            jobs.update((v, splits, d, ps) for d in dnames for ps in [None, *pages])
+    return sorted(jobs, key=str)
+
+
+def warm(jobs, H, Hkv, D, device) -> None:
+    """Run each launch of ``jobs`` once on one sequence of 1024 positions, so that its kernels land
+    in Triton's cache on disk: the strides the compiler specialises on (multiples of 16) are those
+    of the measured cases."""
+    n = 1024
+    for v, splits, dname, page in jobs:
+        dtype = DTYPES[dname]
+        q = torch.randn(1, H, 1, D, device=device, dtype=dtype)
+        seqlens = torch.full((1,), n, dtype=torch.int32, device=device)
+        if page is None:
+            k = torch.randn(1, Hkv, n, D, device=device, dtype=dtype)
+            table = None
+        else:
+            k = torch.randn(n // page, Hkv, page, D, device=device, dtype=dtype)
+            table = torch.arange(n // page, dtype=torch.int32, device=device)[None]
+        triton_decode_attention(q, k, k, seqlens, table, num_splits=splits, tuning=VARIANTS[v][0])
+
+
+def precompile(jobs, workers: int, args) -> None:
+    """:func:`warm` over ``workers`` processes at once (compiling is single-threaded per process)."""
+    chunks = [jobs[i::workers] for i in range(workers) if jobs[i::workers]]
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm-jobs", json.dumps(c), "--heads", str(args.heads),
+                               "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in chunks]
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            print(f"precompile worker failed (the sweep compiles as it goes): {err.strip()[-500:]}", file=sys.stderr)
 
 
 def table(rows) -> str:
@@ -98,8 +143,13 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--budget-s", type=float, default=150.0, help="start no case after this many seconds")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--precompile", type=int, default=8, help="processes that compile every launch first (GPU)")
+    ap.add_argument("--warm-jobs", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.warm_jobs:
+        warm([tuple(j) for j in json.loads(args.warm_jobs)], args.heads, args.kv_heads, args.head_dim, device)
+        return 0
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         ap.error("on a CPU the kernel runs through Triton's interpreter: set TRITON_INTERPRET=1")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -123,6 +173,10 @@ def main(argv=None) -> int:
                    {"variants": names, "cases": cases, "dtypes": dnames, "page_sizes": pages}, every_s=0.0)
     sms = num_sms(device)
     skipped = []
+    if device.type == "cuda" and args.precompile > 1:
+        jobs = launches(names, cases, dnames, pages, args.kv_heads, sms)
+        precompile(jobs, args.precompile, args)
+        print(f"{len(jobs)} launches compiled in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     try:
         saver(copy_bandwidth(device))
         for B, N in cases:
