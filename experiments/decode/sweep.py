@@ -3,7 +3,7 @@
 Each variant is a :class:`flashtut.triton.decode.DecodeTuning` (keys per tile, warps, pipeline
 stages, the merge fused into the split kernel, the block table read one tile ahead) and a split
 count rule (:func:`flashtut.decode.decode_num_splits` with other ``programs_per_sm`` or
-``min_keys_per_split``). Every case is measured by the benchmark's own harness
+``min_keys_per_split``, or one wave of programs: :func:`one_wave`). Every case is measured by the benchmark's own harness
 (:func:`flashtut.bench.decode.measure_case`: the same problem sets, the yardstick before and after
 timing, medians of CUDA-graph replays), with the copy bandwidth measured first in this process. On a
 GPU, worker processes compile every launch first (``--precompile``), so the budget goes to timing.
@@ -34,7 +34,18 @@ from flashtut.decode import decode_num_splits
 from flashtut.triton.decode import MAX_SPLITS, SHIPPED, DecodeTuning, num_sms, triton_decode_attention
 
 FA = dict(fused_merge=True, page_ahead=True)
-#: name -> (tuning, split rule: keyword arguments of decode_num_splits)
+
+
+def one_wave(per_sm: int):
+    """A split rule: as many programs as ``per_sm`` per SM hold at once, never more (a program
+    past one wave waits for a whole program to finish), with splits of 256 keys at least."""
+    def rule(B, Hkv, N, sms):
+        return max(1, min(per_sm * sms // (B * Hkv), N // 256, MAX_SPLITS))
+    return rule
+
+
+#: name -> (tuning, split rule: keyword arguments of decode_num_splits, or a function of
+#: (batch, KV heads, length, SMs))
 VARIANTS = {
     "shipped": (SHIPPED, {}),
     "ahead": (DecodeTuning(page_ahead=True), {}),
@@ -46,8 +57,8 @@ VARIANTS = {
     "fa/warps8": (DecodeTuning(num_warps=8, **FA), {}),
     "fa/2 per SM": (DecodeTuning(**FA), dict(programs_per_sm=2)),
     "fa/1 per SM": (DecodeTuning(**FA), dict(programs_per_sm=1)),
+    "fa/one wave of 3": (DecodeTuning(**FA), one_wave(3)),
     "fa/min 128 keys": (DecodeTuning(**FA), dict(min_keys_per_split=128)),
-    "fa/min 1k keys": (DecodeTuning(**FA), dict(min_keys_per_split=1024)),
 }
 #: (batch, cache length), the most telling first (each in every dtype): a budget that runs out drops
 #: the last ones
@@ -59,6 +70,12 @@ def impl_name(variant: str) -> str:
     return "triton-decode" if variant == "shipped" else f"triton-decode/{variant}"
 
 
+def split_count(rule, B, Hkv, N, sms) -> int:
+    if callable(rule):
+        return rule(B, Hkv, N, sms)
+    return decode_num_splits(B, Hkv, N, sms, max_splits=MAX_SPLITS, **rule)
+
+
 def launches(names, cases, dnames, pages, kv_heads, sms) -> list[tuple]:
     """Every distinct compiled launch the sweep makes: (variant, split count, dtype, page size or
     None). The split count picks the merge's width, a compile-time constant."""
@@ -66,7 +83,7 @@ def launches(names, cases, dnames, pages, kv_heads, sms) -> list[tuple]:
     for B, N in cases:
         for v in names:
             tuning, rule = VARIANTS[v]
-            splits = decode_num_splits(B, kv_heads, N, sms, max_splits=MAX_SPLITS, **rule)
+            splits = split_count(rule, B, kv_heads, N, sms)
             jobs.update((v, splits, d, ps) for d in dnames for ps in [None, *pages])
     return sorted(jobs, key=str)
 
@@ -187,7 +204,7 @@ def main(argv=None) -> int:
                 kernels = {}
                 for v in names:
                     tuning, rule = VARIANTS[v]
-                    splits = decode_num_splits(B, args.kv_heads, N, sms, max_splits=MAX_SPLITS, **rule)
+                    splits = split_count(rule, B, args.kv_heads, N, sms)
                     kernels[impl_name(v)] = (tuning, splits)
                 for row in measure_case(B, args.heads, args.kv_heads, N, args.head_dim, DTYPES[dname], device,
                                         tuple(pages), sdpa=False, kernels=kernels):
