@@ -152,7 +152,7 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         TILE_IN_PAGE=paged and page % tuning.block_n == 0,
         PAGE_AHEAD=paged and tuning.page_ahead,
         FUSED_MERGE=fused, BLOCK_M=block_m, BLOCK_N=tuning.block_n, BLOCK_D=block_d,
-        # the fused merge's width: without it, one compiled kernel serves every split count
+        # the fused merge's width; without it one compiled kernel serves any split count
         BLOCK_S=block_s if fused else 2, EVEN_D=block_d == D,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tuning.num_warps if big else 1, num_stages=stages)
