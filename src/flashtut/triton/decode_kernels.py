@@ -43,12 +43,12 @@ def _tile_pages(b, start_n, pos, limit, TABLE, stride_tb,
     ``start_n``) of sequence ``b``: one (the page of the tile's first key) when the
     whole tile is in one page, else one per key; none for a tile at or past ``limit``
     (its entries may lie past the table's row). Unused (0) for a contiguous cache."""
-    row = TABLE + b * stride_tb
+    entries = TABLE + b * stride_tb        # sequence b's row of the table
     if PAGED:
         if TILE_IN_PAGE:
-            page = tl.load(row + start_n // PAGE, mask=start_n < limit, other=0)
+            page = tl.load(entries + start_n // PAGE, mask=start_n < limit, other=0)
         else:                 # one entry per key (in L1 after the first read)
-            page = tl.load(row + pos // PAGE, mask=pos < limit, other=0)
+            page = tl.load(entries + pos // PAGE, mask=pos < limit, other=0)
     else:
         page = 0
     return page
