@@ -16,12 +16,9 @@ export FLASHTUT_TRITON_AUTOTUNE=0
 stage info
 machine_info
 stage tests
-timeout "${T_TESTS:-30}" python3 -m pytest tests/kernels/test_triton_decode.py -m gpu -k "variant or fused" \
-    -p no:cacheprovider -q -rfE --tb=short > "$OUT/sweep_tests.log" 2>&1
-echo "pytest rc=$?" | tee -a "$LOG"
-tail -3 "$OUT/sweep_tests.log" | tee -a "$LOG"
+gpu_tests "${T_TESTS:-35}" "$OUT/sweep_tests.log" tests/kernels/test_triton_decode.py -k "variant or fused"
 stage sweep
-timeout "${T_SWEEP:-150}" python3 experiments/decode/sweep.py --budget-s "${SWEEP_BUDGET_S:-115}" \
+timeout "${T_SWEEP:-150}" python3 experiments/decode/sweep.py --budget-s "${SWEEP_BUDGET_S:-110}" \
     --out "$OUT/decode_sweep.json" > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?" | tee -a "$LOG"
 grep "^|" "$OUT/sweep.log" | tee -a "$LOG"

@@ -533,6 +533,38 @@ def test_the_kernels_compile_for_the_gpu_without_one(tmp_path, arch=90):
     assert done.returncode == 0 and "built 9" in done.stdout, done.stderr[-3000:]
 
 
+@pytest.mark.skipif(not CPU, reason="interpreter test of the machinery; the GPU runs it at size")
+def test_launch_variant_sweep_rows_and_table(tmp_path, capsys):
+    # experiments/decode/sweep.py through the bench's harness at a tiny size: one row per variant and
+    # layout, each checked, loadable as a results file, and a table line per variant
+    import importlib.util
+    from pathlib import Path
+
+    from flashtut.bench import results
+
+    path = Path(flashtut.__file__).parents[2] / "experiments" / "decode" / "sweep.py"
+    spec = importlib.util.spec_from_file_location("decode_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = tmp_path / "sweep.json"
+    rc = sweep.main(["--device", "cpu", "--cases", "2:70", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                     "--page-sizes", "32,8", "--variants", "shipped,fused+ahead,fa/bn128", "--out", str(out)])
+    assert rc == 0
+    rows = [r for r in results.load_results(out)["rows"] if r["kind"] == "decode"]
+    assert [(r["variant"], r["layout"], r["page_size"]) for r in rows] == [
+        (v, layout, ps) for v in ("shipped", "fused+ahead", "fa/bn128")
+        for layout, ps in (("contiguous", None), ("paged", 32), ("paged", 8))]
+    assert all(r["status"] == "ok" and r["passed"] for r in rows)
+    assert rows[0]["impl"] == "triton-decode" and rows[3]["impl"] == "triton-decode/fused+ahead"
+    assert rows[6]["block_n"] == 128 and rows[3]["fused_merge"] and rows[3]["page_ahead"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| variant | batch | cache length | dtype |") and "(32 / 8)" in lines[0]
+    assert lines[1].startswith("| shipped | 2 | 70 | float32 | 1 |") and lines[1].endswith("| 1.00 |")
+    assert [line.split(" | ")[0] for line in lines[1:]] == ["| shipped", "| fused+ahead", "| fa/bn128"]
+    with pytest.raises(SystemExit):
+        sweep.main(["--device", "cpu", "--variants", "fastest"])
+
+
 def test_serving_table_reads_the_rows():
     from flashtut.bench.decode import serving_table
 
