@@ -136,6 +136,100 @@ def test_interpreter_refuses_what_the_kernel_does_not_take(gen):
                                    p["table"], num_splits=0)
 
 
+# the launch's variants (``DecodeTuning``): the merge fused into the split kernel, the table read one
+# tile ahead, tiles of other widths
+FUSED = td.DecodeTuning(fused_merge=True, page_ahead=True)
+VARIANTS = [FUSED, td.DecodeTuning(page_ahead=True), td.DecodeTuning(block_n=16, fused_merge=True),
+            td.DecodeTuning(block_n=128, fused_merge=True, page_ahead=True)]
+
+
+def exact_table(p, page):
+    """``p``'s table cut to the pages its longest sequence needs: that sequence's last entry
+    ends its row, so a read one tile ahead must not go past it."""
+    return p["table"][:, :max(-(-n // page) for n in p["lengths"])].contiguous()
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+@pytest.mark.parametrize("tuning", VARIANTS, ids=lambda t: "bn{}{}{}".format(
+    t.block_n, "-fused" if t.fused_merge else "", "-ahead" if t.page_ahead else ""))
+@pytest.mark.parametrize("case", [
+    # ragged lengths with one-token caches; full pages next to pages holding one position; a
+    # tile in one page (64 % 16) and a tile over several (16 < 64); multi-query, 4 new queries
+    ([1, 70, 64, 3, 48], 8, 2, 1, 16, 16),
+    ([130, 1, 64], 8, 2, 1, 16, 64),
+    ([9, 33, 12], 6, 1, 4, 24, 3),
+], ids=["p16", "p64", "p3-mq"])
+def test_interpreter_variants_equal_the_shipped_launch(gen, case, tuning):
+    # every variant gives the shipped launch's answer (the fused merge is the merge kernel's code
+    # in another place: to rounding) and passes the yardstick, paged and contiguous, with more
+    # splits than a short sequence has tiles
+    lengths, H, Hkv, Nq, D, page = case
+    p = make_problem(gen, lengths, H, Hkv, Nq, D, page, torch.float32)
+    table = exact_table(p, page)
+    for splits in (1, 2, 5):
+        want, want_lse = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table,
+                                                    num_splits=splits, return_lse=True)
+        got, lse = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table,
+                                              num_splits=splits, return_lse=True, tuning=tuning)
+        judge(p, got)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-6)
+        dense = td.triton_decode_attention(p["q"], p["k_dense"], p["v_dense"], p["seqlens"], num_splits=splits,
+                                           tuning=tuning)
+        judge(p, dense)
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_fused_merge_is_the_merge_kernel_and_leaves_its_counters_at_zero(gen):
+    # float16, ragged lengths (a one-token cache, a sequence of whole pages): the fused merge runs
+    # the merge kernel's code, so its answer is the two-launch answer bit for bit; each call
+    # leaves every ticket counter at zero, so a second call (and a call of another shape) gives
+    # the same answer
+    p = make_problem(gen, [1, 64, 100, 17], 8, 2, 1, 16, 16, torch.float16)
+    table = exact_table(p, 16)
+    args = (p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table)
+    two = td.triton_decode_attention(*args, num_splits=4, return_lse=True,
+                                     tuning=td.DecodeTuning(page_ahead=True))
+    first = td.triton_decode_attention(*args, num_splits=4, return_lse=True, tuning=FUSED)
+    counters = td._merge_counters(torch.device("cpu"), 1)
+    assert not counters.any(), counters[:16]
+    other = make_problem(gen, [5, 80], 4, 2, 1, 8, 16, torch.float16)
+    judge(other, td.triton_decode_attention(other["q"], other["k_pool"], other["v_pool"], other["seqlens"],
+                                            other["table"], num_splits=3, tuning=FUSED))
+    second = td.triton_decode_attention(*args, num_splits=4, return_lse=True, tuning=FUSED)
+    assert not counters.any()
+    for got in (first, second):
+        assert torch.equal(got[0], two[0]) and torch.equal(got[1], two[1])
+    judge(p, first[0])
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test")
+def test_interpreter_a_stuck_counter_is_caught(gen):
+    # the checker can fail: counters left S tickets ahead give no program the last ticket, so
+    # nothing merges, the output keeps its zeros and leaves the yardstick
+    p = make_problem(gen, [90, 70], 8, 2, 1, 16, 16, torch.float32)
+    counters = td._merge_counters(torch.device("cpu"), 1)
+    counters[:4] = 3
+    out = torch.zeros_like(p["q"])
+    try:
+        td.decode_launch(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], p["table"], 0.25, 3, out=out,
+                         tuning=FUSED)
+    finally:
+        counters.zero_()
+    with pytest.raises(AssertionError, match="sequence 0"):
+        judge(p, out)
+
+
+def test_decode_tuning_refuses_what_the_kernel_does_not_take():
+    for bad, match in ((dict(block_n=48), "block_n"), (dict(block_n=8), "block_n"), (dict(num_warps=3), "num_warps"),
+                       (dict(num_stages=0), "num_stages"), (dict(num_warps=True), "num_warps")):
+        with pytest.raises(ValueError, match=match):
+            td.DecodeTuning(**bad)
+    q = torch.zeros(1, 1, 1, 8)
+    with pytest.raises(TypeError, match="tuning"):
+        td.triton_decode_attention(q, q, q, torch.ones(1, dtype=torch.int32), tuning={"block_n": 64})
+
+
 # ---------------------------------------------------------------- GPU ----
 
 GPU_CASES = [
@@ -214,6 +308,50 @@ def test_gpu_public_decode_attention_is_captured_in_a_cuda_graph(gen, dtype):
         judge({**p, "lengths": lengths}, out)
     with pytest.raises(ValueError, match="cache_seqlens"):      # eager calls still check
         flashtut.decode_attention(p["q"], p["k_pool"], p["v_pool"], seqlens - 2, p["table"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", VARIANTS, ids=lambda t: "bn{}{}{}".format(
+    t.block_n, "-fused" if t.fused_merge else "", "-ahead" if t.page_ahead else ""))
+def test_gpu_variants_equal_the_shipped_launch(gen, tuning):
+    # bfloat16, GQA 32/8, D = 128, ragged lengths over pages of 16 (a tile over several pages), a table
+    # that ends where the longest sequence does, the split count the launch chooses
+    p = make_problem(gen, [1, 4097, 64, 1000, 31], 32, 8, 1, 128, 16, torch.bfloat16)
+    table = exact_table(p, 16)
+    splits = td.choose_num_splits(5, 8, 4097, "cuda")
+    want = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table, num_splits=splits)
+    got = td.triton_decode_attention(p["q"], p["k_pool"], p["v_pool"], p["seqlens"], table, num_splits=splits,
+                                     tuning=tuning)
+    judge(p, got)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    judge(p, td.triton_decode_attention(p["q"], p["k_dense"], p["v_dense"], p["seqlens"], num_splits=splits,
+                                        tuning=tuning))
+
+
+@pytest.mark.gpu
+def test_gpu_fused_merge_replays_in_a_cuda_graph(gen):
+    # the counters are reset by the kernel itself: a captured step replays many times (lengths growing,
+    # pages of 64, a tile in one page) and every replay gives the two-launch answer (the same code in
+    # another kernel: equal to the compiler's contractions)
+    p = make_problem(gen, [600, 2000, 1, 64], 32, 8, 1, 128, 64, torch.float16)
+    seqlens = p["seqlens"].clone()
+    out, out_two = torch.empty_like(p["q"]), torch.empty_like(p["q"])
+    splits = td.choose_num_splits(4, 8, 2000, "cuda")
+    args = (p["q"], p["k_pool"], p["v_pool"], seqlens, p["table"], 128 ** -0.5, splits)
+    td.decode_launch(*args, out=out, tuning=FUSED)                 # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        td.decode_launch(*args, out=out, tuning=FUSED)
+    for lengths in ([300, 1000, 1, 64], [600, 2000, 1, 64], [451, 1999, 1, 63]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        for _ in range(5):
+            graph.replay()
+        td.decode_launch(*args, out=out_two, tuning=td.DecodeTuning(page_ahead=True))
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, out_two, rtol=1e-3, atol=1e-3, msg=lambda m: f"{lengths}: {m}")
+        judge({**p, "lengths": lengths}, out)
+    assert not td._merge_counters(out.device, 1).any()
 
 
 # ---------------------------------------------------------------- generation (chapter 12) ----
@@ -345,22 +483,31 @@ from flashtut.triton import decode_kernels as dk
 
 arch = int(sys.argv[1])
 def build(fn, types, constexprs, stages):
-    src = ASTSource(fn=fn, signature=types, constexprs=constexprs)
+    # as a launch specialises them: pointers, strides and D = 128 divisible by 16 (the K/V loads then
+    # become the asynchronous copies of the software pipeline)
+    div = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+           if types[n].startswith("*") or n.startswith("stride") or n == "head_dim"}
+    src = ASTSource(fn=fn, signature=types, constexprs=constexprs, attrs=div)
     triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": stages})
 
-consts = ("SINGLE", "PAGED", "PAGE", "TILE_IN_PAGE", "BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "DOT_PREC")
+consts = ("SINGLE", "PAGED", "PAGE", "TILE_IN_PAGE", "PAGE_AHEAD", "FUSED_MERGE", "BLOCK_M", "BLOCK_N", "BLOCK_D",
+          "BLOCK_S", "EVEN_D", "DOT_PREC")
 built = 0
-variants = [("fp16", False, 1, True, 128), ("fp16", True, 64, False, 128), ("fp16", True, 16, False, 80),
-            ("bf16", True, 64, False, 128), ("fp32", False, 1, False, 128)]
-for dtype, paged, page, single, d in variants:
+# dtype, paged, page, single, D, page ahead, fused merge, keys per tile
+variants = [("fp16", False, 1, True, 128, False, False, 64), ("fp16", True, 64, False, 128, False, False, 64),
+            ("fp16", True, 16, False, 80, False, False, 64), ("bf16", True, 64, False, 128, False, False, 64),
+            ("fp32", False, 1, False, 128, False, False, 64), ("bf16", True, 64, False, 128, True, True, 64),
+            ("fp16", True, 16, False, 128, True, True, 128), ("bf16", False, 1, False, 128, False, True, 64)]
+for dtype, paged, page, single, d, ahead, fused, block_n in variants:
         types = {}
         for n in dk.decode_split_kernel.arg_names:
-            types[n] = ("*" + dtype if n in ("Q", "K", "V", "O") else "*fp32" if n in ("OP", "LP")
-                        else "*i32" if n in ("SEQLENS", "TABLE") else "fp32" if n == "qk_scale"
+            types[n] = ("*" + dtype if n in ("Q", "K", "V", "O") else "*fp32" if n in ("OP", "LP", "LSE")
+                        else "*i32" if n in ("SEQLENS", "TABLE", "COUNTERS") else "fp32" if n == "qk_scale"
                         else "constexpr" if n in consts else "i32")
         build(dk.decode_split_kernel, types,
-              dict(SINGLE=single, PAGED=paged, PAGE=page, TILE_IN_PAGE=paged and page % 64 == 0, BLOCK_M=16,
-                   BLOCK_N=64, BLOCK_D=128, EVEN_D=d == 128, DOT_PREC="ieee" if dtype == "fp32" else "tf32"),
+              dict(SINGLE=single, PAGED=paged, PAGE=page, TILE_IN_PAGE=paged and page % block_n == 0,
+                   PAGE_AHEAD=ahead, FUSED_MERGE=fused, BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64,
+                   EVEN_D=d == 128, DOT_PREC="ieee" if dtype == "fp32" else "tf32"),
               2 if dtype == "fp32" else 3)
         built += 1
 types = {n: "*fp32" if n in ("OP", "LP", "LSE") else "*bf16" if n == "O" else
@@ -383,7 +530,39 @@ def test_the_kernels_compile_for_the_gpu_without_one(tmp_path, arch=90):
                PYTHONPATH=str(Path(flashtut.__file__).parents[1]))
     done = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], env=env, capture_output=True, text=True,
                           timeout=600)
-    assert done.returncode == 0 and "built 6" in done.stdout, done.stderr[-3000:]
+    assert done.returncode == 0 and "built 9" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.skipif(not CPU, reason="interpreter test of the machinery; the GPU runs it at size")
+def test_launch_variant_sweep_rows_and_table(tmp_path, capsys):
+    # experiments/decode/sweep.py through the bench's harness at a tiny size: one row per variant and
+    # layout, each checked, loadable as a results file, and a table line per variant
+    import importlib.util
+    from pathlib import Path
+
+    from flashtut.bench import results
+
+    path = Path(flashtut.__file__).parents[2] / "experiments" / "decode" / "sweep.py"
+    spec = importlib.util.spec_from_file_location("decode_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = tmp_path / "sweep.json"
+    rc = sweep.main(["--device", "cpu", "--cases", "2:70", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                     "--page-sizes", "32,8", "--variants", "shipped,fused+ahead,fa/bn128", "--out", str(out)])
+    assert rc == 0
+    rows = [r for r in results.load_results(out)["rows"] if r["kind"] == "decode"]
+    assert [(r["variant"], r["layout"], r["page_size"]) for r in rows] == [
+        (v, layout, ps) for v in ("shipped", "fused+ahead", "fa/bn128")
+        for layout, ps in (("contiguous", None), ("paged", 32), ("paged", 8))]
+    assert all(r["status"] == "ok" and r["passed"] for r in rows)
+    assert rows[0]["impl"] == "triton-decode" and rows[3]["impl"] == "triton-decode/fused+ahead"
+    assert rows[6]["block_n"] == 128 and rows[3]["fused_merge"] and rows[3]["page_ahead"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| variant | batch | cache length | dtype |") and "(32 / 8)" in lines[0]
+    assert lines[1].startswith("| shipped | 2 | 70 | float32 | 1 |") and lines[1].endswith("| 1.00 |")
+    assert [line.split(" | ")[0] for line in lines[1:]] == ["| shipped", "| fused+ahead", "| fa/bn128"]
+    with pytest.raises(SystemExit):
+        sweep.main(["--device", "cpu", "--variants", "fastest"])
 
 
 def test_serving_table_reads_the_rows():

@@ -116,14 +116,21 @@ def _sdpa_fn(backend: str, rows: bool, H, Hkv):
     return fn
 
 
-def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sdpa=True) -> list[dict]:
+def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sdpa=True,
+                 kernels=None) -> list[dict]:
     """The rows of one case: the kernel over a contiguous cache and each paged layout, and each
-    SDPA form that runs; every row checked, then timed."""
-    from ..triton.decode import choose_num_splits, triton_decode_attention
+    SDPA form that runs; every row checked, then timed (and a kernel's checked again after its
+    timing's replays). ``kernels`` maps an implementation name to ``(tuning, num_splits)``: a
+    :class:`flashtut.triton.decode.DecodeTuning` (None: the shipped launch) and a split count
+    (None: the one the launch chooses); by default ``{"triton-decode": (None, None)}``."""
+    from dataclasses import asdict
+
+    from ..triton.decode import SHIPPED, choose_num_splits, triton_decode_attention
 
     device = torch.device(device)
     itemsize = torch.finfo(dtype).bits // 8
-    splits = choose_num_splits(B, Hkv, N, device) if device.type == "cuda" else 1
+    chosen = choose_num_splits(B, Hkv, N, device) if device.type == "cuda" else 1
+    kernels = kernels or {"triton-decode": (None, None)}
     must = decode_step_bytes([N] * B, H, Hkv, D, itemsize)
     copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / must["must"]))) if device.type == "cuda" else 1
     base = dict(kind="decode", what="kernel", B=B, H=H, Hkv=Hkv, N=N, D=D, Nq=1,
@@ -142,16 +149,18 @@ def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sd
         y = yardstick(s0["q"][:1], s0["k"][:1], s0["v"][:1], o[:1], causal="bottom-right")
         return {"err": y.err["o"], "ratio_to_torch": y.ratio("o"), "passed": y.passed}
 
-    variants = [("triton-decode", "contiguous", None)]
-    for ps in page_sizes:
-        variants.append(("triton-decode", "paged", ps))
+    variants = []
+    for impl in kernels:
+        variants += [(impl, "contiguous", None)] + [(impl, "paged", ps) for ps in page_sizes]
     if sdpa and device.type == "cuda":
         variants += [(f"sdpa-{b}{'-rows' if r else ''}", "dense", None) for b in SDPA_BACKENDS for r in (False, True)]
     for impl, layout, ps in variants:
         row = dict(base, impl=impl, layout=layout, page_size=ps)
         try:
-            if impl == "triton-decode":
-                row["num_splits"] = splits
+            if impl in kernels:
+                tuning, splits = kernels[impl]
+                tuning, splits = tuning or SHIPPED, splits or chosen
+                row.update(num_splits=splits, **asdict(tuning))
                 if layout == "paged":
                     # the pool was built with the largest page size; a smaller one splits each page
                     big = max(page_sizes)
@@ -162,11 +171,11 @@ def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sd
                         vp = s["vp"].view(-1, Hkv, per, ps, D).transpose(1, 2).reshape(-1, Hkv, ps, D)
                         tab = (s["table"].long()[:, :, None] * per + torch.arange(per, device=device)).view(B, -1).int()
                         views.append((s["q"], kp, vp, tab))
-                    calls = [lambda a=a: triton_decode_attention(a[0], a[1], a[2], seqlens, a[3], num_splits=splits)
-                             for a in views]
+                    calls = [lambda a=a, n=splits, t=tuning: triton_decode_attention(
+                        a[0], a[1], a[2], seqlens, a[3], num_splits=n, tuning=t) for a in views]
                 else:
-                    calls = [lambda s=s: triton_decode_attention(s["q"], s["k"], s["v"], seqlens, num_splits=splits)
-                             for s in sets]
+                    calls = [lambda s=s, n=splits, t=tuning: triton_decode_attention(
+                        s["q"], s["k"], s["v"], seqlens, num_splits=n, tuning=t) for s in sets]
             else:
                 name = impl[len("sdpa-"):]
                 fn = _sdpa_fn(name.replace("-rows", ""), name.endswith("-rows"), H, Hkv)
@@ -177,6 +186,9 @@ def measure_case(B, H, Hkv, N, D, dtype, device, page_sizes=(64, 16), seed=0, sd
             else:
                 ms = time_graph(calls, device)
                 row.update(status="ok", ms=ms, gb_per_s=must["must"] / (ms * 1e-3) / 1e9)
+                # state a launch keeps between calls (the fused merge's counters) is still right
+                if impl in kernels and not judged(calls[0]())["passed"]:
+                    row.update(status="failed", error="outside the yardstick after the timing's replays")
         except Exception as e:                                  # noqa: BLE001 - reported in the row
             if is_oom(e):
                 row["status"] = "oom"

@@ -11,6 +11,8 @@ the longest cache and the GPU's SM count (one split in the interpreter unless as
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..checks import raise_if_overflowed
@@ -30,8 +32,6 @@ except ImportError:  # pragma: no cover - the facade reports the missing package
 DECODE_MAX_HEAD_DIM = 128
 #: dtypes of the decode kernel (float64: use backend="reference")
 DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: keys per tile; smaller for short caches would change little: the step is bound by the long ones
-BLOCK_N = 64
 #: most rows (query heads of a group times new queries) per program; more rows take more programs
 MAX_ROWS = 64
 #: the most splits one launch takes (bounds the partial-state buffer)
@@ -56,10 +56,59 @@ def _block_rows(rows: int) -> int:
     return min(MAX_ROWS, max(16, triton.next_power_of_2(rows)))
 
 
+@dataclass(frozen=True)
+class DecodeTuning:
+    """How :func:`decode_launch` runs the kernel, the split count aside: ``block_n`` keys per
+    tile (a power of two, at least 16), ``num_warps`` and ``num_stages`` per program (float32
+    takes at most 2 stages), ``fused_merge`` (the last split of each row block merges, in the
+    same launch, instead of a second kernel) and ``page_ahead`` (a paged read fetches the next
+    tile's table entries one iteration ahead)."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    fused_merge: bool = False
+    page_ahead: bool = False
+
+    def __post_init__(self):
+        for name in ("block_n", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"DecodeTuning.{name} must be a positive integer, got {v!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeTuning.block_n must be a power of two of at least 16, got {self.block_n}")
+        if self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"DecodeTuning.num_warps must be a power of two, got {self.num_warps}")
+
+
+#: the launch every caller gets
+SHIPPED = DecodeTuning()
+
+#: the fused merge's int32 counters per device, zeroed when made and left at zero by every launch;
+#: the last is handed out, and none is freed (a captured CUDA graph keeps the address it was given).
+#: Calls on one device share them: run its decode steps in one stream order, as a model's layers run.
+_COUNTERS: dict = {}
+
+
+def _merge_counters(device, n: int):
+    """At least ``n`` zeroed int32 counters on ``device``. Made on an eager call (the first call
+    compiles the kernel, so it is eager); a call inside a CUDA-graph capture that finds too few
+    gets counters of its own, zeroed by the graph on each replay and handed to no other call."""
+    kept = _COUNTERS.setdefault(str(device), [])
+    if kept and kept[-1].numel() >= n:
+        return kept[-1]
+    made = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _COUNTERS.setdefault("captured", []).append(made)
+    else:
+        kept.append(made)
+    return made
+
+
 def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
-                  num_splits: int, out=None, return_lse: bool = False):
-    """Launch the split kernel (and the merge when ``num_splits > 1``) on checked
-    inputs.
+                  num_splits: int, out=None, return_lse: bool = False,
+                  tuning: DecodeTuning = SHIPPED):
+    """Launch the split kernel (and the merge when ``num_splits > 1``, unless the split
+    kernel merges: ``tuning.fused_merge``) on checked inputs.
 
     No checks and no host synchronisation: the grid depends on the shapes and
     ``num_splits`` only, so a CUDA graph can capture this call and replay it as the
@@ -76,20 +125,23 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
     o = torch.empty_like(q) if out is None else out
     block_m = _block_rows(group * Nq)
     block_d = max(16, triton.next_power_of_2(D))
+    block_s = max(2, triton.next_power_of_2(num_splits))
     f32 = dict(device=q.device, dtype=torch.float32)
     lse = torch.empty((B, H, Nq), **f32)
     if num_splits > 1:
         o_part = torch.empty((B, H, Nq, num_splits, D), **f32)
         l_part = torch.empty((B, H, Nq, num_splits), **f32)
     else:
-        o_part, l_part = o, lse
+        o_part, l_part = lse, lse                       # unused
     table = block_table if paged else cache_seqlens    # any int32 pointer when unused
     grid = (num_splits, B * Hkv, triton.cdiv(group * Nq, block_m))
+    fused = tuning.fused_merge and num_splits > 1
+    counters = _merge_counters(q.device, grid[1] * grid[2]) if fused else cache_seqlens
     big = not interpreting() and q.device.type == "cuda"
-    # three tiles of K and V in flight per program (two in float32: 128 KiB of SMEM)
-    stages = (2 if q.dtype == torch.float32 else 3) if big else 1
+    # tiles of K and V in flight per program (float32's are twice as large: 2 at most)
+    stages = min(tuning.num_stages, 2 if q.dtype == torch.float32 else 8) if big else 1
     decode_kernels.decode_split_kernel[grid](
-        q, k_cache, v_cache, cache_seqlens, table, o, o_part, l_part,
+        q, k_cache, v_cache, cache_seqlens, table, o, lse, o_part, l_part, counters,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -97,15 +149,17 @@ def decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, scale: float,
         o.stride(0), o.stride(1), o.stride(2),
         Hkv, group, Nq, D, scale * LOG2E, num_splits,
         SINGLE=num_splits == 1, PAGED=paged, PAGE=page if paged else 1,
-        TILE_IN_PAGE=paged and page % BLOCK_N == 0,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, EVEN_D=block_d == D,
+        TILE_IN_PAGE=paged and page % tuning.block_n == 0,
+        PAGE_AHEAD=paged and tuning.page_ahead,
+        FUSED_MERGE=fused, BLOCK_M=block_m, BLOCK_N=tuning.block_n, BLOCK_D=block_d,
+        # the fused merge's width; without it one compiled kernel serves any split count
+        BLOCK_S=block_s if fused else 2, EVEN_D=block_d == D,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if big else 1, num_stages=stages)
-    if num_splits > 1:
+        num_warps=tuning.num_warps if big else 1, num_stages=stages)
+    if num_splits > 1 and not fused:
         decode_kernels.decode_merge_kernel[(B * H * Nq,)](
             o_part, l_part, o, lse, o.stride(0), o.stride(1), o.stride(2),
-            H, Nq, D, num_splits,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            H, Nq, D, num_splits, BLOCK_S=block_s, BLOCK_D=block_d,
             num_warps=4 if big else 1)
     return (o, lse) if return_lse else o
 
@@ -134,10 +188,13 @@ def check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table=None, sc
 
 
 def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None,
-                            num_splits: int | None = None, return_lse: bool = False):
+                            num_splits: int | None = None, return_lse: bool = False,
+                            tuning: DecodeTuning = SHIPPED):
     """``flashtut.decode_attention(..., backend="triton")``; ``num_splits`` None chooses it by
-    :func:`choose_num_splits`. Returns ``o`` ``(B, H, Nq, D)`` (and the natural-log ``lse``
-    with ``return_lse=True``)."""
+    :func:`choose_num_splits`; ``tuning`` (a :class:`DecodeTuning`) how the kernel runs.
+    Returns ``o`` ``(B, H, Nq, D)`` (and the natural-log ``lse`` with ``return_lse=True``)."""
+    if not isinstance(tuning, DecodeTuning):
+        raise TypeError(f"tuning must be a DecodeTuning, got {type(tuning).__name__}")
     _, scale = check_kernel_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale)
     if num_splits is None:
         # from the cache's capacity, a shape, so that the launch needs no value read back: splits
@@ -152,7 +209,7 @@ def triton_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None
     if block_table is not None:
         block_table = block_table.contiguous()
     o, lse = decode_launch(q, _unit_d(k_cache), _unit_d(v_cache), cache_seqlens, block_table, scale,
-                           num_splits, return_lse=True)
+                           num_splits, return_lse=True, tuning=tuning)
     # the guard of every attention path: every row sees key 0, so every lse must be finite
     raise_if_overflowed(lse, q.dtype, scale, q.shape[-1], seen=(0, q.shape[2]), output=o,
                         inputs=(("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
@@ -164,4 +221,4 @@ def _unit_d(t):
 
 
 __all__ = ["triton_decode_attention", "decode_launch", "check_kernel_inputs", "choose_num_splits", "num_sms",
-           "DECODE_DTYPES", "BLOCK_N", "MAX_SPLITS"]
+           "DECODE_DTYPES", "DecodeTuning", "SHIPPED", "MAX_SPLITS"]
