@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flashtut
+from flashtut import checks
 from flashtut.distributed import ring, ring_backward_local, ring_forward_local
 
 
@@ -38,12 +39,85 @@ def test_local_ring_matches_one_process(world, causal):
 
 def test_a_ring_that_forgets_to_rescale_fails(monkeypatch):
     # the test can fail: a merge that adds the partial outputs without their weights is caught
-    def wrong_merge(o_a, lse_a, o_b, lse_b):
-        return o_a + o_b, torch.logaddexp(lse_a, lse_b)
-    monkeypatch.setattr(ring, "merge_attention_states", wrong_merge)
+    def wrong_merge(o, lse, o_p, lse_p):
+        o.add_(o_p)
+        lse.copy_(torch.logaddexp(lse, lse_p))
+    monkeypatch.setattr(ring, "merge_into", wrong_merge)
     q, k, v, _ = _inputs(23)
     o, _ = ring_forward_local(q, k, v, 2, True)
     assert (o - flashtut.naive_attention(q, k, v, causal=True)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("partial_dtype", [torch.float64, torch.float16])
+def test_the_in_place_merge_is_merge_attention_states(partial_dtype):
+    g = torch.Generator().manual_seed(3)
+    o = torch.randn(2, 3, 7, 5, generator=g, dtype=torch.float64)
+    lse = 4 * torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
+    lse[0, 0, :3] = float("-inf")              # rows that have seen no key yet
+    o[0, 0, :3] = 0
+    o_p = torch.randn(2, 3, 7, 5, generator=g).to(partial_dtype)
+    lse_p = 4 * torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
+    want_o, want_lse = flashtut.merge_attention_states(o, lse, o_p.double(), lse_p)
+    ring.merge_into(o, lse, o_p, lse_p)
+    torch.testing.assert_close(o, want_o, rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-14)
+
+
+def _count_guards(monkeypatch):
+    """Count the ring's guard reads; fail if a step's kernel call runs a guard of its own."""
+    from flashtut import tiled
+    from flashtut.triton import attention as tri
+
+    reads = []
+
+    def counted(*args, **kwargs):
+        reads.append(args[4] if len(args) > 4 else kwargs.get("what"))
+        return checks.raise_if_flagged(*args, **kwargs)
+
+    def per_call(*args, **kwargs):
+        raise AssertionError("a step's kernel call ran the overflow guard")
+    monkeypatch.setattr(ring, "raise_if_flagged", counted)
+    for module in (tiled, tri):
+        monkeypatch.setattr(module, "raise_if_overflowed", per_call)
+        monkeypatch.setattr(module, "raise_if_flagged", per_call)
+    return reads
+
+
+@pytest.mark.parametrize("backend", ["tiled", "triton"])
+def test_the_guard_runs_once_per_pass_and_still_raises(monkeypatch, backend):
+    n, world = 29, 3
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(1, 2, n, 16, generator=g) for _ in range(4))   # float32: the guard runs
+    big_q, big_k = q.clone(), k.clone()
+    big_q[0, 1, 20], big_k[0, 1, 3] = 1e20, 1e20    # one score, 4e40, overflows float32
+    with pytest.raises(ValueError, match="overflow float32"):       # as one call does
+        flashtut.tiled_attention(big_q, big_k, v, causal=True)
+    reads = _count_guards(monkeypatch)
+    o, lse = ring_forward_local(q, k, v, world, True, backend=backend)
+    grads = ring_backward_local(q, k, v, o, lse, do, world, True, backend=backend)
+    assert reads == ["output", "gradients"]          # one guard per pass, not one per pair of shards
+    qa, ka, va = (x.double().requires_grad_() for x in (q, k, v))
+    ref = flashtut.naive_attention(qa, ka, va, causal=True)
+    ref.backward(do.double())
+    for got, want in zip((o, *grads), (ref, qa.grad, ka.grad, va.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+
+    reads.clear()
+    with pytest.raises(ValueError, match="overflow float32"):
+        ring_forward_local(big_q, big_k, v, world, True, backend=backend)
+    assert reads == ["output"]
+    reads.clear()
+    with pytest.raises(ValueError, match="overflow float32.* gradients would be"):
+        ring_backward_local(q, k, v, o, lse, do / do.abs().max() * 3e38, world, True, backend=backend)
+    assert reads == ["gradients"]
+
+
+def test_float16_pays_no_guard(monkeypatch):
+    reads = _count_guards(monkeypatch)
+    q, k, v, do = (x.half() for x in _inputs(19))
+    o, lse = ring_forward_local(q, k, v, 2, False, backend="tiled")
+    ring_backward_local(q, k, v, o, lse, do, 2, False, backend="tiled")
+    assert reads == []
 
 
 def test_local_ring_checks_its_inputs():

@@ -7,19 +7,27 @@ backward that recomputes the probabilities from ``q``, ``k`` and a log-sum-exp i
 the log-sum-exp of the whole row (merged over every step) and the final output, the backward of one
 pair of shards returns exactly that pair's share of ``dq``, ``dk`` and ``dv``.
 
-Backends: ``"tiled"`` (:func:`flashtut.tiled_attention` with ``return_lse=True`` and
+Backends: ``"tiled"`` (the loops of :func:`flashtut.tiled_attention` and
 :func:`flashtut.tiled_attention_backward`: any device and dtype, float64 included) and ``"triton"``
-(``triton_forward`` / ``triton_backward`` of :mod:`flashtut.triton.attention`: CUDA float16,
-bfloat16 and float32, head dim up to 128). ``"auto"`` takes Triton for CUDA tensors it accepts and
-the tiled loops otherwise.
+(the launches of ``triton_forward`` / ``triton_backward`` of :mod:`flashtut.triton.attention`: CUDA
+float16, bfloat16 and float32, head dim up to 128). ``"auto"`` takes Triton for CUDA tensors it
+accepts and the tiled loops otherwise.
+
+A ring makes ``world`` calls per rank and pass, so these are the unchecked entry points:
+:func:`check_backend_inputs` checks what the public functions would, once per pass, and the
+per-call overflow guard (a host sync for bfloat16 and float32) is left to the ring, which guards
+the merged result once per pass (``ring.guard_output``, ``ring.guard_gradients``). The
+log-sum-exp each call returns still carries its output rows' health, so nothing escapes.
 """
 from __future__ import annotations
 
 import torch
 
-from ..tiled import tiled_attention, tiled_attention_backward
+from ..tiled import attention_loops, backward_loops
 
 BACKENDS = ("auto", "tiled", "triton")
+#: the tiles of the tiled loops (any size gives the same result to rounding)
+_TILE = 64
 
 
 def resolve_backend(backend, q: torch.Tensor) -> str:
@@ -33,20 +41,35 @@ def resolve_backend(backend, q: torch.Tensor) -> str:
     return "tiled"
 
 
-def shard_forward(q, k, v, causal: bool, scale: float, backend: str):
-    """``(o, lse)`` of ``q`` against ``k``, ``v`` (top-left causal or no mask)."""
+def check_backend_inputs(q, k, v, scale: float, backend: str) -> None:
+    """What the backend's public function would check of one call (dtype, head dim, that the
+    kernels can run here), checked once per pass instead of once per call; shapes are checked by
+    the ring."""
     if backend == "triton":
-        from ..triton.attention import triton_forward
-        return triton_forward(q, k, v, causal=causal, scale=scale)
-    return tiled_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+        from ..triton.attention import _check_inputs
+        _check_inputs(q, k, v, False, scale)
+
+
+def _mask(causal: bool):
+    return ("top-left" if causal else None), None
+
+
+def shard_forward(q, k, v, causal: bool, scale: float, backend: str):
+    """``(o, lse)`` of ``q`` against ``k``, ``v`` (top-left causal or no mask), unchecked and
+    unguarded."""
+    if backend == "triton":
+        from ..triton.attention import _forward
+        return _forward(q, k, v, _mask(causal), scale, guard=False)
+    return attention_loops(q, k, v, _mask(causal)[0], 0, None, scale, _TILE, _TILE)
 
 
 def shard_backward(q, k, v, o, lse, do, causal: bool, scale: float, backend: str):
-    """``(dq, dk, dv)`` of one pair of shards, from the final ``o`` and the row's whole ``lse``."""
+    """``(dq, dk, dv)`` of one pair of shards, from the final ``o`` and the row's whole ``lse``,
+    unchecked and unguarded."""
     if backend == "triton":
-        from ..triton.attention import triton_backward
-        return triton_backward(q, k, v, o, lse, do, causal=causal, scale=scale)
-    return tiled_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale)
+        from ..triton.attention import _backward
+        return _backward(q, k, v, o, lse, do, _mask(causal), scale, guard=False)
+    return backward_loops(q, k, v, o, lse, do, _mask(causal)[0], 0, None, scale, _TILE, _TILE)[:3]
 
 
-__all__ = ["BACKENDS", "resolve_backend", "shard_forward", "shard_backward"]
+__all__ = ["BACKENDS", "resolve_backend", "check_backend_inputs", "shard_forward", "shard_backward"]
