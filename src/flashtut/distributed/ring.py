@@ -289,8 +289,8 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
         rows = _source_rows(layout, t + 1)
         if not last:
             works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
-        ks, dk_p, dv_p = backward_step(dq, q, cur_k, cur_v, o, lse, do, step, layout.scale,
-                                       layout.backend)
+        ks, dk_p, dv_p = backward_step(dq, q, cur_k, cur_v, o, lse, do, step,
+                                       layout.scale, layout.backend)
         if t == 0:   # its own shard, every row: the shard's gradient starts here
             grad = (dk_p.to(acc_t), dv_p.to(acc_t))
         else:        # added to what the ranks before summed into this shard's gradient
@@ -306,7 +306,8 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
     if layout.world > 1:
         _wait(grad_works, layout, "this rank's own dK/dV, home")
     grads = dq.to(q.dtype), grad[0].to(k.dtype), grad[1].to(v.dtype)
-    guard_gradients(grads, layout.scale, _named(q=q, k=k, v=v, o=o, lse=lse, do=do), layout)
+    inputs = _named(q=q, k=k, v=v, o=o, lse=lse, do=do)
+    guard_gradients(grads, layout.scale, inputs, layout)
     return grads
 
 
