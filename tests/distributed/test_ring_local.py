@@ -128,3 +128,24 @@ def test_local_ring_checks_its_inputs():
         ring_forward_local(q, k, v, 11, causal=True)
     with pytest.raises(ValueError, match="backend"):
         ring_forward_local(q, k, v, 2, backend="cudnn")
+
+
+def test_local_steps_check_the_shards_once():
+    from flashtut.distributed import local_backward, local_forward, shard
+    q, k, v, do = _inputs(21)                 # zigzag: 11 and 10 rows; contiguous: 10 and 11
+    cut = [[shard(x, r, 2, True) for r in range(2)] for x in (q, k, v, do)]
+    with pytest.raises(ValueError, match="rank 1's shards do not match"):
+        local_forward(cut[0], [cut[1][0], cut[1][1][:, :, 1:]], [cut[2][0], cut[2][1][:, :, 1:]], causal=True)
+    with pytest.raises(ValueError, match="rank 0's shards do not match"):    # the cut of another mask
+        local_forward(*([shard(x, r, 2, False) for r in range(2)] for x in (q, k, v)), causal=True)
+    with pytest.raises(ValueError, match="rank 1's shards do not match"):
+        local_forward(*([c[0], c[1].float()] for c in cut[:3]), causal=True)
+    with pytest.raises(ValueError, match="lists of every rank's shards"):
+        local_forward(cut[0], cut[1][:1], cut[2], causal=True)
+    with pytest.raises(ValueError, match="Triton kernels accept"):          # the backend's own check
+        local_forward(*cut[:3], causal=True, backend="triton")
+    states = local_forward(*cut[:3], causal=True)
+    with pytest.raises(ValueError, match="do must have the shape"):
+        local_backward(*cut[:3], [s[0] for s in states], [s[1] for s in states], cut[3][::-1], causal=True)
+    with pytest.raises(ValueError, match="lse must have shape"):
+        local_backward(*cut[:3], [s[0] for s in states], [s[0] for s in states], cut[3], causal=True)

@@ -65,13 +65,13 @@ class RingLayout:
 
 def merge_into(o, lse, o_p, lse_p) -> None:
     """Merge the partial state ``(o_p, lse_p)`` into the running ``(o, lse)``, in place: the rule
-    of :func:`flashtut.merge_attention_states` (chapter 04's merge of the states ``(lse, 1)``),
-    written where ``o`` lies. Every row of a step sees a key, so ``lse_p`` is finite (or NaN/+inf
-    after an overflow, which then reaches ``lse`` and the guard)."""
-    new = torch.logaddexp(lse, lse_p)                  # m + log(exp(lse - m) + exp(lse_p - m))
-    o.mul_(torch.exp(lse - new).unsqueeze(-1))         # each side weighed by its keys' share
-    o.addcmul_(o_p, torch.exp(lse_p - new).unsqueeze(-1))
-    lse.copy_(new)
+    of :func:`flashtut.merge_attention_states` (chapter 04's merge of the states ``(lse, 1)``) in
+    six launches, two of them over ``o``. Every row of a step sees a key, so ``lse_p`` is finite
+    (or NaN/+inf after an overflow, which then reaches ``lse`` and the guard)."""
+    # the running keys' share of the merged mass, exp(lse - logaddexp(lse, lse_p))
+    share = torch.sigmoid(lse - lse_p).unsqueeze(-1)
+    o.mul_(share).addcmul_(o_p, 1 - share)             # each side weighed by its keys' share
+    torch.logaddexp(lse, lse_p, out=lse)               # m + log(exp(lse - m) + exp(lse_p - m))
 
 
 def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
@@ -359,13 +359,12 @@ def _local_layouts(qs, ks, vs, causal, scale, backend) -> list[RingLayout]:
     scale = check_scale(scale, qs[0].shape[-1])
     backend = resolve_backend(backend, qs[0])
     lengths = tuple(sum(e - b for b, e in shard_ranges(n, r, world, is_causal)) for r in range(world))
-    for r, (q, k, v) in enumerate(zip(qs, ks, vs)):
-        same = (q.shape[:2], q.shape[3], q.dtype, k.shape[1]) == (qs[0].shape[:2], qs[0].shape[3], qs[0].dtype,
-                                                                  ks[0].shape[1])
-        if not same or q.shape[2] != lengths[r] or k.shape[2] != lengths[r]:
+    like = (qs[0].shape[:2], qs[0].shape[3], qs[0].dtype, qs[0].device, ks[0].shape[1])
+    for r, (q, k) in enumerate(zip(qs, ks)):
+        if (q.shape[:2], q.shape[3], q.dtype, q.device, k.shape[1]) != like or not lengths[r] == q.shape[2] == k.shape[2]:
             raise ValueError(f"rank {r}'s shards do not match: pass the shards shard(x, r, {world}, "
                              f"causal={is_causal}) of one q, k, v (rank {r} holds {lengths[r]} of {n} rows)")
-        check_backend_inputs(q, k, v, scale, backend)
+    check_backend_inputs(qs[0], ks[0], vs[0], scale, backend)   # what differs between ranks is checked above
     return [RingLayout(r, world, n, lengths, is_causal, scale, backend, tuple(ring_schedule(r, world, n, is_causal)))
             for r in range(world)]
 
