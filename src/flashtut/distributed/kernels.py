@@ -72,4 +72,26 @@ def shard_backward(q, k, v, o, lse, do, causal: bool, scale: float, backend: str
     return backward_loops(q, k, v, o, lse, do, _mask(causal)[0], 0, None, scale, _TILE, _TILE)[:3]
 
 
-__all__ = ["BACKENDS", "resolve_backend", "check_backend_inputs", "shard_forward", "shard_backward"]
+def merge_into(o, lse, o_p, lse_p) -> None:
+    """Merge the partial state ``(o_p, lse_p)`` into the running ``(o, lse)``, in place: the rule
+    of :func:`flashtut.merge_attention_states` (chapter 04's merge of the states ``(lse, 1)``) in
+    six PyTorch launches, two of them over ``o``. Every row of a step sees a key, so ``lse_p`` is
+    finite (or NaN/+inf after an overflow, which then reaches ``lse`` and the guard)."""
+    # the running keys' share of the merged mass, exp(lse - logaddexp(lse, lse_p))
+    share = torch.sigmoid(lse - lse_p).unsqueeze(-1)
+    o.mul_(share).addcmul_(o_p, 1 - share)             # each side weighed by its keys' share
+    torch.logaddexp(lse, lse_p, out=lse)               # m + log(exp(lse - m) + exp(lse_p - m))
+
+
+def shard_merge(o, lse, o_p, lse_p, backend: str) -> None:
+    """:func:`merge_into`; with the Triton backend, the same rule in one launch
+    (:func:`flashtut.triton.merge.merge_state_`, which reads and writes ``o`` once)."""
+    if backend == "triton":
+        from ..triton.merge import merge_state_
+        merge_state_(o, lse, o_p, lse_p)
+    else:
+        merge_into(o, lse, o_p, lse_p)
+
+
+__all__ = ["BACKENDS", "resolve_backend", "check_backend_inputs", "shard_forward", "shard_backward", "merge_into",
+           "shard_merge"]

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..checks import (FLOAT_DTYPES, accum_dtype, capturing, check_causal, check_like, check_lse, check_qkv,
                       check_scale, output_health, overflow_flag, raise_if_flagged, scores_can_overflow)
-from .kernels import check_backend_inputs, resolve_backend, shard_backward, shard_forward
+from .kernels import check_backend_inputs, resolve_backend, shard_backward, shard_forward, shard_merge
 from .schedule import Step, ring_schedule
 from .sharding import check_world, shard, shard_ranges, unshard
 
@@ -63,17 +63,6 @@ class RingLayout:
 
 # -- one step, shared by the distributed ring and the one-process simulation ------------------
 
-def merge_into(o, lse, o_p, lse_p) -> None:
-    """Merge the partial state ``(o_p, lse_p)`` into the running ``(o, lse)``, in place: the rule
-    of :func:`flashtut.merge_attention_states` (chapter 04's merge of the states ``(lse, 1)``) in
-    six launches, two of them over ``o``. Every row of a step sees a key, so ``lse_p`` is finite
-    (or NaN/+inf after an overflow, which then reaches ``lse`` and the guard)."""
-    # the running keys' share of the merged mass, exp(lse - logaddexp(lse, lse_p))
-    share = torch.sigmoid(lse - lse_p).unsqueeze(-1)
-    o.mul_(share).addcmul_(o_p, 1 - share)             # each side weighed by its keys' share
-    torch.logaddexp(lse, lse_p, out=lse)               # m + log(exp(lse - m) + exp(lse_p - m))
-
-
 def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
     """Run ``step``'s kernel; merge its partial state into the running ``(o, lse)``, in
     place."""
@@ -84,7 +73,7 @@ def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> Non
         o.copy_(o_p)
         lse.copy_(lse_p)
     else:
-        merge_into(o[:, :, qs], lse[:, :, qs], o_p, lse_p)
+        shard_merge(o[:, :, qs], lse[:, :, qs], o_p, lse_p, backend)
 
 
 def backward_step(dq, q, k, v, o, lse, do, step: Step, scale: float, backend: str):
@@ -429,5 +418,5 @@ def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: fl
 
 
 __all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "exchange", "ring_forward", "ring_backward",
-           "forward_step", "backward_step", "merge_into", "guard_output", "guard_gradients", "empty_state",
+           "forward_step", "backward_step", "guard_output", "guard_gradients", "empty_state",
            "local_forward", "local_backward", "ring_forward_local", "ring_backward_local"]
