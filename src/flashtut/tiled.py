@@ -142,7 +142,8 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
-    dq, dk, dv, health = backward_loops(q, k, v, o, lse, do, alignment, diag_offset(alignment, Nq, Nk), window,
+    off = diag_offset(alignment, Nq, Nk)
+    dq, dk, dv, health = backward_loops(q, k, v, o, lse, do, alignment, off, window,
                                         scale, block_m, block_n)
     named = (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do))
     raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients", named)

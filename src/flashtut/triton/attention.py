@@ -292,10 +292,10 @@ class _Layout:
         self.group = self.H // self.Hkv
 
 
-def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None, guard: bool = True):
-    """The forward launch on checked arguments. ``guard=False`` skips the overflow guard (and its
-    host sync): for callers that merge many calls and guard the merged result once (the ring of
-    chapter 14); the lse still carries each output row's health."""
+def _forward(q, k, v, mask, scale: float, layout: _Layout | None = None,
+             guard: bool = True):
+    """The launch, on checked arguments. ``guard=False`` skips the overflow guard and
+    its host sync, for a caller that guards a merged result once (chapter 14's ring)."""
     L = layout or _Layout(q, k)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
