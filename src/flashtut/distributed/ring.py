@@ -29,6 +29,7 @@ what the chapter draws and what one GPU times.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -212,14 +213,14 @@ def agree(q, k, v, causal=False, scale=None, group=None, backend: str = "auto") 
                              "every rank must pass shards of the same q, k, v with the same causal and scale")
     lengths = tuple(row[1] for row in rows)
     n, is_causal = sum(lengths), bool(rows[0][7])
-    for r, got in enumerate(lengths):
-        want = sum(e - b for b, e in shard_ranges(n, r, world, is_causal)) if n >= (2 * world if is_causal else world) \
-            else None
+    enough = n >= (2 * world if is_causal else world)
+    wants = _layouts(n, world, is_causal, scale, backend)[0].lengths if enough else (None,) * world
+    for r, (got, want) in enumerate(zip(lengths, wants)):
         if got != want:
             raise ValueError(f"rank {r} holds {got} rows, but shard(x, {r}, {world}, causal={is_causal}) of the "
                              f"{n} rows of all ranks gives {want}: pass the shards that "
                              "flashtut.distributed.shard returns")
-    steps = tuple(ring_schedule(rank, world, n, is_causal))
+    steps = _layouts(n, world, is_causal, scale, backend)[rank].steps
     glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
     return RingLayout(rank, world, n, lengths, is_causal, scale, backend, steps,
                       glob((rank - 1) % world), glob((rank + 1) % world), group)
@@ -336,7 +337,16 @@ def ring_attention(q, k, v, causal=False, scale: float | None = None, group=None
 
 # -- the same steps in one process -------------------------------------------------------------
 
-def _local_layouts(qs, ks, vs, causal, scale, backend) -> list[RingLayout]:
+@functools.lru_cache(maxsize=64)
+def _layouts(n: int, world: int, causal: bool, scale: float, backend: str) -> tuple[RingLayout, ...]:
+    """Every rank's layout (without a group) for ``n`` rows over ``world`` ranks, computed once per
+    shape: the schedule is pure Python, and a ring over short shards feels every microsecond."""
+    lengths = tuple(sum(e - b for b, e in shard_ranges(n, r, world, causal)) for r in range(world))
+    return tuple(RingLayout(r, world, n, lengths, causal, scale, backend, tuple(ring_schedule(r, world, n, causal)))
+                 for r in range(world))
+
+
+def _local_layouts(qs, ks, vs, causal, scale, backend) -> tuple[RingLayout, ...]:
     """Every rank's layout for shards ``qs``, ``ks``, ``vs``, after the checks that
     :func:`agree` makes across ranks (once per pass: the steps run unchecked)."""
     if not (isinstance(qs, (list, tuple)) and len(qs) == len(ks) == len(vs) >= 1):
@@ -347,15 +357,18 @@ def _local_layouts(qs, ks, vs, causal, scale, backend) -> list[RingLayout]:
     is_causal = check_causal(causal) is not None
     scale = check_scale(scale, qs[0].shape[-1])
     backend = resolve_backend(backend, qs[0])
-    lengths = tuple(sum(e - b for b, e in shard_ranges(n, r, world, is_causal)) for r in range(world))
+    if n < (2 * world if is_causal else world):
+        raise ValueError(f"the shards hold {n} rows in all, fewer than shard(x, r, {world}, causal={is_causal}) "
+                         "needs (one per chunk)")
+    layouts = _layouts(n, world, is_causal, scale, backend)
     like = (qs[0].shape[:2], qs[0].shape[3], qs[0].dtype, qs[0].device, ks[0].shape[1])
     for r, (q, k) in enumerate(zip(qs, ks)):
-        if (q.shape[:2], q.shape[3], q.dtype, q.device, k.shape[1]) != like or not lengths[r] == q.shape[2] == k.shape[2]:
+        rows = layouts[0].lengths[r]
+        if (q.shape[:2], q.shape[3], q.dtype, q.device, k.shape[1]) != like or not rows == q.shape[2] == k.shape[2]:
             raise ValueError(f"rank {r}'s shards do not match: pass the shards shard(x, r, {world}, "
-                             f"causal={is_causal}) of one q, k, v (rank {r} holds {lengths[r]} of {n} rows)")
+                             f"causal={is_causal}) of one q, k, v (rank {r} holds {rows} of {n} rows)")
     check_backend_inputs(qs[0], ks[0], vs[0], scale, backend)   # what differs between ranks is checked above
-    return [RingLayout(r, world, n, lengths, is_causal, scale, backend, tuple(ring_schedule(r, world, n, is_causal)))
-            for r in range(world)]
+    return layouts
 
 
 def local_forward(qs, ks, vs, causal=False, scale: float | None = None, backend: str = "auto"):
