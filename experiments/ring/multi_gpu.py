@@ -156,13 +156,16 @@ def main(argv=None) -> int:
                 o_acc, lse = compute_fwd()
                 o_c = o_acc.to(dtype)
 
+                # the sums each step adds into (in the ring, the gradient received from the previous rank)
+                sums = [[torch.zeros(x.shape, dtype=lse.dtype, device=dev) for x in kvs[0]] for _ in range(2)]
+
                 def compute_bwd():
                     dq = torch.zeros(q.shape, dtype=lse.dtype, device=dev)
                     for step in layout.steps:
                         kk, vv = kvs[0][step.source], kvs[1][step.source]
-                        dk = torch.zeros(kk.shape, dtype=lse.dtype, device=dev)
-                        dv = torch.zeros_like(dk)
-                        backward_step(dq, dk, dv, q, kk, vv, o_c, lse, do, step, layout.scale, layout.backend)
+                        rows, dk, dv = backward_step(dq, q, kk, vv, o_c, lse, do, step, layout.scale, layout.backend)
+                        sums[0][step.source][:, :, rows] += dk
+                        sums[1][step.source][:, :, rows] += dv
                 c_fwd = timed(compute_fwd, reps)
                 c_bwd = timed(compute_bwd, reps)
 
