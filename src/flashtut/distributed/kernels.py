@@ -1,5 +1,5 @@
-"""The attention each rank runs on one pair of shards: a kernel that returns ``(o, lse)`` and the
-backward that takes them.
+"""The attention each rank runs on one pair of shards: a kernel that returns ``(o, lse)``, the
+merge of that partial state into the running one, and the backward that takes them.
 
 The ring needs exactly what a FlashAttention kernel already hands back: the output normalised over
 the keys it saw and the log-sum-exp of its scores, so that partial states merge (chapter 04), and a
