@@ -64,28 +64,35 @@ class RingLayout:
 
 # -- one step, shared by the distributed ring and the one-process simulation ------------------
 
+def span_of(x: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
+    """Rows ``[start, end)`` of ``x`` along the sequence (dim 2), a view (``x`` itself when the
+    span is all of it: a ring over short shards feels the cost of every slice)."""
+    start, end = span
+    return x if start == 0 and end == x.shape[2] else x.narrow(2, start, end - start)
+
+
 def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
     """Run ``step``'s kernel; merge its partial state into the running ``(o, lse)``, in
     place."""
-    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
-    o_p, lse_p = shard_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], step.causal,
-                               scale, backend)
+    qr, kr = step.q_rows, step.kv_rows
+    o_p, lse_p = shard_forward(span_of(q, qr), span_of(k, kr), span_of(v, kr),
+                               step.causal, scale, backend)
     if step.step == 0:   # its own shard, every row: merged with the empty state, itself
         o.copy_(o_p)
         lse.copy_(lse_p)
     else:
-        shard_merge(o[:, :, qs], lse[:, :, qs], o_p, lse_p, backend)
+        shard_merge(span_of(o, qr), span_of(lse, qr), o_p, lse_p, backend)
 
 
 def backward_step(dq, q, k, v, o, lse, do, step: Step, scale: float, backend: str):
     """Run ``step``'s kernel and add its share of ``dq`` (this rank's queries) in place; return
-    ``(rows, dk, dv)``: its share of the gradient of the key/value shard held at this step, and
-    the rows of that shard it belongs to."""
-    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
-    dq_p, dk_p, dv_p = shard_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], o[:, :, qs], lse[:, :, qs],
-                                      do[:, :, qs], step.causal, scale, backend)
-    dq[:, :, qs] += dq_p
-    return ks, dk_p, dv_p
+    ``(kv_rows, dk, dv)``: its share of the gradient of the key/value shard held at this step,
+    and the rows of that shard it belongs to."""
+    qr, kr = step.q_rows, step.kv_rows
+    dq_p, dk_p, dv_p = shard_backward(span_of(q, qr), span_of(k, kr), span_of(v, kr), span_of(o, qr),
+                                      span_of(lse, qr), span_of(do, qr), step.causal, scale, backend)
+    span_of(dq, qr).add_(dq_p)
+    return kr, dk_p, dv_p
 
 
 def empty_state(q: torch.Tensor):
@@ -279,14 +286,14 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
         rows = _source_rows(layout, t + 1)
         if not last:
             works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
-        ks, dk_p, dv_p = backward_step(dq, q, cur_k, cur_v, o, lse, do, step,
+        kr, dk_p, dv_p = backward_step(dq, q, cur_k, cur_v, o, lse, do, step,
                                        layout.scale, layout.backend)
         if t == 0:   # its own shard, every row: the shard's gradient starts here
             grad = (dk_p.to(acc_t), dv_p.to(acc_t))
         else:        # added to what the ranks before summed into this shard's gradient
             _wait(grad_works, layout, f"the dK/dV of step {t}")
-            grad[0][:, :, ks] += dk_p
-            grad[1][:, :, ks] += dv_p
+            span_of(grad[0], kr).add_(dk_p)
+            span_of(grad[1], kr).add_(dv_p)
         if layout.world > 1:     # on to the next rank; after the last step, home
             sent = grad          # kept alive until the send is waited on
             grad_works, grad = exchange(layout, sent, rows, 4 * t + 2)
@@ -399,10 +406,10 @@ def local_backward(qs, ks, vs, os_, lses, dos, causal=False, scale: float | None
     for t in range(len(qs)):
         for r, lay in enumerate(layouts):
             src = lay.steps[t].source
-            rows, dk_p, dv_p = backward_step(grads[r][0], qs[r], ks[src], vs[src], os_[r], lses[r], dos[r],
-                                             lay.steps[t], lay.scale, lay.backend)
-            grads[src][1][:, :, rows] += dk_p
-            grads[src][2][:, :, rows] += dv_p
+            kr, dk_p, dv_p = backward_step(grads[r][0], qs[r], ks[src], vs[src], os_[r], lses[r], dos[r],
+                                           lay.steps[t], lay.scale, lay.backend)
+            span_of(grads[src][1], kr).add_(dk_p)
+            span_of(grads[src][2], kr).add_(dv_p)
     guard_gradients([g for rank in grads for g in rank], layouts[0].scale,
                     _named(q=list(qs), k=list(ks), v=list(vs), o=list(os_), lse=list(lses), do=list(dos)))
     return grads
@@ -431,5 +438,5 @@ def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: fl
 
 
 __all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "exchange", "ring_forward", "ring_backward",
-           "forward_step", "backward_step", "guard_output", "guard_gradients", "empty_state",
+           "span_of", "forward_step", "backward_step", "guard_output", "guard_gradients", "empty_state",
            "local_forward", "local_backward", "ring_forward_local", "ring_backward_local"]
