@@ -90,7 +90,10 @@ def main(argv=None) -> int:
                              collect(dev, call="experiments/ring/compute_path.py " + " ".join(sys.argv[1:])),
                              {"B": B, "H": H, "D": D, "target": "ring compute within 10% of unsharded"})
     ok = [r for r in rows if r["impl"] != backend]
-    print(f"summary: {sum(r['vs_unsharded'] >= 0.9 for r in ok)}/{len(ok)} ring cases within 10% of unsharded")
+    # the ring against the unsharded kernel in the same precision: a few units of its last place
+    far = [r for r in ok if not (r["max_abs_diff_o"] <= 0.03 and r["rel_diff_dk"] <= 0.03)]
+    print(f"summary: {sum(r['vs_unsharded'] >= 0.9 for r in ok)}/{len(ok)} ring cases within 10% of unsharded; "
+          f"{len(ok) - len(far)}/{len(ok)} agree with it (|o diff| and dk rel <= 0.03)")
     return 0
 
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from flashtut.bench.provenance import collect
 from flashtut.bench.results import save_results
 from flashtut.distributed import imbalance, ring_attention, shard, work_per_rank
-from flashtut.distributed.ring import agree, backward_step, empty_state, exchange, forward_step
+from flashtut.distributed.ring import agree, backward_step, empty_state, exchange, forward_step, span_of
 
 B, H, D = 1, 16, 128
 ROWS = 64          # sampled query rows per rank for the error against the float32 reference
@@ -156,13 +156,16 @@ def main(argv=None) -> int:
                 o_acc, lse = compute_fwd()
                 o_c = o_acc.to(dtype)
 
+                # the sums each step adds into (in the ring, the gradient received from the previous rank)
+                sums = [[torch.zeros(x.shape, dtype=lse.dtype, device=dev) for x in kvs[0]] for _ in range(2)]
+
                 def compute_bwd():
                     dq = torch.zeros(q.shape, dtype=lse.dtype, device=dev)
                     for step in layout.steps:
                         kk, vv = kvs[0][step.source], kvs[1][step.source]
-                        dk = torch.zeros(kk.shape, dtype=lse.dtype, device=dev)
-                        dv = torch.zeros_like(dk)
-                        backward_step(dq, dk, dv, q, kk, vv, o_c, lse, do, step, layout.scale, layout.backend)
+                        kr, dk, dv = backward_step(dq, q, kk, vv, o_c, lse, do, step, layout.scale, layout.backend)
+                        span_of(sums[0][step.source], kr).add_(dk)
+                        span_of(sums[1][step.source], kr).add_(dv)
                 c_fwd = timed(compute_fwd, reps)
                 c_bwd = timed(compute_bwd, reps)
 

@@ -367,13 +367,20 @@ def raise_if_overflowed(lse: torch.Tensor, dtype: torch.dtype, scale: float, hea
     whose :func:`output_health` is folded into ``lse`` here, only where the guard runs at all."""
     if lse.is_meta or not scores_can_overflow(dtype, scale, head_dim) or capturing(lse):
         return
+    raise_if_flagged(overflow_flag(lse, seen, output), dtype, scale, head_dim, what, inputs)
+
+
+def overflow_flag(lse: torch.Tensor, seen: tuple[int, int] | None = None,
+                  output: torch.Tensor | None = None) -> torch.Tensor:
+    """What :func:`raise_if_overflowed` reads, left on the device: a one-element bool tensor, True
+    when ``lse`` (with ``output``'s health folded in) is not what rows ``seen`` allow. Callers that
+    guard several results at once OR their flags and read them with one :func:`raise_if_flagged`."""
     if output is not None:
         lse = lse + output_health(output)
     if seen is None:
-        bad = (torch.isnan(lse) | torch.isposinf(lse)).any()
-    else:
-        r0, r1 = seen
-        bad = ~torch.isfinite(lse[..., r0:r1]).all()
-        if r0 > 0 or r1 < lse.shape[-1]:           # rows that see no key: exactly -inf
-            bad = bad | (lse[..., :r0] != float("-inf")).any() | (lse[..., r1:] != float("-inf")).any()
-    raise_if_flagged(bad, dtype, scale, head_dim, what, inputs)
+        return (torch.isnan(lse) | torch.isposinf(lse)).any()
+    r0, r1 = seen
+    bad = ~torch.isfinite(lse[..., r0:r1]).all()
+    if r0 > 0 or r1 < lse.shape[-1]:           # rows that see no key: exactly -inf
+        bad = bad | (lse[..., :r0] != float("-inf")).any() | (lse[..., r1:] != float("-inf")).any()
+    return bad

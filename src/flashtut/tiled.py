@@ -142,11 +142,23 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
     scale = check_scale(scale, D)
     block_m = check_block("block_m", block_m)
     block_n = check_block("block_n", block_n)
-    Hkv = k.shape[1]
-    group = H // Hkv
     off = diag_offset(alignment, Nq, Nk)
+    dq, dk, dv, health = backward_loops(q, k, v, o, lse, do, alignment, off, window,
+                                        scale, block_m, block_n)
+    named = (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do))
+    raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients", named)
+    return dq, dk, dv
+
+
+def backward_loops(q, k, v, o, lse, do, alignment, off: int, window, scale: float, block_m: int, block_n: int):
+    """The loops of :func:`tiled_attention_backward` on checked arguments, for any diagonal offset
+    ``off``. Returns ``(dq, dk, dv, health)``: ``health`` is 0, or NaN once a gradient is not
+    finite, for the caller's overflow guard (the ring of chapter 14 sums many calls and checks once)."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
     acc_t = accum_dtype(q.dtype)
-    lse_in, lse = lse, lse.to(acc_t)
+    lse = lse.to(acc_t)
     # a row that saw no key has lse = -inf; +inf there makes its recomputed P
     # exp(s - inf) = 0
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
@@ -189,6 +201,4 @@ def tiled_attention_backward(q, k, v, o, lse, do, causal=False,
                    + output_health(dv[:, :, k0:k1]).sum())
     dq = dq.to(q.dtype)
     health += output_health(dq).sum()
-    named = (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse_in), ("do", do))
-    raise_if_flagged(~torch.isfinite(health), q.dtype, scale, D, "gradients", named)
-    return dq, dk, dv
+    return dq, dk, dv, health

@@ -75,3 +75,31 @@ def failures(rank, world):
     return seen
 
 
+
+
+def overflow(rank, world):
+    """float32 passes (the overflow guard runs): fine ones, one whose rank 1 holds a query row whose
+    scores overflow, one whose gradients overflow on every rank; with the guard's reads counted."""
+    q, k, v, do = (x.float() for x in inputs(6 * world + 1, 2, 1, 8, seed=3))
+    qs, ks, vs, dos = (shard(x, rank, world, True) for x in (q, k, v, do))
+    reads = []
+    guard = ring.raise_if_flagged
+
+    def counted(*args, **kwargs):
+        reads.append(args[4])
+        return guard(*args, **kwargs)
+    ring.raise_if_flagged = counted
+
+    def run(q_, do_):
+        reads.clear()
+        mine = [x.clone().requires_grad_() for x in (q_, ks, vs)]
+        outcome = _outcome(lambda: ring_attention(*mine, causal=True).backward(do_))
+        return outcome[:2] + (list(reads),)
+
+    seen = {"fine": run(qs, dos)}
+    big = qs.clone()
+    if rank == 1:
+        big[0, 0, 0] = 3e38                  # finite, but its scores overflow float32
+    seen["big_q_on_rank_1"] = run(big, dos)
+    seen["huge_do"] = run(qs, dos / dos.abs().max() * 3e38)
+    return seen

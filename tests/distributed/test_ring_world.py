@@ -67,3 +67,13 @@ def test_run_world_reports_bad_arguments():
         run_world(workers.failures, 0)
     with pytest.raises(TypeError, match="fn"):
         run_world("not a function", 2)
+
+
+def test_the_overflow_guard_runs_once_per_pass_on_every_rank():
+    for rank, seen in enumerate(run_world(workers.overflow, 3, timeout=60)):
+        assert seen["fine"] == ("ok", "", ["output", "gradients"]), (rank, seen)
+        # rank 1's overflow: every rank raises after the forward's ring (none is left waiting in the backward)
+        kind, msg, reads = seen["big_q_on_rank_1"]
+        assert kind == "ValueError" and "overflow float32" in msg and reads == ["output"], (rank, seen)
+        kind, msg, reads = seen["huge_do"]
+        assert kind == "ValueError" and "gradients would be" in msg and reads == ["output", "gradients"], seen

@@ -8,8 +8,9 @@ step ``t`` it holds the key/value shard of rank ``r - t`` and:
    (``torch.distributed.batch_isend_irecv``: the transfer runs while the rank computes);
 2. runs the kernel on its queries against the shard it holds (:mod:`flashtut.distributed.schedule`
    says which rows meet which under the zigzag cut), which returns a partial state ``(o, lse)``;
-3. merges that state into its running one with :func:`flashtut.merge_attention_states`, the rule
-   chapter 04 proves associative (so the order the shards arrive in does not matter);
+3. merges that state into its running one, in place, by the rule of
+   :func:`flashtut.merge_attention_states`, which chapter 04 proves associative (so the order the
+   shards arrive in does not matter);
 4. waits for the transfer, and takes the received shard for the next step.
 
 After ``world`` steps every query has met every key. The backward runs the same ring: each step's
@@ -17,20 +18,26 @@ kernel gets the final output and the whole row's log-sum-exp, returns this pair'
 ``dk``, ``dv`` (added to the gradient of the key/value shard it belongs to), and the gradient travels
 on with its shard, one step behind it, until it arrives home after the last step.
 
+A rank makes ``world`` kernel calls per pass, so what a single call would do each time is done once
+per pass: the inputs are checked before the ring starts (:func:`agree`), and the overflow guard,
+which reads a flag back to the host for bfloat16 and float32, runs on the merged result
+(:func:`guard_output`, :func:`guard_gradients`) instead of after every call.
+
 :func:`ring_attention` is the autograd entry point; :func:`ring_forward_local` and
 :func:`ring_backward_local` run the same steps for all ranks in one process, without the network:
 what the chapter draws and what one GPU times.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..checks import FLOAT_DTYPES, accum_dtype, check_causal, check_qkv, check_scale
-from ..decode import merge_attention_states
-from .kernels import resolve_backend, shard_backward, shard_forward
+from ..checks import (FLOAT_DTYPES, accum_dtype, capturing, check_causal, check_like, check_lse, check_qkv,
+                      check_scale, output_health, overflow_flag, raise_if_flagged, scores_can_overflow)
+from .kernels import check_backend_inputs, resolve_backend, shard_backward, shard_forward, shard_merge
 from .schedule import Step, ring_schedule
 from .sharding import check_world, shard, shard_ranges, unshard
 
@@ -57,25 +64,35 @@ class RingLayout:
 
 # -- one step, shared by the distributed ring and the one-process simulation ------------------
 
+def span_of(x: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
+    """Rows ``[start, end)`` of ``x`` along the sequence (dim 2), a view (``x`` itself when the
+    span is all of it: a ring over short shards feels the cost of every slice)."""
+    start, end = span
+    return x if start == 0 and end == x.shape[2] else x.narrow(2, start, end - start)
+
+
 def forward_step(o, lse, q, k, v, step: Step, scale: float, backend: str) -> None:
     """Run ``step``'s kernel; merge its partial state into the running ``(o, lse)``, in
     place."""
-    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
-    o_p, lse_p = shard_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], step.causal,
-                               scale, backend)
-    o[:, :, qs], lse[:, :, qs] = merge_attention_states(
-        o[:, :, qs], lse[:, :, qs], o_p.to(o.dtype), lse_p.to(lse.dtype))
+    qr, kr = step.q_rows, step.kv_rows
+    o_p, lse_p = shard_forward(span_of(q, qr), span_of(k, kr), span_of(v, kr),
+                               step.causal, scale, backend)
+    if step.step == 0:   # its own shard, every row: merged with the empty state, itself
+        o.copy_(o_p)
+        lse.copy_(lse_p)
+    else:
+        shard_merge(span_of(o, qr), span_of(lse, qr), o_p, lse_p, backend)
 
 
-def backward_step(dq, dk, dv, q, k, v, o, lse, do, step: Step, scale: float, backend: str) -> None:
-    """Add ``step``'s share of the gradients: to ``dq`` (this rank's queries) and to ``dk``, ``dv``
-    (the gradient of the key/value shard held at this step), in place."""
-    qs, ks = slice(*step.q_rows), slice(*step.kv_rows)
-    dq_p, dk_p, dv_p = shard_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], o[:, :, qs], lse[:, :, qs],
-                                      do[:, :, qs], step.causal, scale, backend)
-    dq[:, :, qs] += dq_p
-    dk[:, :, ks] += dk_p
-    dv[:, :, ks] += dv_p
+def backward_step(dq, q, k, v, o, lse, do, step: Step, scale: float, backend: str):
+    """Run ``step``'s kernel and add its share of ``dq`` (this rank's queries) in place; return
+    ``(kv_rows, dk, dv)``: its share of the gradient of the key/value shard held at this step,
+    and the rows of that shard it belongs to."""
+    qr, kr = step.q_rows, step.kv_rows
+    dq_p, dk_p, dv_p = shard_backward(span_of(q, qr), span_of(k, kr), span_of(v, kr), span_of(o, qr),
+                                      span_of(lse, qr), span_of(do, qr), step.causal, scale, backend)
+    span_of(dq, qr).add_(dq_p)
+    return kr, dk_p, dv_p
 
 
 def empty_state(q: torch.Tensor):
@@ -83,6 +100,51 @@ def empty_state(q: torch.Tensor):
     acc_t = accum_dtype(q.dtype)
     return (torch.zeros(q.shape, dtype=acc_t, device=q.device),
             torch.full(q.shape[:-1], float("-inf"), dtype=acc_t, device=q.device))
+
+
+def _named(**tensors):
+    """``(name, tensor)`` pairs for the guard's message: a list of shards gives one pair each."""
+    return tuple((name, t) for name, ts in tensors.items() for t in (ts if isinstance(ts, list) else [ts]))
+
+
+def guard_output(states, scale: float, inputs, layout: RingLayout | None = None) -> None:
+    """The overflow guard of a forward pass, once: raise the ``ValueError`` of
+    :func:`flashtut.checks.raise_if_overflowed` if the merged ``(o, lse)`` of any state in
+    ``states`` is not finite (every row of a rank sees a key: its own diagonal). One small host
+    sync per pass, none for float16 (:func:`flashtut.checks.scores_can_overflow`); with a
+    ``layout`` of a process group, the ranks OR their flags first, so that all of them raise."""
+    o, lse = states[0]
+    dtype, head_dim = inputs[0][1].dtype, o.shape[-1]
+    if not scores_can_overflow(dtype, scale, head_dim) or capturing(lse):
+        return
+    bad = overflow_flag(lse, (0, lse.shape[-1]), o)
+    for o, lse in states[1:]:
+        bad = bad | overflow_flag(lse, (0, lse.shape[-1]), o)
+    raise_if_flagged(_every_rank(bad, layout), dtype, scale, head_dim, "output", inputs)
+
+
+def guard_gradients(grads, scale: float, inputs, layout: RingLayout | None = None) -> None:
+    """The overflow guard of a backward pass, once: the ``ValueError`` of the single-call guard
+    if any of the summed gradients ``grads`` is not finite (a step whose gradients overflowed
+    leaves its sum NaN or infinite); with a ``layout``, on every rank of the group."""
+    dtype, head_dim = inputs[0][1].dtype, grads[0].shape[-1]
+    if not scores_can_overflow(dtype, scale, head_dim) or capturing(grads[0]):
+        return
+    health = sum(output_health(g).sum() for g in grads)
+    raise_if_flagged(_every_rank(~torch.isfinite(health), layout), dtype, scale, head_dim, "gradients", inputs)
+
+
+def _every_rank(bad: torch.Tensor, layout: RingLayout | None) -> torch.Tensor:
+    """``bad`` ORed over the ranks of ``layout``'s group (one ``all_reduce`` of one number): a rank
+    that raised alone would leave the others waiting for it in the next ring."""
+    if layout is None or layout.world == 1:
+        return bad
+    flag = bad.to(torch.int32).reshape(1).to(_comm_device(bad, layout.group))
+    try:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=layout.group)
+    except RuntimeError as exc:
+        raise _timed_out(layout.rank, "agreeing on the overflow guard (all_reduce)", exc) from exc
+    return flag
 
 
 # -- agreeing on the layout --------------------------------------------------------------------
@@ -129,6 +191,7 @@ def agree(q, k, v, causal=False, scale=None, group=None, backend: str = "auto") 
         alignment = check_causal(causal)
         scale = check_scale(scale, D)
         backend = resolve_backend(backend, q)
+        check_backend_inputs(q, k, v, scale, backend)
         scale_bits = int(torch.tensor(scale, dtype=torch.float64).view(torch.int64).item())
         meta = [0, Nq, B, H, k.shape[1], D, FLOAT_DTYPES.index(q.dtype), int(alignment is not None), scale_bits]
     except (TypeError, ValueError) as exc:
@@ -157,14 +220,14 @@ def agree(q, k, v, causal=False, scale=None, group=None, backend: str = "auto") 
                              "every rank must pass shards of the same q, k, v with the same causal and scale")
     lengths = tuple(row[1] for row in rows)
     n, is_causal = sum(lengths), bool(rows[0][7])
-    for r, got in enumerate(lengths):
-        want = sum(e - b for b, e in shard_ranges(n, r, world, is_causal)) if n >= (2 * world if is_causal else world) \
-            else None
+    enough = n >= (2 * world if is_causal else world)
+    wants = _layouts(n, world, is_causal, scale, backend)[0].lengths if enough else (None,) * world
+    for r, (got, want) in enumerate(zip(lengths, wants)):
         if got != want:
             raise ValueError(f"rank {r} holds {got} rows, but shard(x, {r}, {world}, causal={is_causal}) of the "
                              f"{n} rows of all ranks gives {want}: pass the shards that "
                              "flashtut.distributed.shard returns")
-    steps = tuple(ring_schedule(rank, world, n, is_causal))
+    steps = _layouts(n, world, is_causal, scale, backend)[rank].steps
     glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
     return RingLayout(rank, world, n, lengths, is_causal, scale, backend, steps,
                       glob((rank - 1) % world), glob((rank + 1) % world), group)
@@ -207,7 +270,9 @@ def ring_forward(q, k, v, layout: RingLayout):
         if not last:
             _wait(works, layout, f"the K/V shard of step {t + 1}")
             cur_k, cur_v = nxt_k, nxt_v
-    return o.to(q.dtype), lse
+    o = o.to(q.dtype)
+    guard_output([(o, lse)], layout.scale, _named(q=q, k=k, v=v), layout)
+    return o, lse
 
 
 def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
@@ -216,30 +281,31 @@ def ring_backward(q, k, v, o, lse, do, layout: RingLayout):
     acc_t = accum_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
     cur_k, cur_v = k, v
-    grad_works, grad_in = [], None
     for t, step in enumerate(layout.steps):
         last = t == layout.world - 1
         rows = _source_rows(layout, t + 1)
         if not last:
             works, (nxt_k, nxt_v) = exchange(layout, (cur_k, cur_v), rows, 4 * t)
-        dk = torch.zeros(cur_k.shape, dtype=acc_t, device=q.device)
-        dv = torch.zeros(cur_v.shape, dtype=acc_t, device=q.device)
-        backward_step(dq, dk, dv, q, cur_k, cur_v, o, lse, do, step, layout.scale,
-                      layout.backend)
-        if grad_in is not None:   # what the ranks before added to this shard's gradient
+        kr, dk_p, dv_p = backward_step(dq, q, cur_k, cur_v, o, lse, do, step,
+                                       layout.scale, layout.backend)
+        if t == 0:   # its own shard, every row: the shard's gradient starts here
+            grad = (dk_p.to(acc_t), dv_p.to(acc_t))
+        else:        # added to what the ranks before summed into this shard's gradient
             _wait(grad_works, layout, f"the dK/dV of step {t}")
-            dk += grad_in[0]
-            dv += grad_in[1]
-        if layout.world > 1:      # on to the next rank; after the last step, home
-            grad_sent = (dk, dv)  # kept alive until the send is waited on
-            grad_works, grad_in = exchange(layout, grad_sent, rows, 4 * t + 2)
+            span_of(grad[0], kr).add_(dk_p)
+            span_of(grad[1], kr).add_(dv_p)
+        if layout.world > 1:     # on to the next rank; after the last step, home
+            sent = grad          # kept alive until the send is waited on
+            grad_works, grad = exchange(layout, sent, rows, 4 * t + 2)
         if not last:
             _wait(works, layout, f"the K/V shard of step {t + 1}")
             cur_k, cur_v = nxt_k, nxt_v
     if layout.world > 1:
         _wait(grad_works, layout, "this rank's own dK/dV, home")
-        dk, dv = grad_in
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    grads = dq.to(q.dtype), grad[0].to(k.dtype), grad[1].to(v.dtype)
+    inputs = _named(q=q, k=k, v=v, o=o, lse=lse, do=do)
+    guard_gradients(grads, layout.scale, inputs, layout)
+    return grads
 
 
 class RingAttention(torch.autograd.Function):
@@ -278,44 +344,74 @@ def ring_attention(q, k, v, causal=False, scale: float | None = None, group=None
 
 # -- the same steps in one process -------------------------------------------------------------
 
-def _local_layouts(n: int, world: int, causal, scale: float, backend: str) -> list[RingLayout]:
-    causal = check_causal(causal) is not None
+@functools.lru_cache(maxsize=64)
+def _layouts(n: int, world: int, causal: bool, scale: float, backend: str) -> tuple[RingLayout, ...]:
+    """Every rank's layout (without a group) for ``n`` rows over ``world`` ranks, computed once per
+    shape: the schedule is pure Python, and a ring over short shards feels every microsecond."""
     lengths = tuple(sum(e - b for b, e in shard_ranges(n, r, world, causal)) for r in range(world))
-    return [RingLayout(r, world, n, lengths, causal, scale, backend, tuple(ring_schedule(r, world, n, causal)))
-            for r in range(world)]
+    return tuple(RingLayout(r, world, n, lengths, causal, scale, backend, tuple(ring_schedule(r, world, n, causal)))
+                 for r in range(world))
+
+
+def _local_layouts(qs, ks, vs, causal, scale, backend) -> tuple[RingLayout, ...]:
+    """Every rank's layout for shards ``qs``, ``ks``, ``vs``, after the checks that
+    :func:`agree` makes across ranks (once per pass: the steps run unchecked)."""
+    if not (isinstance(qs, (list, tuple)) and len(qs) == len(ks) == len(vs) >= 1):
+        raise ValueError("qs, ks and vs must be lists of every rank's shards, one per rank, of equal length")
+    for q, k, v in zip(qs, ks, vs):
+        check_qkv(q, k, v, gqa=True)
+    world, n = len(qs), sum(x.shape[2] for x in qs)
+    is_causal = check_causal(causal) is not None
+    scale = check_scale(scale, qs[0].shape[-1])
+    backend = resolve_backend(backend, qs[0])
+    if n < (2 * world if is_causal else world):
+        raise ValueError(f"the shards hold {n} rows in all, fewer than shard(x, r, {world}, causal={is_causal}) "
+                         "needs (one per chunk)")
+    layouts = _layouts(n, world, is_causal, scale, backend)
+    like = (qs[0].shape[:2], qs[0].shape[3], qs[0].dtype, qs[0].device, ks[0].shape[1])
+    for r, (q, k) in enumerate(zip(qs, ks)):
+        rows = layouts[0].lengths[r]
+        if (q.shape[:2], q.shape[3], q.dtype, q.device, k.shape[1]) != like or not rows == q.shape[2] == k.shape[2]:
+            raise ValueError(f"rank {r}'s shards do not match: pass the shards shard(x, r, {world}, "
+                             f"causal={is_causal}) of one q, k, v (rank {r} holds {rows} of {n} rows)")
+    check_backend_inputs(qs[0], ks[0], vs[0], scale, backend)   # what differs between ranks is checked above
+    return layouts
 
 
 def local_forward(qs, ks, vs, causal=False, scale: float | None = None, backend: str = "auto"):
     """Every rank's steps of the ring in one process, on the list of every rank's shards (rank ``r``
     at step ``t`` uses the shards of rank ``r - t``, exactly what the network would have brought
     it). Returns each rank's ``(o, lse)`` in the accumulation dtype."""
-    world = len(qs)
-    n = sum(x.shape[2] for x in qs)
-    scale = check_scale(scale, qs[0].shape[-1])
-    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
+    layouts = _local_layouts(qs, ks, vs, causal, scale, backend)
     states = [empty_state(x) for x in qs]
-    for t in range(world):
+    for t in range(len(qs)):
         for r, lay in enumerate(layouts):
             src = lay.steps[t].source
-            forward_step(*states[r], qs[r], ks[src], vs[src], lay.steps[t], scale, lay.backend)
+            forward_step(*states[r], qs[r], ks[src], vs[src], lay.steps[t], lay.scale, lay.backend)
+    guard_output(states, layouts[0].scale, _named(q=list(qs), k=list(ks), v=list(vs)))
     return states
 
 
 def local_backward(qs, ks, vs, os_, lses, dos, causal=False, scale: float | None = None, backend: str = "auto"):
     """The backward's steps of every rank in one process, on lists of shards: each rank's
     ``(dq, dk, dv)`` in the accumulation dtype."""
-    world = len(qs)
-    n = sum(x.shape[2] for x in qs)
-    scale = check_scale(scale, qs[0].shape[-1])
-    layouts = _local_layouts(n, world, causal, scale, resolve_backend(backend, qs[0]))
+    layouts = _local_layouts(qs, ks, vs, causal, scale, backend)
+    for q, o, lse, do in zip(qs, os_, lses, dos, strict=True):
+        check_like("o", o, q)
+        check_like("do", do, q)
+        check_lse(lse, *q.shape[:3], q.device)
     acc_t = accum_dtype(qs[0].dtype)
     grads = [tuple(torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in (q, k, v))
              for q, k, v in zip(qs, ks, vs)]
-    for t in range(world):
+    for t in range(len(qs)):
         for r, lay in enumerate(layouts):
             src = lay.steps[t].source
-            backward_step(grads[r][0], grads[src][1], grads[src][2], qs[r], ks[src], vs[src], os_[r], lses[r],
-                          dos[r], lay.steps[t], scale, lay.backend)
+            kr, dk_p, dv_p = backward_step(grads[r][0], qs[r], ks[src], vs[src], os_[r], lses[r], dos[r],
+                                           lay.steps[t], lay.scale, lay.backend)
+            span_of(grads[src][1], kr).add_(dk_p)
+            span_of(grads[src][2], kr).add_(dv_p)
+    guard_gradients([g for rank in grads for g in rank], layouts[0].scale,
+                    _named(q=list(qs), k=list(ks), v=list(vs), o=list(os_), lse=list(lses), do=list(dos)))
     return grads
 
 
@@ -342,5 +438,5 @@ def ring_backward_local(q, k, v, o, lse, do, world: int, causal=False, scale: fl
 
 
 __all__ = ["ring_attention", "RingAttention", "RingLayout", "agree", "exchange", "ring_forward", "ring_backward",
-           "forward_step", "backward_step", "empty_state", "local_forward", "local_backward", "ring_forward_local",
-           "ring_backward_local"]
+           "span_of", "forward_step", "backward_step", "guard_output", "guard_gradients", "empty_state",
+           "local_forward", "local_backward", "ring_forward_local", "ring_backward_local"]
