@@ -25,8 +25,8 @@ from .hopper_launch import _TMA_L2_128B, _TMA_SWIZZLE_128B, TENSOR_MAP_BYTES, _e
 #: CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (cuda.h)
 _TMA_FLOAT32 = 7
 
-#: the rungs of the backward ladder and what each builds (BWDH_TMA, BWDH_DQ_TMA, BWDH_DQ_FIRST, BWDH_DQ_LATE)
-RUNGS = {"b1": (0, 0, 0, 0), "b2": (1, 0, 0, 0), "b3": (1, 1, 0, 0), "b4": (1, 1, 1, 0), "b5": (1, 1, 1, 1)}
+#: the rungs of the backward ladder and what each builds (BWDH_TMA, BWDH_DQ_TMA, BWDH_DQ_FIRST)
+RUNGS = {"b1": (0, 0, 0), "b2": (1, 0, 0), "b3": (1, 1, 0), "b4": (1, 1, 1)}
 #: head dims the kernel is built for
 HEAD_DIMS = (64, 128)
 SOURCE = "bwd_hopper.cu"
@@ -77,7 +77,6 @@ class HopperBackwardConfig:
     def define_dict(self) -> dict:
         return {"FT_BF16": int(self.bf16), "HEAD_DIM": self.head_dim, "BWDH_TMA": RUNGS[self.rung][0],
                 "BWDH_DQ_TMA": int(self.dq_tma), "BWDH_DQ_FIRST": RUNGS[self.rung][2] * int(self.dq),
-                "BWDH_DQ_LATE": RUNGS[self.rung][3] * int(self.dq_tma),
                 "BWDH_STAGES": self.stages, "BWDH_DQ": int(self.dq), "FT_DESC_STEP": 1}
 
 

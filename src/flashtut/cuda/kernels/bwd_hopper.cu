@@ -1,4 +1,4 @@
-// bwd_hopper.cu: the attention backward on Hopper with warpgroup MMA (wgmma, sm_90a), rungs B1 to B5.
+// bwd_hopper.cu: the attention backward on Hopper with warpgroup MMA (wgmma, sm_90a), rungs B1 to B4.
 //
 // One block per (key block of 128 keys, K/V head, batch); it keeps dK and dV of its keys in registers and
 // walks the query blocks of BWDH_BLOCK_M rows of every query head of its group. Two consumer warpgroups
@@ -54,10 +54,6 @@
 #ifndef BWDH_DQ_TMA
 #define BWDH_DQ_TMA 0     // 1 (B3, with BWDH_TMA): dQ tiles staged in shared memory and added by TMA reduce-add
 #endif
-#ifndef BWDH_DQ_LATE
-#define BWDH_DQ_LATE 0    // 1 (B5, with BWDH_DQ_TMA): the wait for the copy engine to read a dQ tile moves to the
-                          // next query block, just before the barrier that precedes the tile's next writes
-#endif
 #define BWDH_BLOCK_N 128  // keys per block: two consumer warpgroups of 64
 #define BWDH_CONSUMERS 256
 #define BWDH_THREADS (BWDH_CONSUMERS + 128 * BWDH_TMA)
@@ -104,9 +100,6 @@ __device__ __forceinline__ void bwdh_bulk_load(unsigned dst, const void* src, un
 
 #if BWDH_DQ_TMA && (!BWDH_TMA || !BWDH_DQ)
 #error "BWDH_DQ_TMA needs the producer (BWDH_TMA) and dQ (BWDH_DQ)"
-#endif
-#if BWDH_DQ_LATE && !BWDH_DQ_TMA
-#error "BWDH_DQ_LATE moves the wait of the dQ tile's TMA reduce-add (BWDH_DQ_TMA)"
 #endif
 
 // shared-memory accesses by 32-bit shared addresses (a generic pointer takes two registers, and the consumers
@@ -395,11 +388,9 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
                     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
                                  :: "l"(tdq), "r"(64 * cb + 32 * h), "r"(m0 + 64 * qb), "r"(bh), "r"(src + h * 8192) : "memory");
                 asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#if !BWDH_DQ_LATE
                 // the buffer is written again after the next step's consumer barrier, which this thread reaches
                 // only once the copy engine has read it
                 asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
             }
 #else
             // dq[i]: query row m0 + 64 qb + 16 warp + g + 8 ((i / 2) % 2), column 64 cb + 8 (i / 4) + 2t + i % 2
@@ -414,11 +405,6 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
         float dq[32];
         auto issue_dq = [&]() {
             fence_proxy_async_smem();   // this thread's dS^T stores, visible to the tensor cores
-#if BWDH_DQ_LATE
-            // B5: the copy engine has had a whole step to read the last dQ tile; the barrier below tells the
-            // other threads of the warpgroup, which write the tile again after it
-            if (ct % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
             bwdh_consumer_sync();       // both warpgroups' dS^T are in
             const unsigned ds_addr = ds_s + (it & 1) * BWDH_DS_BYTES + qb * (BWDH_BLOCK_N * 128);
             const unsigned kq = k_s + cb * (BWDH_BLOCK_N * 128);
@@ -471,10 +457,6 @@ bwd_hopper(const unsigned char* __restrict__ tmaps, const ft_raw* __restrict__ q
 #endif
     }
 
-#if BWDH_DQ_LATE
-    // the last dQ tiles: read before the block's shared memory goes, and added before the block ends
-    if (ct % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#endif
     // dK (times the softmax scale) and dV of this thread's keys, in the input type
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i += 2) {
